@@ -1,0 +1,82 @@
+//! Environment scrubbing: the job sees PATH, a sandbox HOME and TMPDIR,
+//! LANG, and only the variables the caller names. The supervisor's own
+//! variables (tokens and the like) never reach a job.
+
+/// Default PATH inside the sandbox.
+pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// An `--env` argument: `KEY` (take the supervisor's value) or `KEY=VAL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvArg {
+    pub key: String,
+    pub value: Option<String>,
+}
+
+impl std::str::FromStr for EnvArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (key, value) = match s.split_once('=') {
+            Some((k, v)) => (k, Some(v.to_string())),
+            None => (s, None),
+        };
+        if key.is_empty() || key.contains('\0') || value.as_deref().is_some_and(|v| v.contains('\0')) {
+            return Err(format!("invalid environment variable '{s}': expected KEY or KEY=VALUE"));
+        }
+        Ok(EnvArg { key: key.to_string(), value })
+    }
+}
+
+/// The job's complete environment. `lookup` reads the supervisor's
+/// environment (a parameter, so this is testable).
+pub fn scrubbed(extra: &[EnvArg], lookup: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), SANDBOX_PATH.into()),
+        ("HOME".into(), "/tmp".into()),
+        ("TMPDIR".into(), "/tmp".into()),
+        ("LANG".into(), lookup("LANG").unwrap_or_else(|| "C.UTF-8".into())),
+    ];
+    for arg in extra {
+        let Some(value) = arg.value.clone().or_else(|| lookup(&arg.key)) else { continue };
+        match env.iter_mut().find(|(k, _)| *k == arg.key) {
+            Some(slot) => slot.1 = value,
+            None => env.push((arg.key.clone(), value)),
+        }
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(k: &str) -> Option<String> {
+        match k {
+            "SECRET_TOKEN" => Some("s3cr3t".into()),
+            "LANG" => Some("de_DE.UTF-8".into()),
+            "EDITOR" => Some("vi".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn only_named_variables_pass() {
+        let env = scrubbed(&["EDITOR".parse().unwrap(), "X=1".parse().unwrap()], host);
+        let keys: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["PATH", "HOME", "TMPDIR", "LANG", "EDITOR", "X"]);
+        assert!(!env.iter().any(|(_, v)| v.contains("s3cr3t")));
+        assert!(env.contains(&("LANG".into(), "de_DE.UTF-8".into())));
+    }
+
+    #[test]
+    fn explicit_value_overrides_defaults() {
+        let env = scrubbed(&["HOME=/workspace".parse().unwrap()], host);
+        assert!(env.contains(&("HOME".into(), "/workspace".into())));
+        assert_eq!(env.iter().filter(|(k, _)| k == "HOME").count(), 1);
+    }
+
+    #[test]
+    fn unset_named_variable_is_skipped_and_bad_names_rejected() {
+        assert_eq!(scrubbed(&["NOPE".parse().unwrap()], host).len(), 4);
+        assert!("=x".parse::<EnvArg>().is_err());
+    }
+}

@@ -1,0 +1,184 @@
+//! What to run and how it ended: [`JobSpec`] goes in, [`Outcome`] comes out.
+//!
+//! These are plain data, shared by the CLI, the supervisor and the MCP server.
+//! They hold no sandbox logic and never touch the kernel.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Network mode of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// A fresh network namespace holding only `lo`.
+    #[default]
+    None,
+    /// The host's network namespace (policy must allow it).
+    Host,
+}
+
+/// A read-only or read-write bind of a host path into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Bind {
+    pub source: PathBuf,
+    pub dest: PathBuf,
+    pub writable: bool,
+}
+
+/// Resource limits. `None` means "not limited by confine".
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Limits {
+    pub memory_bytes: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub cpu_time_ms: Option<u64>,
+    pub tmp_size_bytes: u64,
+    /// Names of limits that were lowered to a configured maximum.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clamped: Vec<String>,
+}
+
+/// Default size cap of the job's private /tmp.
+pub const DEFAULT_TMP_SIZE: u64 = 64 * 1024 * 1024;
+
+/// Everything the sandbox needs to start one job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSpec {
+    /// Command and arguments. `argv[0]` is looked up in the sandbox's PATH.
+    pub argv: Vec<String>,
+    /// The complete, already scrubbed environment of the job.
+    pub env: Vec<(String, String)>,
+    /// Host directory mounted at /workspace.
+    pub workspace: Option<PathBuf>,
+    pub workspace_rw: bool,
+    /// Working directory inside the sandbox.
+    pub cwd: PathBuf,
+    pub network: Network,
+    pub hostname: String,
+    /// Extra binds (toolchains and the like).
+    #[serde(default)]
+    pub binds: Vec<Bind>,
+    pub limits: Limits,
+    /// Run even when a layer can't be applied; the outcome names what is missing.
+    pub allow_degraded: bool,
+}
+
+impl JobSpec {
+    pub fn new(argv: Vec<String>) -> Self {
+        JobSpec {
+            argv,
+            env: Vec::new(),
+            workspace: None,
+            workspace_rw: false,
+            cwd: PathBuf::from("/tmp"),
+            network: Network::None,
+            hostname: "confine".into(),
+            binds: Vec::new(),
+            limits: Limits {
+                tmp_size_bytes: DEFAULT_TMP_SIZE,
+                ..Limits::default()
+            },
+            allow_degraded: false,
+        }
+    }
+}
+
+/// How a job ended, in the words a user checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Success,
+    Failure,
+    Timeout,
+    Oom,
+    Killed,
+    Cancelled,
+    Denied,
+}
+
+/// Landlock enforcement as reported by the kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LandlockLayer {
+    /// The ABI level that was enforced (0 when none).
+    pub abi: u32,
+    /// `full`, `partial`, `none` or `off`.
+    pub status: String,
+    /// Rules that were requested but could not be added (path missing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+}
+
+/// Which isolation layers were really in force when the job ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Layers {
+    pub userns: bool,
+    pub mountns: bool,
+    pub pidns: bool,
+    pub netns: bool,
+    pub ipcns: bool,
+    pub utsns: bool,
+    pub cgroupns: bool,
+    pub landlock: LandlockLayer,
+    /// Name of the seccomp profile in force, or `null`.
+    pub seccomp: Option<String>,
+    /// `v1`, `v2`, `v1+unified-kill`, or `null` when no cgroup was used.
+    pub cgroup: Option<String>,
+    pub caps_dropped: bool,
+    pub no_new_privs: bool,
+    /// Host uid the job ran as.
+    pub host_uid: u32,
+    /// Layers that were requested but missing (only with `--allow-degraded`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+/// Resource usage of the whole job tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub cpu_user_ms: u64,
+    pub cpu_sys_ms: u64,
+    pub peak_memory_bytes: u64,
+    pub pids_peak: u64,
+}
+
+/// One shape for `--json-status`, `exec` and MCP.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Outcome {
+    pub job_id: String,
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration_ms: u64,
+    pub queued_ms: u64,
+    pub usage: Usage,
+    pub backend: String,
+    pub layers: Layers,
+    pub limits: Limits,
+    /// One line, set when confine itself failed or the command couldn't start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    /// The exit code a CLI reports, docker/podman style: the job's code,
+    /// 128+N for signal N, 124 for a timeout, 137 for an OOM kill.
+    pub fn cli_exit_code(&self) -> i32 {
+        match self.status {
+            Status::Timeout => 124,
+            Status::Oom => 137,
+            _ => match (self.exit_code, self.signal) {
+                (Some(c), _) => c,
+                (None, Some(s)) => 128 + s,
+                (None, None) => 125,
+            },
+        }
+    }
+}

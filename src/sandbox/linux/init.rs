@@ -1,0 +1,228 @@
+//! The `__init` stage: a single-threaded re-exec of our own binary that
+//! builds the sandbox and becomes its pid 1. Three processes, in order:
+//!
+//! 1. **outer** (host namespaces): reads the [`InitSpec`], joins the job's
+//!    cgroups, clones pid 1 into new namespaces, writes its uid/gid maps,
+//!    forwards signals and exits with the job's status;
+//! 2. **pid 1** (new namespaces): switches to the mapped ids, builds the
+//!    root and pivots into it, forks the job, reaps zombies, forwards
+//!    signals; when the job ends it exits, and the kernel kills every
+//!    process left in the pid namespace;
+//! 3. **job**: rlimits, drop capabilities, no_new_privs, landlock, seccomp
+//!    (last), execve.
+//!
+//! No tokio here, ever: this code forks.
+
+use super::protocol::{encode_report, read_spec, InitSpec, Report, CONTROL_FD, SECCOMP_FD};
+use super::sys::{self, SysError};
+use super::{caps, exec, landlock, mounts, namespaces, rlimits, seccomp};
+use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, pipe2, read, write, ForkResult, Pid};
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+
+/// Signals the init processes forward to the job.
+const FORWARDED: [Signal; 6] =
+    [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
+
+/// Entry point of `confine __init`. Never returns.
+pub fn main() -> ! {
+    std::process::exit(run())
+}
+
+fn run() -> i32 {
+    // Anything the supervisor's caller leaked to us (a shell's fd 5, say)
+    // must not reach the job.
+    close_range_cloexec(CONTROL_FD as u32);
+    // SAFETY: the supervisor placed its end of the control socket at fd 3
+    // for us; nothing else in this process owns that fd.
+    let mut ctl = unsafe { File::from_raw_fd(CONTROL_FD) };
+    let spec = match read_spec(&mut ctl) {
+        Ok(spec) => spec,
+        Err(e) => {
+            report(&ctl, &Report::SetupFailed { step: "read spec".into(), error: e.to_string() });
+            return 125;
+        }
+    };
+    match outer(&spec, &ctl) {
+        Ok(code) => code,
+        Err(e) => {
+            report(&ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
+            125
+        }
+    }
+}
+
+fn report(ctl: &File, r: &Report) {
+    // A lost report can't be reported; the supervisor sees the exit code.
+    let _ = (&*ctl).write_all(&encode_report(r));
+}
+
+fn close_range_cloexec(first: u32) {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our
+    // own fds; it takes no pointers. Failure (old kernel) leaves fds as they
+    // were, which std's own CLOEXEC default mostly covers.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+    }
+}
+
+fn forwarded_set() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGCHLD);
+    for s in FORWARDED {
+        set.add(s);
+    }
+    set
+}
+
+/// Step 1, in the host namespaces.
+fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
+    for procs in &spec.cgroup_procs {
+        // "0" moves the writer; every process we create is then born inside.
+        std::fs::write(procs, "0").map_err(|e| SysError::io("join cgroup", procs, e))?;
+    }
+    let signals = forwarded_set();
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).map_err(|e| SysError::call("block signals", e))?;
+    let (go_rd, go_wr) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
+
+    let pid = sys::clone_fork(namespaces::clone_flags(spec)).map_err(|e| SysError::call("clone namespaces", e))?;
+    if pid == 0 {
+        drop(go_wr);
+        let code = match pid1(spec, ctl, go_rd) {
+            Ok(code) => code,
+            Err(e) => {
+                report(ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
+                125
+            }
+        };
+        std::process::exit(code);
+    }
+    drop(go_rd);
+    let pid1 = Pid::from_raw(pid);
+    if let Err(e) = namespaces::write_id_maps(pid1, spec.uid, spec.gid, spec.rootless) {
+        let _ = kill(pid1, Signal::SIGKILL);
+        let _ = waitpid(pid1, None);
+        return Err(e);
+    }
+    write(&go_wr, b"1").map_err(|e| SysError::call("release pid 1", e))?;
+    drop(go_wr);
+    report(ctl, &Report::Started { pid1: pid });
+
+    loop {
+        let sig = signals.wait().map_err(|e| SysError::call("sigwait", e))?;
+        if sig != Signal::SIGCHLD {
+            let _ = kill(pid1, sig);
+            continue;
+        }
+        match waitpid(pid1, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return Ok(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+            Ok(_) => {}
+            Err(e) => return Err(SysError::call("wait for pid 1", e)),
+        }
+    }
+}
+
+/// Step 2, pid 1 of the new pid namespace.
+fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd) -> Result<i32, SysError> {
+    // If the outer stage dies, so do we, and with us the whole namespace.
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    let mut byte = [0u8; 1];
+    if read(go.as_fd(), &mut byte).map_err(|e| SysError::call("wait for id maps", e))? != 1 {
+        return Ok(125); // the outer stage failed and has reported why
+    }
+    drop(go);
+
+    // Host credentials still: reach root-owned trees like /root/.rustup.
+    let sources = mounts::open_sources(&spec.mounts)?;
+    namespaces::become_mapped(spec.uid, spec.gid, spec.rootless)?;
+    nix::unistd::sethostname(&spec.hostname).map_err(|e| SysError::call("sethostname", e))?;
+    if spec.new_netns {
+        sys::loopback_up()?;
+    }
+    mounts::build(&spec.mounts, &sources)?;
+    drop(sources);
+    mounts::enter()?;
+    sys::set_not_dumpable()?;
+
+    // SAFETY: this process is single-threaded (it was cloned from the
+    // single-threaded outer stage), so the child may run ordinary Rust code.
+    let job = match unsafe { fork() }.map_err(|e| SysError::call("fork job", e))? {
+        ForkResult::Child => job(spec, ctl),
+        ForkResult::Parent { child } => child,
+    };
+    // pid 1 keeps no privilege it does not need to reap and forward.
+    caps::drop_all()?;
+    let signals = forwarded_set();
+    loop {
+        let sig = signals.wait().map_err(|e| SysError::call("sigwait", e))?;
+        if sig != Signal::SIGCHLD {
+            let _ = kill(job, sig);
+            continue;
+        }
+        // Reap every zombie; the job's own end decides ours.
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == job => {
+                    report(ctl, &Report::Exited { code: Some(code), signal: None });
+                    return Ok(code);
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == job => {
+                    report(ctl, &Report::Exited { code: None, signal: Some(sig as i32) });
+                    return Ok(128 + sig as i32);
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+/// Step 3, the job process. Never returns.
+fn job(spec: &InitSpec, ctl: &File) -> ! {
+    match confine_self(spec) {
+        Ok(confined) => {
+            report(ctl, &confined);
+            // Signals blocked for the init loops are not blocked for the job.
+            let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+            let errno = exec::execvpe(&spec.argv, &spec.env);
+            report(
+                ctl,
+                &Report::ExecFailed {
+                    errno: errno as i32,
+                    command: spec.argv.first().cloned().unwrap_or_default(),
+                },
+            );
+            std::process::exit(exec::exit_code_for(errno as i32))
+        }
+        Err(e) => {
+            report(ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
+            std::process::exit(125)
+        }
+    }
+}
+
+/// The job's own confinement, in the order DESIGN.md fixes: seccomp last,
+/// since it may forbid what the earlier steps need.
+fn confine_self(spec: &InitSpec) -> Result<Report, SysError> {
+    let mut missing = Vec::new();
+    nix::unistd::chdir(spec.cwd.as_path()).map_err(|e| SysError::path("chdir", &spec.cwd, e))?;
+    rlimits::apply(&spec.rlimits)?;
+    caps::drop_all()?;
+    sys::set_no_new_privs()?;
+    let landlock = match &spec.landlock {
+        Some(plan) => landlock::apply(plan, spec.allow_degraded)?,
+        None => crate::job::LandlockLayer { abi: 0, status: "off".into(), skipped: vec![] },
+    };
+    if spec.landlock.is_some() && landlock.status == "none" {
+        missing.push("landlock".to_string());
+    }
+    if spec.seccomp.is_some() {
+        seccomp::load_from_fd(SECCOMP_FD)?;
+    }
+    Ok(Report::Confined { landlock, seccomp: spec.seccomp.clone(), missing })
+}

@@ -1,0 +1,98 @@
+//! Landlock: the job's filesystem and network rules, applied by the job
+//! process after `pivot_root`, so every rule points at the sandbox's own
+//! inodes (a ruleset built against the host's /proc would not).
+//!
+//! Best effort above ABI v1, which is a hard requirement whenever the
+//! kernel has landlock at all. The status the kernel reports and the rules
+//! that could not be added are returned, never hidden.
+
+use super::protocol::LandlockPlan;
+use super::sys::SysError;
+use crate::job::LandlockLayer;
+use landlock::{
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use std::path::Path;
+
+/// The newest ABI whose semantics confine has been tested against.
+pub const TARGET_ABI: ABI = ABI::V7;
+
+/// Device nodes of the minimal /dev the job must be able to write to.
+const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"];
+
+fn err(step: &'static str, e: impl std::fmt::Display) -> SysError {
+    SysError::other(step, e)
+}
+
+/// Build and enforce the ruleset on the calling thread (inherited by exec).
+pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer, SysError> {
+    let abi = TARGET_ABI;
+    let mut ruleset = Ruleset::default()
+        // ABI v1's filesystem rights are the floor: if landlock exists, they hold.
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(ABI::V1))
+        .map_err(|e| err("landlock: handle ABI v1 rights", e))?
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(|e| err("landlock: handle filesystem rights", e))?;
+    if plan.deny_tcp {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(|e| err("landlock: handle network rights", e))?;
+    }
+    if plan.scope {
+        ruleset = ruleset
+            .scope(Scope::AbstractUnixSocket | Scope::Signal)
+            .map_err(|e| err("landlock: scope", e))?;
+    }
+    let mut created = ruleset.create().map_err(|e| err("landlock: create ruleset", e))?;
+    let mut skipped = Vec::new();
+    let read = AccessFs::from_read(abi);
+    let all = AccessFs::from_all(abi);
+    // Directories are listable from the root down; their files are not readable by this.
+    let mut rules: Vec<(&Path, _)> = vec![(Path::new("/"), AccessFs::ReadDir.into())];
+    rules.extend(plan.read.iter().map(|p| (p.as_path(), read)));
+    rules.extend(plan.write.iter().map(|p| (p.as_path(), all)));
+    let device_rights = read | AccessFs::WriteFile | AccessFs::IoctlDev;
+    rules.extend(WRITABLE_DEVICES.iter().map(|d| (Path::new(*d), device_rights)));
+    for (path, access) in rules {
+        match PathFd::new(path) {
+            Ok(fd) => {
+                created = created
+                    .add_rule(PathBeneath::new(fd, access))
+                    .map_err(|e| err("landlock: add rule", e))?;
+            }
+            Err(_) => skipped.push(path.display().to_string()),
+        }
+    }
+    let status = created.restrict_self().map_err(|e| err("landlock: restrict self", e))?;
+    let enforced_abi = match status.landlock {
+        LandlockStatus::Available { effective_abi, .. } => (effective_abi.min(abi)) as u32,
+        _ => 0,
+    };
+    let status_name = match status.ruleset {
+        RulesetStatus::FullyEnforced => "full",
+        RulesetStatus::PartiallyEnforced => "partial",
+        _ => "none",
+    };
+    if status_name == "none" && !allow_degraded {
+        return Err(SysError::other(
+            "landlock",
+            "not enforced by this kernel (enable the LSM, or pass --allow-degraded to run without it)",
+        ));
+    }
+    Ok(LandlockLayer { abi: enforced_abi, status: status_name.into(), skipped })
+}
+
+/// The ABI the running kernel offers (0 when landlock is absent or off).
+pub fn kernel_abi() -> u32 {
+    // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attr and size 0
+    // only queries the version; no memory is read or written.
+    let ret = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, 0usize, 0usize, 1u32) };
+    if ret < 0 {
+        0
+    } else {
+        ret as u32
+    }
+}

@@ -1,0 +1,188 @@
+//! The wire between the supervisor and its re-exec'd `__init` stage.
+//!
+//! The supervisor sends one [`InitSpec`] (length-prefixed JSON) over the
+//! control socket at fd 3; the init stages answer with newline-delimited
+//! [`Report`]s on the same socket. Everything the init stage does is decided
+//! here, by the supervisor, as data: the init stage only carries it out.
+
+use crate::job::LandlockLayer;
+use serde::{Deserialize, Serialize};
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+
+/// The control socket's fd number in the `__init` process.
+pub const CONTROL_FD: i32 = 3;
+/// The sealed memfd holding the compiled seccomp BPF program, when any.
+pub const SECCOMP_FD: i32 = 4;
+/// Largest spec the init stage accepts.
+const MAX_SPEC: usize = 16 * 1024 * 1024;
+
+/// One line of `/proc/PID/uid_map` or `gid_map`: a single id.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct IdMap {
+    pub inside: u32,
+    pub outside: u32,
+}
+
+/// One step of building the new root, run in order by `mounts::apply`.
+/// Paths of `dst` are relative to the new root.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", tag = "op")]
+pub enum MountOp {
+    /// Bind a host path (file or directory). Read-only unless `rw`.
+    Bind {
+        src: PathBuf,
+        dst: PathBuf,
+        rw: bool,
+        /// Device nodes keep their dev semantics; everything else is nodev.
+        dev: bool,
+        /// Skip silently when `src` does not exist (e.g. /lib64 on some distros).
+        optional: bool,
+    },
+    /// Recreate a host symlink such as `/bin -> usr/bin`.
+    Symlink { target: PathBuf, dst: PathBuf },
+    Tmpfs { dst: PathBuf, size: u64, mode: u32 },
+    Dir { dst: PathBuf, mode: u32 },
+    /// A fresh procfs for the new pid namespace.
+    Proc { dst: PathBuf },
+    /// Hide a file by binding /dev/null over it (runc's masked paths).
+    MaskFile { dst: PathBuf },
+    /// Hide a directory under an empty read-only tmpfs.
+    MaskDir { dst: PathBuf },
+    /// Make an existing path of the new root read-only (e.g. /proc/sys).
+    ReadOnly { dst: PathBuf },
+}
+
+/// A resource limit applied with setrlimit in the job process.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Rlimit {
+    /// `RLIMIT_*` number.
+    pub resource: i32,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// Landlock rules, as paths inside the new root.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LandlockPlan {
+    /// Readable (and executable) trees.
+    pub read: Vec<PathBuf>,
+    /// Readable and writable trees.
+    pub write: Vec<PathBuf>,
+    /// Deny TCP bind/connect (ABI >= 4).
+    pub deny_tcp: bool,
+    /// Scope abstract unix sockets and signals to the sandbox (ABI >= 6).
+    pub scope: bool,
+}
+
+/// Everything the `__init` stage needs, decided by the supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub hostname: String,
+    /// Create a new network namespace (only `lo`).
+    pub new_netns: bool,
+    pub uid: IdMap,
+    pub gid: IdMap,
+    /// We are not root on the host: write `deny` to setgroups, map only our ids.
+    pub rootless: bool,
+    pub mounts: Vec<MountOp>,
+    /// `cgroup.procs` files the init stage joins before it creates the sandbox.
+    pub cgroup_procs: Vec<PathBuf>,
+    pub rlimits: Vec<Rlimit>,
+    pub landlock: Option<LandlockPlan>,
+    /// Name of the seccomp profile whose BPF is at [`SECCOMP_FD`].
+    pub seccomp: Option<String>,
+    pub allow_degraded: bool,
+}
+
+/// What the init stages tell the supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum Report {
+    /// Sandbox is built; pid 1 of the new pid namespace has this host pid.
+    Started { pid1: i32 },
+    /// Sent by the job process right before execve.
+    Confined {
+        landlock: LandlockLayer,
+        seccomp: Option<String>,
+        missing: Vec<String>,
+    },
+    /// The command could not be executed (errno from execve or lookup).
+    ExecFailed { errno: i32, command: String },
+    /// Building the sandbox failed; `step` names the step.
+    SetupFailed { step: String, error: String },
+    /// The job's main process ended.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+}
+
+pub fn write_spec(w: &mut impl Write, spec: &InitSpec) -> io::Result<()> {
+    let body = serde_json::to_vec(spec).map_err(io::Error::other)?;
+    let len = u32::try_from(body.len()).map_err(io::Error::other)?;
+    w.write_all(&len.to_le_bytes())?;
+    w.write_all(&body)
+}
+
+pub fn read_spec(r: &mut impl Read) -> io::Result<InitSpec> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_SPEC {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "spec too large"));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Encode one report as a single line (one `write`, so lines never interleave).
+pub fn encode_report(report: &Report) -> Vec<u8> {
+    let mut line = serde_json::to_vec(report).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_round_trips() {
+        let spec = InitSpec {
+            argv: vec!["true".into()],
+            env: vec![("PATH".into(), "/usr/bin".into())],
+            cwd: "/tmp".into(),
+            hostname: "h".into(),
+            new_netns: true,
+            uid: IdMap { inside: 1000, outside: 1000 },
+            gid: IdMap { inside: 1000, outside: 1000 },
+            rootless: false,
+            mounts: vec![MountOp::Proc { dst: "proc".into() }],
+            cgroup_procs: vec![],
+            rlimits: vec![],
+            landlock: None,
+            seccomp: None,
+            allow_degraded: false,
+        };
+        let mut buf = Vec::new();
+        write_spec(&mut buf, &spec).unwrap();
+        let back = read_spec(&mut buf.as_slice()).unwrap();
+        assert_eq!(back.argv, spec.argv);
+        assert_eq!(back.mounts, spec.mounts);
+    }
+
+    #[test]
+    fn report_is_one_line() {
+        let line = encode_report(&Report::Exited { code: Some(3), signal: None });
+        assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
+        let r: Report = serde_json::from_slice(&line).unwrap();
+        assert_eq!(r, Report::Exited { code: Some(3), signal: None });
+    }
+}

@@ -1,0 +1,206 @@
+//! Thin, typed wrappers for the few syscalls nix does not cover
+//! (`clone` with namespace flags and no new stack, `mount_setattr`, the
+//! `lo` interface flags), and the one error type of the init stage.
+//!
+//! One syscall per `unsafe` block, each with the reason it is sound.
+
+use nix::errno::Errno;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// A failed step of building the sandbox, with the path it was about.
+#[derive(Debug, thiserror::Error)]
+pub enum SysError {
+    /// `{step} {path}: {source}`
+    #[error("{step} {path}: {source}")]
+    Path {
+        step: &'static str,
+        path: PathBuf,
+        source: Errno,
+    },
+    /// `{step} {path}: {source}`
+    #[error("{step} {path}: {source}")]
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `{step}: {source}`
+    #[error("{step}: {source}")]
+    Call { step: &'static str, source: Errno },
+    /// `{step}: {message}`
+    #[error("{step}: {message}")]
+    Other { step: &'static str, message: String },
+}
+
+impl SysError {
+    pub fn path(step: &'static str, path: &Path, source: Errno) -> Self {
+        SysError::Path { step, path: path.to_path_buf(), source }
+    }
+    pub fn io(step: &'static str, path: &Path, source: std::io::Error) -> Self {
+        SysError::Io { step, path: path.to_path_buf(), source }
+    }
+    pub fn call(step: &'static str, source: Errno) -> Self {
+        SysError::Call { step, source }
+    }
+    pub fn other(step: &'static str, message: impl std::fmt::Display) -> Self {
+        SysError::Other { step, message: message.to_string() }
+    }
+    /// The step that failed, for the `SetupFailed` report.
+    pub fn step(&self) -> &'static str {
+        match self {
+            SysError::Path { step, .. }
+            | SysError::Io { step, .. }
+            | SysError::Call { step, .. }
+            | SysError::Other { step, .. } => step,
+        }
+    }
+}
+
+/// `clone(2)` with `flags` and no new stack: fork semantics (the child
+/// continues here on a copy-on-write copy of our stack) plus new namespaces.
+/// Returns 0 in the child and the child's pid in the parent.
+///
+/// Only sound in a single-threaded process, which the `__init` stage is.
+pub fn clone_fork(flags: libc::c_int) -> Result<libc::pid_t, Errno> {
+    // SAFETY: with a null stack pointer clone behaves like fork: the child
+    // gets a private copy of our address space. The caller is the
+    // single-threaded init stage, so no lock can be held by another thread
+    // at the time of the copy. x86_64 argument order: flags, stack,
+    // parent_tid, child_tid, tls; the unused pointers are null.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    Errno::result(ret).map(|pid| pid as libc::pid_t)
+}
+
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Add mount attributes to `path` (and its submounts when `recursive`),
+/// with `mount_setattr(2)` (Linux 5.12). Older kernels fall back to a
+/// remount of the top mount, which keeps the flags the kernel locked.
+pub fn set_mount_attrs(path: &Path, attrs: u64, recursive: bool) -> Result<(), SysError> {
+    let cpath = cstr(path)?;
+    let attr = MountAttr { attr_set: attrs, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let flags = if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: cpath is a valid NUL-terminated string and attr a valid
+    // struct of the size we pass; the kernel only reads both.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            cpath.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    match Errno::result(ret) {
+        Ok(_) => Ok(()),
+        Err(Errno::ENOSYS) => remount_fallback(path, attrs),
+        Err(e) => Err(SysError::path("set mount flags", path, e)),
+    }
+}
+
+fn remount_fallback(path: &Path, attrs: u64) -> Result<(), SysError> {
+    use nix::mount::MsFlags;
+    use nix::sys::statvfs::{statvfs, FsFlags};
+    let current = statvfs(path).map_err(|e| SysError::path("statvfs", path, e))?.flags();
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND;
+    for (have, ms) in [
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_RDONLY, MsFlags::MS_RDONLY),
+    ] {
+        if current.contains(have) {
+            flags |= ms;
+        }
+    }
+    for (attr, ms) in [
+        (MOUNT_ATTR_RDONLY, MsFlags::MS_RDONLY),
+        (MOUNT_ATTR_NOSUID, MsFlags::MS_NOSUID),
+        (MOUNT_ATTR_NODEV, MsFlags::MS_NODEV),
+        (MOUNT_ATTR_NOEXEC, MsFlags::MS_NOEXEC),
+    ] {
+        if attrs & attr != 0 {
+            flags |= ms;
+        }
+    }
+    let nil: Option<&str> = None;
+    nix::mount::mount(nil, path, nil, flags, nil).map_err(|e| SysError::path("remount", path, e))
+}
+
+pub fn cstr(path: &Path) -> Result<CString, SysError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| SysError::path("path", path, Errno::EINVAL))
+}
+
+/// Bring `lo` up in the current (fresh) network namespace.
+pub fn loopback_up() -> Result<(), SysError> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    use std::os::fd::AsRawFd;
+    let sock = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(|e| SysError::call("socket for lo", e))?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name and writes ifru_flags of the
+    // ifreq we own; the socket fd is open for the duration of the call.
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
+    Errno::result(ret).map_err(|e| SysError::call("get lo flags", e))?;
+    // SAFETY: the previous ioctl filled the flags member of the union.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: as above; SIOCSIFFLAGS only reads the ifreq.
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
+    Errno::result(ret).map(drop).map_err(|e| SysError::call("set lo up", e))
+}
+
+/// Kill this process when its parent dies, and close the race where the
+/// parent died before the call.
+pub fn die_with_parent(expected_parent: libc::pid_t) -> Result<(), SysError> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.
+    let ret = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    Errno::result(ret).map_err(|e| SysError::call("set parent-death signal", e))?;
+    if nix::unistd::getppid().as_raw() != expected_parent {
+        return Err(SysError::call("parent exited", Errno::ESRCH));
+    }
+    Ok(())
+}
+
+/// Make this process non-dumpable: no ptrace attach, /proc/PID owned by root.
+pub fn set_not_dumpable() -> Result<(), SysError> {
+    // SAFETY: PR_SET_DUMPABLE takes an integer flag and no pointers.
+    let ret = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    Errno::result(ret).map(drop).map_err(|e| SysError::call("set not dumpable", e))
+}
+
+/// Set `no_new_privs`: execve can never grant privileges again.
+pub fn set_no_new_privs() -> Result<(), SysError> {
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer flags and no pointers.
+    let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    Errno::result(ret).map(drop).map_err(|e| SysError::call("set no_new_privs", e))
+}

@@ -1,0 +1,43 @@
+//! Backends that run a [`crate::job::JobSpec`]. Linux is the real one;
+//! other platforms get a clearly weaker fallback (see the fallback issue).
+
+#[cfg(target_os = "linux")]
+pub mod linux;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+/// Errors of starting a sandbox. Every one maps to exit code 125.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The workspace can't be used.
+    #[error("workspace {path}: {reason} (pass an existing directory to --workspace)")]
+    Workspace { path: PathBuf, reason: String },
+    /// Nothing to run.
+    #[error("no command given")]
+    NoCommand,
+    /// The init stage could not be started.
+    #[error("could not start the sandbox's init stage: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// A layer is missing and degraded mode was not allowed.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Where the job's standard streams go.
+pub struct StdioSpec {
+    pub stdin: Stdio,
+    pub stdout: Stdio,
+    pub stderr: Stdio,
+}
+
+impl StdioSpec {
+    /// Pass the caller's streams through, as `confine run` does.
+    pub fn inherit() -> Self {
+        StdioSpec { stdin: Stdio::inherit(), stdout: Stdio::inherit(), stderr: Stdio::inherit() }
+    }
+    /// Capture stdout and stderr, no stdin.
+    pub fn piped() -> Self {
+        StdioSpec { stdin: Stdio::null(), stdout: Stdio::piped(), stderr: Stdio::piped() }
+    }
+}
