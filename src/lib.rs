@@ -7,3 +7,4 @@ pub mod cli;
 pub mod env;
 pub mod job;
 pub mod sandbox;
+pub mod store;

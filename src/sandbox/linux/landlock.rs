@@ -54,9 +54,13 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
     let mut rules: Vec<(&Path, _)> = vec![(Path::new("/"), AccessFs::ReadDir.into())];
     rules.extend(plan.read.iter().map(|p| (p.as_path(), read)));
     rules.extend(plan.write.iter().map(|p| (p.as_path(), all)));
-    let device_rights = read | AccessFs::WriteFile | AccessFs::IoctlDev;
+    let device_rights = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
     rules.extend(WRITABLE_DEVICES.iter().map(|d| (Path::new(*d), device_rights)));
+    let file_rights = AccessFs::from_file(abi);
     for (path, access) in rules {
+        // Directory-only rights on a file would downgrade the whole ruleset
+        // to "partial"; a file rule gets the file rights it asked for.
+        let access = if path.is_dir() { access } else { access & file_rights };
         match PathFd::new(path) {
             Ok(fd) => {
                 created = created

@@ -1,0 +1,72 @@
+//! The sled store: one database for artifacts, audit, memories and
+//! feedback, each in its own tree. Callers get typed handles; nobody else
+//! opens sled.
+//!
+//! Durability rule: anything a response refers to (an audit record, an
+//! artifact) is flushed before the response is returned.
+
+use std::path::{Path, PathBuf};
+
+/// Errors of the store layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be opened or written.
+    #[error("store {path}: {source} (check that the directory is writable and not used by another confine)")]
+    Open { path: PathBuf, source: sled::Error },
+    /// A read or write failed.
+    #[error("store: {0}")]
+    Db(#[from] sled::Error),
+    /// A record could not be (de)serialised.
+    #[error("store: corrupt record: {0}")]
+    Corrupt(String),
+}
+
+/// The one sled database of a confine installation.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+}
+
+impl Store {
+    /// Open (or create) the store at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let db = sled::Config::new()
+            .path(path)
+            .open()
+            .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
+        Ok(Store { db })
+    }
+
+    /// A named tree (table) of the store.
+    pub fn tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
+        Ok(self.db.open_tree(name)?)
+    }
+
+    /// Flush everything to disk (fsync).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Approximate on-disk size in bytes.
+    pub fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reopen_keeps_flushed_data() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Store::open(dir.path()).unwrap();
+            s.tree("t").unwrap().insert("k", "v").unwrap();
+            s.flush().unwrap();
+        }
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(s.tree("t").unwrap().get("k").unwrap().unwrap().as_ref(), b"v");
+    }
+}
