@@ -78,10 +78,7 @@ impl JobSpec {
             network: Network::None,
             hostname: "confine".into(),
             binds: Vec::new(),
-            limits: Limits {
-                tmp_size_bytes: DEFAULT_TMP_SIZE,
-                ..Limits::default()
-            },
+            limits: Limits { tmp_size_bytes: DEFAULT_TMP_SIZE, ..Limits::default() },
             allow_degraded: false,
         }
     }

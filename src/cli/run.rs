@@ -60,10 +60,13 @@ fn parse_bind(s: &str, writable: bool) -> Result<Bind, SandboxError> {
         Some((a, b)) => (a, b),
         None => (s, s),
     };
-    let source = std::fs::canonicalize(src).map_err(|e| SandboxError::Unavailable(format!("bind source {src}: {e}")))?;
+    let source =
+        std::fs::canonicalize(src).map_err(|e| SandboxError::Unavailable(format!("bind source {src}: {e}")))?;
     let dest = PathBuf::from(dst);
     if !dest.is_absolute() || dest.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(SandboxError::Unavailable(format!("bind destination {dst}: must be an absolute path without '..'")));
+        return Err(SandboxError::Unavailable(format!(
+            "bind destination {dst}: must be an absolute path without '..'"
+        )));
     }
     Ok(Bind { source, dest, writable })
 }

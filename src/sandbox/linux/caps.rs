@@ -11,10 +11,12 @@ use nix::errno::Errno;
 pub fn drop_all() -> Result<(), SysError> {
     // Capabilities newer than the running kernel can't be named (EINVAL).
     for cap in caps::runtime::thread_all_supported() {
-        caps::drop(None, CapSet::Bounding, cap).map_err(|_| SysError::call("drop bounding capability", Errno::EPERM))?;
+        caps::drop(None, CapSet::Bounding, cap)
+            .map_err(|_| SysError::call("drop bounding capability", Errno::EPERM))?;
     }
     caps::clear(None, CapSet::Ambient).map_err(|_| SysError::call("clear ambient capabilities", Errno::EPERM))?;
-    caps::clear(None, CapSet::Inheritable).map_err(|_| SysError::call("clear inheritable capabilities", Errno::EPERM))?;
+    caps::clear(None, CapSet::Inheritable)
+        .map_err(|_| SysError::call("clear inheritable capabilities", Errno::EPERM))?;
     caps::clear(None, CapSet::Effective).map_err(|_| SysError::call("clear effective capabilities", Errno::EPERM))?;
     caps::clear(None, CapSet::Permitted).map_err(|_| SysError::call("clear permitted capabilities", Errno::EPERM))?;
     Ok(())

@@ -15,11 +15,7 @@ pub fn execvpe(argv: &[String], env: &[(String, String)]) -> Errno {
     let Ok(args) = argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<Vec<_>, _>>() else {
         return Errno::EINVAL;
     };
-    let Ok(envp) = env
-        .iter()
-        .map(|(k, v)| CString::new(format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()
-    else {
+    let Ok(envp) = env.iter().map(|(k, v)| CString::new(format!("{k}={v}"))).collect::<Result<Vec<_>, _>>() else {
         return Errno::EINVAL;
     };
     if cmd.contains('/') {

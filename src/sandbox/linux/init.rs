@@ -192,10 +192,7 @@ fn job(spec: &InitSpec, ctl: &File) -> ! {
             let errno = exec::execvpe(&spec.argv, &spec.env);
             report(
                 ctl,
-                &Report::ExecFailed {
-                    errno: errno as i32,
-                    command: spec.argv.first().cloned().unwrap_or_default(),
-                },
+                &Report::ExecFailed { errno: errno as i32, command: spec.argv.first().cloned().unwrap_or_default() },
             );
             std::process::exit(exec::exit_code_for(errno as i32))
         }

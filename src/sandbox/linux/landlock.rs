@@ -10,8 +10,8 @@ use super::protocol::LandlockPlan;
 use super::sys::SysError;
 use crate::job::LandlockLayer;
 use landlock::{
-    Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use std::path::Path;
 
@@ -37,14 +37,11 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
         .handle_access(AccessFs::from_all(abi))
         .map_err(|e| err("landlock: handle filesystem rights", e))?;
     if plan.deny_tcp {
-        ruleset = ruleset
-            .handle_access(AccessNet::from_all(abi))
-            .map_err(|e| err("landlock: handle network rights", e))?;
+        ruleset =
+            ruleset.handle_access(AccessNet::from_all(abi)).map_err(|e| err("landlock: handle network rights", e))?;
     }
     if plan.scope {
-        ruleset = ruleset
-            .scope(Scope::AbstractUnixSocket | Scope::Signal)
-            .map_err(|e| err("landlock: scope", e))?;
+        ruleset = ruleset.scope(Scope::AbstractUnixSocket | Scope::Signal).map_err(|e| err("landlock: scope", e))?;
     }
     let mut created = ruleset.create().map_err(|e| err("landlock: create ruleset", e))?;
     let mut skipped = Vec::new();
@@ -63,9 +60,7 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
         let access = if path.is_dir() { access } else { access & file_rights };
         match PathFd::new(path) {
             Ok(fd) => {
-                created = created
-                    .add_rule(PathBeneath::new(fd, access))
-                    .map_err(|e| err("landlock: add rule", e))?;
+                created = created.add_rule(PathBeneath::new(fd, access)).map_err(|e| err("landlock: add rule", e))?;
             }
             Err(_) => skipped.push(path.display().to_string()),
         }

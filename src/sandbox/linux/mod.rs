@@ -62,11 +62,7 @@ pub fn sandbox_ids(spec: &JobSpec) -> (IdMap, IdMap, bool) {
 /// Landlock rules that match the mount plan: read what was bound, write
 /// only /tmp, /dev/shm and what was bound read-write.
 pub fn landlock_plan(ops: &[MountOp], spec: &JobSpec) -> LandlockPlan {
-    let mut plan = LandlockPlan {
-        deny_tcp: spec.network == Network::None,
-        scope: true,
-        ..LandlockPlan::default()
-    };
+    let mut plan = LandlockPlan { deny_tcp: spec.network == Network::None, scope: true, ..LandlockPlan::default() };
     for op in ops {
         if let MountOp::Bind { dst, rw, dev: false, .. } = op {
             if *rw {
@@ -121,10 +117,7 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
 }
 
 fn new_job_id() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
     let mut rnd = [0u8; 4];
     let _ = getrandom(&mut rnd);
     format!("job-{now}-{:02x}{:02x}{:02x}{:02x}", rnd[0], rnd[1], rnd[2], rnd[3])
@@ -142,7 +135,11 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
 
 /// Start `spec` in a fresh sandbox. Must be called from a tokio worker
 /// thread that outlives the job (the init stage dies with its parent thread).
-pub async fn spawn(spec: &JobSpec, stdio: StdioSpec, seccomp: Option<(&str, &OwnedFd)>) -> Result<RunningJob, SandboxError> {
+pub async fn spawn(
+    spec: &JobSpec,
+    stdio: StdioSpec,
+    seccomp: Option<(&str, &OwnedFd)>,
+) -> Result<RunningJob, SandboxError> {
     check_workspace(spec)?;
     let mut init = init_spec(spec);
     init.seccomp = seccomp.map(|(name, _)| name.to_string());
@@ -249,8 +246,11 @@ impl RunningJob {
         let mut buf = Vec::new();
         let (status, _) = tokio::join!(self.child.wait(), self.ctl.read_to_end(&mut buf));
         let duration_ms = self.started.elapsed().as_millis() as u64;
-        let reports: Vec<Report> =
-            buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()).filter_map(|l| serde_json::from_slice(l).ok()).collect();
+        let reports: Vec<Report> = buf
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .collect();
         let mut layers = self.base_layers.clone();
         let mut outcome = Outcome {
             job_id: self.job_id.clone(),
@@ -360,4 +360,3 @@ mod tests {
         assert_ne!(new_job_id(), new_job_id());
     }
 }
-

@@ -32,8 +32,7 @@ pub const SYSTEM_PATHS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// /proc files hidden behind /dev/null, as runc masks them.
-const PROC_MASKED_FILES: &[&str] =
-    &["kcore", "keys", "timer_list", "timer_stats", "sched_debug", "latency_stats"];
+const PROC_MASKED_FILES: &[&str] = &["kcore", "keys", "timer_list", "timer_stats", "sched_debug", "latency_stats"];
 /// /proc directories hidden behind an empty read-only tmpfs.
 const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
 /// /proc paths made read-only.
@@ -67,13 +66,9 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
         let path = Path::new(path);
         match host.symlink_target(path) {
             Ok(Some(target)) => ops.push(MountOp::Symlink { target, dst: path.into() }),
-            Ok(None) => ops.push(MountOp::Bind {
-                src: path.into(),
-                dst: path.into(),
-                rw: false,
-                dev: false,
-                optional: true,
-            }),
+            Ok(None) => {
+                ops.push(MountOp::Bind { src: path.into(), dst: path.into(), rw: false, dev: false, optional: true })
+            }
             Err(_) => {}
         }
     }
@@ -156,11 +151,7 @@ fn under(root: &Path, dst: &Path) -> PathBuf {
 
 fn mkdir_p(path: &Path, mode: u32) -> Result<(), SysError> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-        .map_err(|e| SysError::io("mkdir", path, e))
+    std::fs::DirBuilder::new().recursive(true).mode(mode).create(path).map_err(|e| SysError::io("mkdir", path, e))
 }
 
 fn touch(path: &Path) -> Result<(), SysError> {
@@ -183,14 +174,8 @@ pub fn build(ops: &[MountOp], fds: &[Option<OwnedFd>]) -> Result<(), SysError> {
     // Nothing we mount may propagate back to the host.
     mount(nil, "/", nil, MsFlags::MS_REC | MsFlags::MS_PRIVATE, nil)
         .map_err(|e| SysError::path("make / private", Path::new("/"), e))?;
-    mount(
-        Some("tmpfs"),
-        root,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=0755,size=1m"),
-    )
-    .map_err(|e| SysError::path("mount root tmpfs", root, e))?;
+    mount(Some("tmpfs"), root, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=1m"))
+        .map_err(|e| SysError::path("mount root tmpfs", root, e))?;
 
     for (op, fd) in ops.iter().zip(fds) {
         match op {
@@ -349,14 +334,10 @@ mod tests {
     fn proc_is_mounted_before_it_is_masked() {
         let ops = plan(&JobSpec::new(vec!["true".into()]), &merged_usr());
         let proc_at = ops.iter().position(|o| matches!(o, MountOp::Proc { .. })).unwrap();
-        let kcore_at = ops
-            .iter()
-            .position(|o| matches!(o, MountOp::MaskFile { dst } if dst == Path::new("/proc/kcore")))
-            .unwrap();
-        let sys_at = ops
-            .iter()
-            .position(|o| matches!(o, MountOp::ReadOnly { dst } if dst == Path::new("/proc/sys")))
-            .unwrap();
+        let kcore_at =
+            ops.iter().position(|o| matches!(o, MountOp::MaskFile { dst } if dst == Path::new("/proc/kcore"))).unwrap();
+        let sys_at =
+            ops.iter().position(|o| matches!(o, MountOp::ReadOnly { dst } if dst == Path::new("/proc/sys"))).unwrap();
         assert!(proc_at < kcore_at && proc_at < sys_at);
     }
 

@@ -40,17 +40,35 @@ pub enum MountOp {
         optional: bool,
     },
     /// Recreate a host symlink such as `/bin -> usr/bin`.
-    Symlink { target: PathBuf, dst: PathBuf },
-    Tmpfs { dst: PathBuf, size: u64, mode: u32 },
-    Dir { dst: PathBuf, mode: u32 },
+    Symlink {
+        target: PathBuf,
+        dst: PathBuf,
+    },
+    Tmpfs {
+        dst: PathBuf,
+        size: u64,
+        mode: u32,
+    },
+    Dir {
+        dst: PathBuf,
+        mode: u32,
+    },
     /// A fresh procfs for the new pid namespace.
-    Proc { dst: PathBuf },
+    Proc {
+        dst: PathBuf,
+    },
     /// Hide a file by binding /dev/null over it (runc's masked paths).
-    MaskFile { dst: PathBuf },
+    MaskFile {
+        dst: PathBuf,
+    },
     /// Hide a directory under an empty read-only tmpfs.
-    MaskDir { dst: PathBuf },
+    MaskDir {
+        dst: PathBuf,
+    },
     /// Make an existing path of the new root read-only (e.g. /proc/sys).
-    ReadOnly { dst: PathBuf },
+    ReadOnly {
+        dst: PathBuf,
+    },
 }
 
 /// A resource limit applied with setrlimit in the job process.
@@ -107,20 +125,13 @@ pub enum Report {
     /// Sandbox is built; pid 1 of the new pid namespace has this host pid.
     Started { pid1: i32 },
     /// Sent by the job process right before execve.
-    Confined {
-        landlock: LandlockLayer,
-        seccomp: Option<String>,
-        missing: Vec<String>,
-    },
+    Confined { landlock: LandlockLayer, seccomp: Option<String>, missing: Vec<String> },
     /// The command could not be executed (errno from execve or lookup).
     ExecFailed { errno: i32, command: String },
     /// Building the sandbox failed; `step` names the step.
     SetupFailed { step: String, error: String },
     /// The job's main process ended.
-    Exited {
-        code: Option<i32>,
-        signal: Option<i32>,
-    },
+    Exited { code: Option<i32>, signal: Option<i32> },
 }
 
 pub fn write_spec(w: &mut impl Write, spec: &InitSpec) -> io::Result<()> {

@@ -14,18 +14,10 @@ use std::path::{Path, PathBuf};
 pub enum SysError {
     /// `{step} {path}: {source}`
     #[error("{step} {path}: {source}")]
-    Path {
-        step: &'static str,
-        path: PathBuf,
-        source: Errno,
-    },
+    Path { step: &'static str, path: PathBuf, source: Errno },
     /// `{step} {path}: {source}`
     #[error("{step} {path}: {source}")]
-    Io {
-        step: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { step: &'static str, path: PathBuf, source: std::io::Error },
     /// `{step}: {source}`
     #[error("{step}: {source}")]
     Call { step: &'static str, source: Errno },
@@ -70,14 +62,7 @@ pub fn clone_fork(flags: libc::c_int) -> Result<libc::pid_t, Errno> {
     // at the time of the copy. x86_64 argument order: flags, stack,
     // parent_tid, child_tid, tls; the unused pointers are null.
     let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (flags | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
+        libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize)
     };
     Errno::result(ret).map(|pid| pid as libc::pid_t)
 }
