@@ -21,6 +21,16 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// Where the store lives when the config names no `store.path`:
+/// `$XDG_DATA_HOME/confine`, else `~/.local/share/confine`.
+pub fn default_path() -> PathBuf {
+    if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(xdg).join("confine");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
+    home.join(".local/share/confine")
+}
+
 /// The one sled database of a confine installation.
 #[derive(Clone)]
 pub struct Store {
