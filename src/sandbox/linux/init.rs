@@ -136,6 +136,8 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd) -> Result<i32, SysError> {
         return Ok(125); // the outer stage failed and has reported why
     }
     drop(go);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"confine-init".as_ptr(), 0, 0, 0) };
 
     // Host credentials still: reach root-owned trees like /root/.rustup.
     let sources = mounts::open_sources(&spec.mounts)?;

@@ -1,0 +1,65 @@
+//! Helpers shared by the integration tests: run the real binary, and skip
+//! loudly (or fail, under CONFINE_REQUIRE_ISOLATION=1) when the kernel
+//! can't show what a test needs.
+#![allow(dead_code)]
+
+use std::process::{Command, Output, Stdio};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_confine")
+}
+
+/// `confine run ARGS…` with captured output.
+pub fn run(args: &[&str]) -> Output {
+    Command::new(bin()).arg("run").args(args).stdin(Stdio::null()).output().expect("start confine")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Skip a test with a printed reason; a failure when isolation is required.
+pub fn skip(reason: &str) {
+    if std::env::var("CONFINE_REQUIRE_ISOLATION").as_deref() == Ok("1") {
+        panic!("required isolation is unavailable: {reason}");
+    }
+    eprintln!("SKIPPED: {reason}");
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and can't fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Whether this kernel lets us create the sandbox at all (probe once).
+pub fn sandbox_available() -> bool {
+    let out = run(&["--", "/bin/true"]);
+    if out.status.success() {
+        return true;
+    }
+    skip(&format!("confine can't create a sandbox here: {}", stderr(&out).trim()));
+    false
+}
+
+/// Pids on the host whose command line contains `token`.
+pub fn host_pids_with(token: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(token) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// A unique token for this test process.
+pub fn token(name: &str) -> String {
+    format!("confinetest-{name}-{}", std::process::id())
+}

@@ -1,0 +1,309 @@
+//! The sandbox core, checked from inside a real sandbox: namespaces, the
+//! private root, credentials, environment, exit codes and stdio.
+//! Every test runs the real `confine` binary, so each sandbox lives in its
+//! own process.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::process::{Command, Stdio};
+
+fn field<'a>(text: &'a str, key: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
+}
+
+#[test]
+fn inside_view_is_isolated() {
+    if !sandbox_available() {
+        return;
+    }
+    let script = r#"
+echo "self=$$ ppid=$PPID"
+echo "init=$(cat /proc/1/comm)"
+echo "hostname=$(hostname)"
+echo "ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ,)"
+cat /etc/shadow >/dev/null 2>&1 && echo "readable=/etc/shadow"
+for d in /root /home; do ls $d >/dev/null 2>&1 && echo "readable=$d"; done
+grep -E '^(NoNewPrivs|CapEff|CapBnd|CapPrm|CapInh|CapAmb):' /proc/self/status
+echo "uidmap=$(cat /proc/self/uid_map | tr -s ' ')"
+echo "pids=$(ls /proc | grep -E '^[0-9]+$' | tr '\n' ,)"
+"#;
+    let out = run(&["--hostname", "jail-test", "--", "/bin/sh", "-c", script]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    // Our tiny init is pid 1 of the new pid namespace; the job is its child.
+    assert_eq!(field(&text, "init="), "confine-init");
+    assert!(text.contains("ppid=1"), "{text}");
+    assert_eq!(field(&text, "hostname="), "jail-test");
+    assert_eq!(field(&text, "ifaces="), "lo,");
+    assert!(!text.contains("readable="), "sensitive host paths are readable:\n{text}");
+    assert_eq!(field(&text, "NoNewPrivs:"), "1");
+    for cap in ["CapEff:", "CapBnd:", "CapPrm:", "CapInh:", "CapAmb:"] {
+        assert_eq!(field(&text, cap), "0000000000000000", "{cap}");
+    }
+    // "<inside> <outside> <count>": the job's host uid is not root.
+    let map: Vec<u32> = field(&text, "uidmap=").split_whitespace().map(|n| n.parse().unwrap()).collect();
+    assert_eq!(map.len(), 3, "{text}");
+    assert_ne!(map[1], 0, "job maps to host root: {text}");
+    assert_eq!(map[2], 1);
+    // Host pids are invisible: only the sandbox's few processes are listed.
+    let pids: Vec<u32> = field(&text, "pids=").split(',').filter(|p| !p.is_empty()).map(|p| p.parse().unwrap()).collect();
+    // (each shell pipeline above took a few pids, so numbers reach the teens)
+    assert!(pids.len() <= 6 && pids.iter().all(|p| *p < 100), "host pids visible: {pids:?}");
+    assert!(!pids.contains(&std::process::id()));
+}
+
+#[test]
+fn supervisor_environment_does_not_leak() {
+    if !sandbox_available() {
+        return;
+    }
+    let out = Command::new(bin())
+        .args(["run", "--env", "PASSED=yes", "--env", "FROM_HOST", "--", "/usr/bin/env"])
+        .env("CONFINE_TEST_SECRET", "hunter2")
+        .env("FROM_HOST", "host-value")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!text.contains("hunter2") && !text.contains("CONFINE_TEST_SECRET"), "{text}");
+    assert!(text.contains("PASSED=yes\n"), "{text}");
+    assert!(text.contains("FROM_HOST=host-value\n"), "{text}");
+    assert!(text.contains("HOME=/tmp\n") && text.contains("TMPDIR=/tmp\n"), "{text}");
+    let keys: Vec<&str> = text.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+    for k in &keys {
+        assert!(["PATH", "HOME", "TMPDIR", "LANG", "PASSED", "FROM_HOST", "PWD"].contains(k), "unexpected {k}");
+    }
+}
+
+#[test]
+fn exit_codes_follow_docker_conventions() {
+    if !sandbox_available() {
+        return;
+    }
+    let cases: &[(&[&str], i32)] = &[
+        (&["--", "/bin/true"], 0),
+        (&["--", "/bin/sh", "-c", "exit 7"], 7),
+        (&["--", "no-such-command-anywhere"], 127),
+        (&["--", "/root/.cargo/bin/rustc"], 127), // a host path outside the sandbox's root
+        (&["--", "/etc/passwd"], 126),            // exists, not executable
+        (&["--", "/bin/sh", "-c", "kill -9 $$"], 128 + 9),
+    ];
+    for (args, want) in cases {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(*want), "{args:?}: {}", stderr(&out));
+    }
+    let out = run(&["--", "no-such-command-anywhere"]);
+    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+}
+
+#[test]
+fn stdin_is_piped_through() {
+    if !sandbox_available() {
+        return;
+    }
+    let mut child = Command::new(bin())
+        .args(["run", "--", "/bin/cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"through the sandbox\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(stdout(&out), "through the sandbox\n");
+}
+
+#[test]
+fn setsid_grandchild_dies_with_the_job() {
+    if !sandbox_available() {
+        return;
+    }
+    let tok = token("setsid");
+    // The grandchild double-forks into its own session, then the job exits.
+    let script = format!(
+        "setsid /bin/sh -c 'sleep 1000; : {tok}' >/dev/null 2>&1 < /dev/null & sleep 0.2; \
+         ps_ok=$(ls /proc | grep -c '^[0-9]'); echo procs=$ps_ok"
+    );
+    let out = run(&["--", "/bin/sh", "-c", &script]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let procs: u32 = field(&stdout(&out), "procs=").parse().unwrap();
+    assert!(procs >= 4, "the grandchild never started: {}", stdout(&out));
+    let left = host_pids_with(&tok);
+    assert!(left.is_empty(), "survivors on the host: {left:?}");
+}
+
+fn workspace(owner: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("hello.txt"), "hi from the host\n").unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(owner), Some(owner)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+#[test]
+fn workspace_is_read_only_unless_rw() {
+    if !is_root() {
+        return skip("needs root to give the workspace to another uid");
+    }
+    if !sandbox_available() {
+        return;
+    }
+    let dir = workspace(1000);
+    let ws = dir.path().to_str().unwrap();
+    let out = run(&["--workspace", ws, "--", "/bin/sh", "-c", "cat hello.txt; pwd; echo x > new.txt"]);
+    assert_eq!(stdout(&out), "hi from the host\n/workspace\n");
+    assert!(stderr(&out).contains("Read-only file system"), "{}", stderr(&out));
+    assert!(!dir.path().join("new.txt").exists());
+
+    let out = run(&["--workspace", ws, "--rw", "--", "/bin/sh", "-c", "echo written > new.txt; id -u"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // As root, the job runs as the workspace's owner: its files belong to them.
+    assert_eq!(stdout(&out).trim(), "1000");
+    let meta = std::fs::metadata(dir.path().join("new.txt")).unwrap();
+    assert_eq!(meta.uid(), 1000);
+    assert_eq!(std::fs::read_to_string(dir.path().join("new.txt")).unwrap(), "written\n");
+}
+
+#[test]
+fn system_paths_are_read_only_and_tmp_is_private() {
+    if !sandbox_available() {
+        return;
+    }
+    let marker = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+    let name = marker.path().file_name().unwrap().to_str().unwrap().to_string();
+    let script = format!(
+        "touch /usr/x 2>/dev/null && echo usr-writable; touch /etc/x 2>/dev/null && echo etc-writable; \
+         touch /x 2>/dev/null && echo root-writable; ls /tmp/{name} 2>/dev/null && echo host-tmp-visible; \
+         echo data > /tmp/mine && cat /tmp/mine"
+    );
+    let out = run(&["--", "/bin/sh", "-c", &script]);
+    assert_eq!(stdout(&out), "data\n", "{}", stderr(&out));
+}
+
+#[test]
+fn tmp_has_a_size_cap() {
+    if !sandbox_available() {
+        return;
+    }
+    let out = run(&["--", "/bin/sh", "-c", "df -k /tmp | tail -1 | tr -s ' ' | cut -d' ' -f2"]);
+    let kib: u64 = stdout(&out).trim().parse().unwrap_or_else(|_| panic!("{}", stdout(&out)));
+    assert_eq!(kib, 64 * 1024, "default /tmp cap is 64 MiB");
+}
+
+#[test]
+fn proc_is_masked_like_runc() {
+    if !sandbox_available() {
+        return;
+    }
+    let script = "for f in kcore keys timer_list timer_stats sched_debug latency_stats; do \
+                    [ -e /proc/$f ] && echo \"$f=$(wc -c < /proc/$f)\"; done; \
+                  echo 1 > /proc/sysrq-trigger 2>/dev/null && echo sysrq-writable; \
+                  echo x > /proc/sys/kernel/hostname 2>/dev/null && echo sys-writable; \
+                  echo acpi=$(ls /proc/acpi 2>/dev/null | wc -l)";
+    let out = run(&["--", "/bin/sh", "-c", script]);
+    let text = stdout(&out);
+    let masked: Vec<&str> = text.lines().filter(|l| !l.starts_with("acpi=")).collect();
+    // This kernel has at least /proc/keys and /proc/timer_list; each reads as empty.
+    assert!(masked.len() >= 2, "{text}");
+    for line in &masked {
+        assert!(line.ends_with("=0"), "not masked: {line}\n{text}");
+    }
+    assert!(text.contains("acpi=0\n"), "{text}");
+}
+
+#[test]
+fn dev_is_minimal() {
+    if !sandbox_available() {
+        return;
+    }
+    let out = run(&["--", "/bin/sh", "-c", "ls /dev | tr '\\n' ' '; head -c 4 /dev/zero | wc -c; echo x > /dev/null && echo null-ok"]);
+    let text = stdout(&out);
+    for dev in ["full", "null", "random", "shm", "tty", "urandom", "zero"] {
+        assert!(text.split_whitespace().any(|d| d == dev), "/dev/{dev} missing: {text}");
+    }
+    assert!(!text.contains("sda") && !text.contains("vda") && !text.contains("mem "), "{text}");
+    assert!(text.contains("4\nnull-ok"), "{text}");
+}
+
+#[test]
+fn host_network_on_request() {
+    if !sandbox_available() {
+        return;
+    }
+    let out = run(&["--net", "host", "--", "/bin/sh", "-c", "tail -n +3 /proc/net/dev | wc -l"]);
+    let n: u32 = stdout(&out).trim().parse().unwrap();
+    let host = std::fs::read_to_string("/proc/net/dev").unwrap().lines().count() as u32 - 2;
+    assert_eq!(n, host);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let no_cmd = Command::new(bin()).arg("run").output().unwrap();
+    assert_eq!(no_cmd.status.code(), Some(2));
+    let bad_flag = Command::new(bin()).args(["run", "--no-such-flag", "--", "true"]).output().unwrap();
+    assert_eq!(bad_flag.status.code(), Some(2));
+
+    let out = run(&["--workspace", "/no/such/dir", "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("/no/such/dir"), "{}", stderr(&out));
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let out = run(&["--workspace", file.path().to_str().unwrap(), "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
+}
+
+#[test]
+fn json_status_names_the_layers() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let status = dir.path().join("status.json");
+    let out = run(&["--json-status", status.to_str().unwrap(), "--", "/bin/sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    assert_eq!(v["exitCode"], 3);
+    assert_eq!(v["status"], "failure");
+    assert_eq!(v["backend"], "linux");
+    assert!(v["durationMs"].as_u64().is_some());
+    for layer in ["userns", "mountns", "pidns", "netns", "ipcns", "utsns", "cgroupns", "capsDropped", "noNewPrivs"] {
+        assert_eq!(v["layers"][layer], true, "{layer}: {v}");
+    }
+    assert_eq!(v["layers"]["landlock"]["status"], "full", "{v}");
+}
+
+#[test]
+fn rootless_through_unprivileged_user_namespaces() {
+    if !is_root() {
+        return skip("needs root to switch to an unprivileged user for the test");
+    }
+    if !sandbox_available() {
+        return;
+    }
+    // Copy the binary where an unprivileged user can execute it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = dir.path().join("confine");
+    std::fs::copy(bin(), &copy).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&copy)
+        .args(["run", "--", "/bin/sh", "-c", "id -u; grep NoNewPrivs /proc/self/status; cat /proc/self/uid_map"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    if stderr(&out).contains("clone namespaces") {
+        return skip(&format!("unprivileged user namespaces are disabled: {}", stderr(&out)));
+    }
+    assert!(out.status.success(), "rootless run failed: {}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("65534\n"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+}
