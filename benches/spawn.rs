@@ -1,0 +1,83 @@
+//! Spawn latency: /bin/true run three ways in one run — plain fork/exec,
+//! bubblewrap with full namespaces, and `confine run` — with p50/p99 and
+//! the ratios the README quotes.
+//!
+//! `cargo bench --bench spawn` (release build). `SPAWN_RUNS=N` sets the
+//! number of runs per row (default 300). Rows whose tool is missing are
+//! reported as such, never invented.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Row {
+    name: String,
+    samples: Vec<Duration>,
+}
+
+impl Row {
+    fn pct(&self, p: f64) -> Duration {
+        let mut s = self.samples.clone();
+        s.sort();
+        let idx = ((s.len() as f64 - 1.0) * p).round() as usize;
+        s[idx]
+    }
+}
+
+fn time(name: &str, runs: usize, argv: &[&str]) -> Option<Row> {
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    // Warm up (page cache, first-use costs), and check it works at all.
+    for _ in 0..10 {
+        let out = cmd.output().ok()?;
+        if !out.status.success() {
+            eprintln!("{name}: not measured: {}", String::from_utf8_lossy(&out.stderr).trim());
+            return None;
+        }
+    }
+    let mut samples = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        let status = cmd.status().ok()?;
+        samples.push(t.elapsed());
+        if !status.success() {
+            return None;
+        }
+    }
+    Some(Row { name: name.to_string(), samples })
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let runs: usize = std::env::var("SPAWN_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    let confine = env!("CARGO_BIN_EXE_confine");
+    let mut rows: Vec<Row> = Vec::new();
+    let plain = time("plain fork/exec", runs, &["/bin/true"]);
+    let bwrap = time(
+        "bwrap --unshare-all",
+        runs,
+        &["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
+    );
+    if bwrap.is_none() {
+        eprintln!("bwrap: not measured (apt-get install bubblewrap)");
+    }
+    let confine_row = time("confine run", runs, &[confine, "run", "--", "/bin/true"]);
+    let limits = time(
+        "confine run + limits",
+        runs,
+        &[confine, "run", "--memory", "256M", "--cpus", "1", "--pids", "128", "--", "/bin/true"],
+    );
+    rows.extend([plain, bwrap, confine_row, limits].into_iter().flatten());
+    let base = |name: &str| rows.iter().find(|r| r.name.starts_with(name)).map(|r| r.pct(0.5));
+    let (plain_p50, bwrap_p50) = (base("plain"), base("bwrap"));
+    println!("runs per row: {runs}");
+    println!("| how /bin/true is run | p50 ms | p99 ms | × plain | × bwrap |");
+    println!("|---|---:|---:|---:|---:|");
+    for r in &rows {
+        let p50 = r.pct(0.5);
+        let ratio = |b: Option<Duration>| b.map(|b| format!("{:.2}", p50.as_secs_f64() / b.as_secs_f64())).unwrap_or("–".into());
+        println!("| {} | {} | {} | {} | {} |", r.name, ms(p50), ms(r.pct(0.99)), ratio(plain_p50), ratio(bwrap_p50));
+    }
+}
