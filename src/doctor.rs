@@ -1,0 +1,287 @@
+//! `confine doctor`: what this host can enforce, found by asking the kernel
+//! (a real user namespace, a real sandbox run), not by guessing from
+//! versions. Each finding carries a fix hint when it is missing.
+//!
+//! This module only reads and probes; it changes nothing on the host.
+
+use serde::Serialize;
+
+/// One line of the doctor's table.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    /// What was found.
+    pub detail: String,
+    /// How to fix it, when `ok` is false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+    /// Whether full isolation needs this check to pass.
+    pub required: bool,
+}
+
+/// All findings, and whether full isolation is available.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub backend: String,
+    pub full_isolation: bool,
+    pub checks: Vec<Check>,
+}
+
+fn check(name: &str, ok: bool, detail: impl Into<String>, fix: &str, required: bool) -> Check {
+    Check {
+        name: name.into(),
+        ok,
+        detail: detail.into(),
+        fix: if ok { None } else { Some(fix.into()) },
+        required,
+    }
+}
+
+fn read_trim(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+/// Gather every finding. `smoke` runs `confine run -- /bin/true` with the
+/// given binary, the truest test of all.
+pub fn diagnose(smoke: Option<&std::path::Path>) -> Report {
+    let mut checks = Vec::new();
+    let uname = nix::sys::utsname::uname().ok();
+    let release = uname.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+    checks.push(check("kernel", true, format!("Linux {release}"), "", false));
+    let root = nix::unistd::geteuid().is_root();
+    checks.push(check(
+        "root",
+        root,
+        if root { "running as root".to_string() } else { format!("running as uid {}", nix::unistd::geteuid()) },
+        "rootless mode works through unprivileged user namespaces; cgroup limits need a delegated v2 subtree \
+         (systemd-run --user --scope -p Delegate=yes confine …)",
+        false,
+    ));
+    checks.push(userns_check());
+    if let Some(c) = apparmor_check(root) {
+        checks.push(c);
+    }
+    let abi = crate::sandbox::linux::landlock::kernel_abi();
+    checks.push(check(
+        "landlock",
+        abi >= 1,
+        if abi >= 1 {
+            format!("ABI {abi} (confine enforces up to ABI {})", crate::sandbox::linux::landlock::TARGET_ABI as u32)
+        } else {
+            "not available".to_string()
+        },
+        "boot with landlock in the LSM list (lsm=landlock,… on the kernel command line; Linux ≥ 5.13)",
+        true,
+    ));
+    checks.push(seccomp_check());
+    checks.extend(cgroup_checks(root));
+    if let Some(bin) = smoke {
+        checks.push(smoke_check(bin));
+    }
+    let full_isolation = checks.iter().all(|c| c.ok || !c.required);
+    Report { backend: "linux".into(), full_isolation, checks }
+}
+
+fn userns_check() -> Check {
+    let max = read_trim("/proc/sys/user/max_user_namespaces").and_then(|s| s.parse::<u64>().ok());
+    let debian_knob = read_trim("/proc/sys/kernel/unprivileged_userns_clone");
+    let probe = probe_unshare_user();
+    let mut detail = match &probe {
+        Ok(()) => "a new user namespace can be created".to_string(),
+        Err(e) => format!("unshare(CLONE_NEWUSER) failed: {e}"),
+    };
+    if let Some(max) = max {
+        detail.push_str(&format!("; max_user_namespaces={max}"));
+    }
+    if let Some(k) = &debian_knob {
+        detail.push_str(&format!("; unprivileged_userns_clone={k}"));
+    }
+    check(
+        "user namespaces",
+        probe.is_ok() && max != Some(0),
+        detail,
+        "sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 on older Debian)",
+        true,
+    )
+}
+
+/// Ubuntu 23.10+ lets unprivileged processes create a user namespace but
+/// strips its capabilities, so mounts inside fail later.
+fn apparmor_check(root: bool) -> Option<Check> {
+    let knob = read_trim("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")?;
+    let restricted = knob == "1";
+    Some(check(
+        "apparmor userns restriction",
+        !restricted || root,
+        format!("kernel.apparmor_restrict_unprivileged_userns={knob}{}", if root { " (root is exempt)" } else { "" }),
+        "install an AppArmor profile granting `userns,` to the confine binary (see README), \
+         or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0",
+        !root,
+    ))
+}
+
+fn probe_unshare_user() -> Result<(), String> {
+    // SAFETY: doctor runs before any runtime or thread is started, so the
+    // child of this fork may run ordinary code; it only calls unshare and
+    // _exit.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let code = match nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER) {
+                Ok(()) => 0,
+                Err(e) => e as i32,
+            };
+            // SAFETY: _exit is async-signal-safe and ends the child at once.
+            unsafe { libc::_exit(code) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => match nix::sys::wait::waitpid(child, None) {
+            Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
+            Ok(nix::sys::wait::WaitStatus::Exited(_, e)) => Err(nix::errno::Errno::from_raw(e).desc().to_string()),
+            Ok(other) => Err(format!("probe ended as {other:?}")),
+            Err(e) => Err(e.to_string()),
+        },
+        Err(e) => Err(format!("fork: {e}")),
+    }
+}
+
+fn seccomp_check() -> Check {
+    let actions = read_trim("/proc/sys/kernel/seccomp/actions_avail");
+    let lib = libseccomp::ScmpVersion::current().map(|v| format!("{}.{}.{}", v.major, v.minor, v.micro)).ok();
+    let ok = actions.as_deref().is_some_and(|a| a.contains("errno")) && lib.is_some();
+    check(
+        "seccomp",
+        ok,
+        format!(
+            "filter actions: {}; libseccomp {}",
+            actions.as_deref().unwrap_or("none (CONFIG_SECCOMP_FILTER off)"),
+            lib.as_deref().unwrap_or("missing")
+        ),
+        "install libseccomp (apt-get install libseccomp2) on a kernel built with CONFIG_SECCOMP_FILTER",
+        true,
+    )
+}
+
+fn cgroup_checks(root: bool) -> Vec<Check> {
+    use crate::sandbox::linux::cgroup::layout::{Layout, LayoutKind, Version};
+    let Ok(layout) = Layout::from_proc(std::path::Path::new("/proc")) else {
+        return vec![check("cgroups", false, "cannot read /proc/self/cgroup", "mount /proc", true)];
+    };
+    let kind = match layout.kind() {
+        Some(LayoutKind::V1) => "v1",
+        Some(LayoutKind::V2) => "v2",
+        Some(LayoutKind::Hybrid) => "hybrid (v1 controllers + v2 unified)",
+        None => "none",
+    };
+    let mut controllers: Vec<String> = layout
+        .hierarchies
+        .iter()
+        .filter(|h| h.version == Version::V1)
+        .flat_map(|h| h.controllers.clone())
+        .filter(|c| !c.starts_with("name="))
+        .collect();
+    if let Some(u) = layout.unified() {
+        if let Some(own) = u.dir_of(&u.own) {
+            if let Some(list) = std::fs::read_to_string(own.join("cgroup.controllers")).ok().filter(|l| !l.trim().is_empty()) {
+                controllers.extend(list.split_whitespace().map(|c| format!("{c} (v2)")));
+            }
+            if own.join("cgroup.kill").exists() {
+                controllers.push("cgroup.kill (v2)".into());
+            }
+        }
+    }
+    let needed = ["memory", "cpu", "pids"];
+    let have = |c: &str| {
+        layout.v1(c).is_some()
+            || layout.unified().and_then(|u| u.dir_of(&u.own)).is_some_and(|d| {
+                std::fs::read_to_string(d.join("cgroup.controllers")).is_ok_and(|l| l.split_whitespace().any(|x| x == c))
+            })
+    };
+    let missing: Vec<&str> = needed.iter().copied().filter(|c| !have(c)).collect();
+    let writable: Vec<String> = layout
+        .hierarchies
+        .iter()
+        .filter_map(|h| h.dir_of(&h.own).map(|d| (h.label(), d)))
+        .filter(|(_, d)| nix::unistd::access(d, nix::unistd::AccessFlags::W_OK).is_ok())
+        .map(|(l, _)| l)
+        .collect();
+    vec![
+        check(
+            "cgroup layout",
+            kind != "none",
+            format!("{kind}; controllers: {}", controllers.join(" ")),
+            "mount cgroup2 at /sys/fs/cgroup (systemd does this by default)",
+            true,
+        ),
+        check(
+            "cgroup limits",
+            missing.is_empty() && !writable.is_empty(),
+            if missing.is_empty() {
+                format!("memory, cpu and pids available; writable here: {}", writable.join(" "))
+            } else {
+                format!("missing controllers: {}", missing.join(", "))
+            },
+            if root {
+                "enable the memory, cpu and pids controllers (cgroup_enable=memory on the kernel command line)"
+            } else {
+                "run under a delegated cgroup: systemd-run --user --scope -p Delegate=yes confine …"
+            },
+            true,
+        ),
+    ]
+}
+
+fn smoke_check(bin: &std::path::Path) -> Check {
+    let out = std::process::Command::new(bin)
+        .args(["run", "--", "/bin/true"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .output();
+    let (ok, detail) = match out {
+        Ok(o) if o.status.success() => (true, "confine run -- /bin/true succeeded with every layer".to_string()),
+        Ok(o) => (false, String::from_utf8_lossy(&o.stderr).trim().to_string()),
+        Err(e) => (false, e.to_string()),
+    };
+    check("sandbox smoke test", ok, detail, "fix the first ✗ above; then rerun confine doctor", true)
+}
+
+/// The human table: one line per check, with a fix hint under each ✗.
+pub fn render(report: &Report) -> String {
+    let width = report.checks.iter().map(|c| c.name.chars().count()).max().unwrap_or(0);
+    let mut out = String::new();
+    for c in &report.checks {
+        let mark = if c.ok { "✓" } else if c.required { "✗" } else { "-" };
+        out.push_str(&format!("{mark} {:width$}  {}\n", c.name, c.detail));
+        if let Some(fix) = &c.fix {
+            out.push_str(&format!("  {:width$}  fix: {fix}\n", ""));
+        }
+    }
+    out.push_str(if report.full_isolation {
+        "\nfull isolation is available (backend: linux)\n"
+    } else {
+        "\nfull isolation is NOT available: confine refuses to run jobs unless --allow-degraded is given\n"
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_isolation_needs_every_required_check() {
+        let report = |ok: bool, required: bool| Report {
+            backend: "linux".into(),
+            full_isolation: [check("a", true, "", "", true), check("b", ok, "", "do x", required)]
+                .iter()
+                .all(|c| c.ok || !c.required),
+            checks: vec![check("b", ok, "found", "do x", required)],
+        };
+        assert!(report(true, true).full_isolation);
+        assert!(!report(false, true).full_isolation);
+        assert!(report(false, false).full_isolation);
+        let text = render(&report(false, true));
+        assert!(text.contains("✗ b") && text.contains("fix: do x"), "{text}");
+    }
+}
