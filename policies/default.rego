@@ -1,0 +1,61 @@
+# confine's built-in policy (embedded in the binary).
+#
+# It answers three things, as every confine policy does:
+#   allow         true when the request may run
+#   deny_reasons  a set of strings, each a reason to refuse (shown to the caller)
+#   limits        optional caps: {"timeoutMs", "memoryBytes", "cpus", "pids", "outputBytes"}
+#
+# input: {operation, runtime, command, args, cwd, env_keys, timeoutMs, limits,
+#         network, repoId, code_sha256, code_bytes}
+# data.confine_config: {allow_host_network}; data.confine_data: [policy.data]
+#
+# What it allows: the 16 runtimes, inside a configured repository, with no
+# network. --net host only when policy.allow_host_network = true.
+package confine
+
+runtimes := {
+	"node", "typescript", "python", "shell", "go", "java", "kotlin", "rust",
+	"c", "cpp", "csharp", "ruby", "php", "perl", "r", "elixir",
+}
+
+# Programs whose whole purpose is to talk to the network. As the executable
+# of a request they are refused even with host networking.
+network_tools := {
+	"curl", "wget", "nc", "ncat", "netcat", "socat", "telnet", "ftp",
+	"ssh", "scp", "sftp", "rsync",
+}
+
+default allow := false
+
+allow if count(deny_reasons) == 0
+
+command_parts := split(input.command, "/")
+
+command_name := command_parts[count(command_parts) - 1]
+
+deny_reasons contains msg if {
+	not runtimes[input.runtime]
+	msg := sprintf("runtime '%s' is not supported", [input.runtime])
+}
+
+deny_reasons contains "network tools are not allowed" if {
+	network_tools[command_name]
+}
+
+deny_reasons contains "host networking is not allowed (set policy.allow_host_network = true)" if {
+	input.network != "none"
+	not data.confine_config.allow_host_network
+}
+
+deny_reasons contains "a repository is required (name a repoId)" if {
+	input.repoId == null
+}
+
+deny_reasons contains "the working directory must be relative to the repository root" if {
+	startswith(input.cwd, "/")
+}
+
+deny_reasons contains "the working directory must not contain '..'" if {
+	some part in split(input.cwd, "/")
+	part == ".."
+}

@@ -1,0 +1,353 @@
+//! confine.toml: the operator's configuration, with defaults embedded in the
+//! binary (`confine.default.toml` at the repository root documents every key).
+//!
+//! This module owns finding, parsing and validating the file, resolving
+//! `repoId`s and clamping requested limits to the configured maxima. It never
+//! reads anything else from the environment than the lookup variables, and
+//! every struct rejects unknown keys, so a typo is an error, not a silent default.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+mod limits;
+pub use limits::{EffectiveLimits, LimitCaps, LimitRequest};
+
+/// The embedded defaults, shown by `confine.default.toml`.
+pub const DEFAULT_TOML: &str = include_str!("../confine.default.toml");
+
+/// Errors of loading or using the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file named by --config or $CONFINE_CONFIG could not be read.
+    #[error("config {path}: {source} (check the path given with --config or $CONFINE_CONFIG)")]
+    Read { path: PathBuf, source: std::io::Error },
+    /// The file is not valid TOML or has an unknown or mistyped key.
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// A value is out of range or inconsistent with another.
+    #[error("config {path}: {key}: {message}")]
+    Invalid { path: PathBuf, key: String, message: String },
+    /// A request named a repository that is not configured.
+    #[error("unknown repoId '{id}' (configured: {known}; add a [[repos]] entry with this id to confine.toml)")]
+    UnknownRepo { id: String, known: String },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub runtime: RuntimeConfig,
+    pub limits: LimitsConfig,
+    pub store: StoreConfig,
+    pub policy: PolicyConfig,
+    pub repos: Vec<RepoConfig>,
+    pub sandbox: SandboxConfig,
+    /// Where this configuration came from (`None`: the embedded defaults).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+/// `[runtime]`: the gate and concurrency.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    pub enabled: bool,
+    pub allow_degraded: bool,
+    /// `None`: the number of CPU cores.
+    pub max_concurrent_jobs: Option<usize>,
+    pub max_queued: usize,
+    pub background_max_ms: u64,
+}
+
+/// `[limits]`: defaults and maxima of what a request may ask for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub timeout_ms: u64,
+    pub max_timeout_ms: u64,
+    pub memory_bytes: u64,
+    pub max_memory_bytes: u64,
+    pub cpus: f64,
+    pub max_cpus: f64,
+    pub pids: u64,
+    pub max_pids: u64,
+    pub output_bytes: u64,
+    pub max_output_bytes: u64,
+    pub max_code_bytes: u64,
+    pub max_stdin_bytes: u64,
+    pub max_args: usize,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub path: Option<PathBuf>,
+    pub artifact_ttl_secs: u64,
+}
+
+/// How several evaluators' answers combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyMode {
+    /// Every evaluator must allow.
+    #[default]
+    All,
+    /// One allowing evaluator is enough.
+    Any,
+}
+
+/// `[policy]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    pub mode: PolicyMode,
+    pub timeout_ms: u64,
+    /// Evaluate the embedded `policies/default.rego` first.
+    pub builtin: bool,
+    pub allow_host_network: bool,
+    pub evaluators: Vec<EvaluatorConfig>,
+    /// Extra data for local policies (`data.confine_data`).
+    pub data: BTreeMap<String, toml::Value>,
+}
+
+/// One `[[policy.evaluators]]` entry: exactly one of `path` (local Rego) or
+/// `url` (remote OPA).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluatorConfig {
+    /// A .rego file or a directory of them.
+    pub path: Option<PathBuf>,
+    /// The package that defines `allow` and `deny_reasons` (local).
+    pub package: Option<String>,
+    /// Base URL of an OPA server, `http://` or `https://`.
+    pub url: Option<String>,
+    /// Path under /v1/data/ on the OPA server (remote).
+    pub policy_path: Option<String>,
+}
+
+/// One `[[repos]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepoConfig {
+    pub id: String,
+    pub root: PathBuf,
+}
+
+/// `[sandbox]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    pub tmp_size_bytes: u64,
+    pub env_allowlist: Vec<String>,
+    pub workspace_rw: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            enabled: false,
+            allow_degraded: false,
+            max_concurrent_jobs: None,
+            max_queued: 64,
+            background_max_ms: 600_000,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            timeout_ms: 30_000,
+            max_timeout_ms: 300_000,
+            memory_bytes: 512 << 20,
+            max_memory_bytes: 4 << 30,
+            cpus: 1.0,
+            max_cpus: 4.0,
+            pids: 256,
+            max_pids: 4096,
+            output_bytes: 8 << 20,
+            max_output_bytes: 64 << 20,
+            max_code_bytes: 1 << 20,
+            max_stdin_bytes: 512 << 10,
+            max_args: 100,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { path: None, artifact_ttl_secs: 7 * 24 * 3600 }
+    }
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            mode: PolicyMode::All,
+            timeout_ms: 1000,
+            builtin: true,
+            allow_host_network: false,
+            evaluators: Vec::new(),
+            data: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig { tmp_size_bytes: crate::job::DEFAULT_TMP_SIZE, env_allowlist: Vec::new(), workspace_rw: false }
+    }
+}
+
+impl Config {
+    /// Load the configuration: `explicit` (--config), else `$CONFINE_CONFIG`,
+    /// else `$XDG_CONFIG_HOME/confine/config.toml` (or
+    /// `~/.config/confine/config.toml`) when it exists, else the defaults.
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        match Config::locate(explicit, |k| std::env::var_os(k)) {
+            Some(path) => Config::from_file(&path),
+            None => Config::parse(DEFAULT_TOML, Path::new("<embedded defaults>")).map(|mut c| {
+                c.source = None;
+                c
+            }),
+        }
+    }
+
+    /// Which file [`Config::load`] reads; `env` reads the environment (a
+    /// parameter, so this is testable). An explicit or `$CONFINE_CONFIG` path
+    /// is returned even when missing: reading it then fails loudly.
+    pub fn locate(explicit: Option<&Path>, env: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+        if let Some(p) = explicit {
+            return Some(p.to_path_buf());
+        }
+        let set = |k: &str| env(k).filter(|v| !v.is_empty());
+        if let Some(p) = set("CONFINE_CONFIG") {
+            return Some(PathBuf::from(p));
+        }
+        let base = match set("XDG_CONFIG_HOME") {
+            Some(x) => PathBuf::from(x),
+            None => PathBuf::from(set("HOME")?).join(".config"),
+        };
+        Some(base.join("confine/config.toml")).filter(|p| p.is_file())
+    }
+
+    /// Read and validate one file.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parse and validate TOML text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().replace('\n', "\n  "),
+        })?;
+        config.source = Some(path.to_path_buf());
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.source.clone().unwrap_or_else(|| PathBuf::from("<embedded defaults>")),
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// Check values that TOML types alone can't.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        let pairs: [(&str, u64, u64); 4] = [
+            ("limits.timeout_ms", l.timeout_ms, l.max_timeout_ms),
+            ("limits.memory_bytes", l.memory_bytes, l.max_memory_bytes),
+            ("limits.pids", l.pids, l.max_pids),
+            ("limits.output_bytes", l.output_bytes, l.max_output_bytes),
+        ];
+        for (key, default, max) in pairs {
+            if default == 0 || max == 0 {
+                return Err(self.invalid(key, "must be greater than 0"));
+            }
+            if default > max {
+                return Err(self.invalid(key, format!("default {default} is above its maximum {max}")));
+            }
+        }
+        if !(l.cpus > 0.0 && l.cpus.is_finite() && l.max_cpus.is_finite() && l.cpus <= l.max_cpus) {
+            return Err(self.invalid("limits.cpus", "must be greater than 0 and at most limits.max_cpus"));
+        }
+        if self.runtime.max_concurrent_jobs == Some(0) {
+            return Err(self.invalid("runtime.max_concurrent_jobs", "must be at least 1 (or unset: one per core)"));
+        }
+        if self.policy.timeout_ms == 0 {
+            return Err(self.invalid("policy.timeout_ms", "must be greater than 0"));
+        }
+        for (i, e) in self.policy.evaluators.iter().enumerate() {
+            let key = format!("policy.evaluators[{i}]");
+            match (&e.path, &e.url) {
+                (Some(_), None) if e.policy_path.is_none() => {}
+                (Some(_), None) => return Err(self.invalid(&key, "policy_path is for a remote evaluator (url)")),
+                (None, Some(url)) if url.starts_with("http://") || url.starts_with("https://") => {
+                    if e.package.is_some() {
+                        return Err(self.invalid(&key, "package is for a local evaluator (path); use policy_path"));
+                    }
+                }
+                (None, Some(_)) => return Err(self.invalid(&key, "url must start with http:// or https://")),
+                _ => return Err(self.invalid(&key, "set exactly one of path (local .rego) or url (remote OPA)")),
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for r in &self.repos {
+            if r.id.is_empty() || !seen.insert(r.id.as_str()) {
+                return Err(self.invalid("repos", format!("repo id '{}' is empty or repeated", r.id)));
+            }
+            if !r.root.is_absolute() {
+                return Err(self.invalid("repos", format!("root of '{}' must be an absolute path", r.id)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the sled store lives: `store.path`, else [`crate::store::default_path`].
+    pub fn store_path(&self) -> PathBuf {
+        self.store.path.clone().unwrap_or_else(crate::store::default_path)
+    }
+
+    /// Jobs that may run at once: configured, else one per core.
+    pub fn max_concurrent_jobs(&self) -> usize {
+        self.runtime
+            .max_concurrent_jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    }
+
+    /// The repository a `repoId` names.
+    pub fn repo(&self, id: &str) -> Result<&RepoConfig, ConfigError> {
+        self.repos.iter().find(|r| r.id == id).ok_or_else(|| ConfigError::UnknownRepo {
+            id: id.to_string(),
+            known: if self.repos.is_empty() {
+                "none".into()
+            } else {
+                self.repos.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(", ")
+            },
+        })
+    }
+
+    /// Register an ad-hoc repository (the CLI's `--repo DIR`) and return its
+    /// id: the id of a configured repository with the same root, else `id`.
+    pub fn add_adhoc_repo(&mut self, id: &str, root: &Path) -> String {
+        let same = |r: &RepoConfig| std::fs::canonicalize(&r.root).ok().as_deref() == Some(root);
+        if let Some(r) = self.repos.iter().find(|r| same(r)) {
+            return r.id.clone();
+        }
+        self.repos.retain(|r| r.id != id);
+        self.repos.push(RepoConfig { id: id.to_string(), root: root.to_path_buf() });
+        id.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests;

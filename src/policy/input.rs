@@ -1,0 +1,299 @@
+//! The policy input document and its canonical JSON form.
+//!
+//! This module owns the shape every evaluator sees (local Rego and a remote
+//! OPA alike) and the checks of a request that need no policy: the bad-input
+//! errors (code and args both or neither, sizes, NUL bytes). It never
+//! resolves paths or executables; the supervisor does that after the policy.
+
+use crate::config::{EffectiveLimits, LimitRequest, LimitsConfig};
+use crate::job::Network;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// `operation` of a request that runs inline code.
+pub const OP_CODE: &str = "execute_code";
+/// `operation` of a request that runs the runtime's executable with args.
+pub const OP_ARGS: &str = "execute_args";
+
+/// A request as the MCP tool or the CLI receives it, before any check.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExecRequest {
+    pub repo_id: Option<String>,
+    pub runtime: String,
+    /// Override of the runtime's default executable.
+    pub executable: Option<String>,
+    pub code: Option<String>,
+    pub args: Vec<String>,
+    /// Working directory relative to the repository root (default ".").
+    pub relative_cwd: Option<String>,
+    pub limits: LimitRequest,
+    pub network: Network,
+    /// Names of the variables the caller wants passed through.
+    pub env_keys: Vec<String>,
+    pub stdin_bytes: u64,
+}
+
+/// A request that is malformed whatever the policy says.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    #[error("code and args are exclusive: pass code (inline source) or args (arguments of the runtime's executable), not both")]
+    CodeAndArgs,
+    #[error("nothing to run: pass code (inline source) or args (arguments of the runtime's executable)")]
+    NothingToRun,
+    #[error("code is {bytes} bytes, above the limit of {max} bytes (limits.max_code_bytes)")]
+    CodeTooLarge { bytes: u64, max: u64 },
+    #[error("stdin is {bytes} bytes, above the limit of {max} bytes (limits.max_stdin_bytes)")]
+    StdinTooLarge { bytes: u64, max: u64 },
+    #[error("{count} arguments, above the limit of {max} (limits.max_args)")]
+    TooManyArgs { count: usize, max: usize },
+    #[error("{what} contains a NUL byte, which no program can receive")]
+    NulByte { what: String },
+    #[error("{what} must be greater than 0")]
+    Zero { what: &'static str },
+}
+
+impl ExecRequest {
+    /// The checks that need no policy and no filesystem.
+    pub fn check(&self, limits: &LimitsConfig) -> Result<(), InputError> {
+        match (&self.code, self.args.is_empty()) {
+            (Some(_), false) => return Err(InputError::CodeAndArgs),
+            (None, true) => return Err(InputError::NothingToRun),
+            _ => {}
+        }
+        if let Some(code) = &self.code {
+            let bytes = code.len() as u64;
+            if bytes > limits.max_code_bytes {
+                return Err(InputError::CodeTooLarge { bytes, max: limits.max_code_bytes });
+            }
+            if code.contains('\0') {
+                return Err(InputError::NulByte { what: "code".into() });
+            }
+        }
+        if self.stdin_bytes > limits.max_stdin_bytes {
+            return Err(InputError::StdinTooLarge { bytes: self.stdin_bytes, max: limits.max_stdin_bytes });
+        }
+        if self.args.len() > limits.max_args {
+            return Err(InputError::TooManyArgs { count: self.args.len(), max: limits.max_args });
+        }
+        let nul = |what: String, s: &str| if s.contains('\0') { Err(InputError::NulByte { what }) } else { Ok(()) };
+        for (i, a) in self.args.iter().enumerate() {
+            nul(format!("args[{i}]"), a)?;
+        }
+        for (what, s) in
+            [("executable", &self.executable), ("relativeCwd", &self.relative_cwd), ("repoId", &self.repo_id)]
+        {
+            if let Some(s) = s {
+                nul(what.into(), s)?;
+            }
+        }
+        for k in &self.env_keys {
+            nul("an environment variable name".into(), k)?;
+        }
+        nul("runtime".into(), &self.runtime)?;
+        let l = &self.limits;
+        for (what, zero) in [
+            ("timeoutMs", l.timeout_ms == Some(0)),
+            ("memoryBytes", l.memory_bytes == Some(0)),
+            ("pids", l.pids == Some(0)),
+            ("outputBytes", l.output_bytes == Some(0)),
+            ("cpus", l.cpus.is_some_and(|c| c.is_nan() || c <= 0.0)),
+        ] {
+            if zero {
+                return Err(InputError::Zero { what });
+            }
+        }
+        Ok(())
+    }
+
+    /// The input document for this request. `command` is the executable
+    /// that will run (the override, else the runtime's default).
+    pub fn to_input(&self, command: &str, limits: EffectiveLimits) -> PolicyInput {
+        let mut env_keys = self.env_keys.clone();
+        env_keys.sort();
+        env_keys.dedup();
+        PolicyInput {
+            operation: if self.code.is_some() { OP_CODE } else { OP_ARGS }.to_string(),
+            runtime: self.runtime.clone(),
+            command: command.to_string(),
+            args: self.args.clone(),
+            cwd: self.relative_cwd.clone().unwrap_or_else(|| ".".into()),
+            env_keys,
+            timeout_ms: limits.timeout_ms,
+            limits,
+            network: self.network,
+            repo_id: self.repo_id.clone(),
+            code_sha256: self.code.as_deref().map(|c| sha256_hex(c.as_bytes())),
+            code_bytes: self.code.as_ref().map_or(0, |c| c.len() as u64),
+        }
+    }
+}
+
+/// What every evaluator receives as `input`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyInput {
+    pub operation: String,
+    pub runtime: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub cwd: String,
+    pub env_keys: Vec<String>,
+    #[serde(rename = "timeoutMs")]
+    pub timeout_ms: u64,
+    pub limits: EffectiveLimits,
+    pub network: Network,
+    #[serde(rename = "repoId")]
+    pub repo_id: Option<String>,
+    pub code_sha256: Option<String>,
+    pub code_bytes: u64,
+}
+
+impl PolicyInput {
+    /// The document as a JSON value.
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The canonical JSON text the audit hash is computed over.
+    pub fn canonical(&self) -> String {
+        canonical_json(&self.to_value())
+    }
+}
+
+/// JSON with object keys sorted and no insignificant whitespace, so equal
+/// documents hash equally whatever map type produced them.
+pub fn canonical_json(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                if let Some(val) = map.get(k) {
+                    write_canonical(val, out);
+                }
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// Lower-case hex SHA-256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> ExecRequest {
+        ExecRequest { runtime: "python".into(), code: Some("print(1)".into()), ..ExecRequest::default() }
+    }
+
+    #[test]
+    fn code_and_args_are_exclusive_and_one_is_required() {
+        let l = LimitsConfig::default();
+        let both = ExecRequest { args: vec!["-V".into()], ..req() };
+        assert_eq!(both.check(&l), Err(InputError::CodeAndArgs));
+        let neither = ExecRequest { code: None, ..req() };
+        assert_eq!(neither.check(&l), Err(InputError::NothingToRun));
+        assert!(neither.check(&l).unwrap_err().to_string().contains("pass code"));
+        assert_eq!(req().check(&l), Ok(()));
+    }
+
+    #[test]
+    fn code_over_the_limit_is_refused() {
+        let l = LimitsConfig { max_code_bytes: 4, ..LimitsConfig::default() };
+        let err = req().check(&l).unwrap_err();
+        assert_eq!(err, InputError::CodeTooLarge { bytes: 8, max: 4 });
+        assert!(err.to_string().contains("limits.max_code_bytes"));
+        let big = ExecRequest { code: Some("x".repeat((1 << 20) + 1)), ..req() };
+        assert!(matches!(big.check(&LimitsConfig::default()), Err(InputError::CodeTooLarge { .. })));
+        let stdin = ExecRequest { stdin_bytes: (512 << 10) + 1, ..req() };
+        assert!(matches!(stdin.check(&LimitsConfig::default()), Err(InputError::StdinTooLarge { .. })));
+    }
+
+    #[test]
+    fn a_nul_byte_in_args_is_refused_and_located() {
+        let r = ExecRequest { code: None, args: vec!["ok".into(), "a\0b".into()], ..req() };
+        let err = r.check(&LimitsConfig::default()).unwrap_err();
+        assert_eq!(err.to_string(), "args[1] contains a NUL byte, which no program can receive");
+        let r = ExecRequest { relative_cwd: Some("src\0".into()), ..req() };
+        assert!(matches!(r.check(&LimitsConfig::default()), Err(InputError::NulByte { .. })));
+    }
+
+    #[test]
+    fn zero_limits_and_too_many_args_are_refused() {
+        let r = ExecRequest { limits: LimitRequest { timeout_ms: Some(0), ..LimitRequest::default() }, ..req() };
+        assert_eq!(r.check(&LimitsConfig::default()), Err(InputError::Zero { what: "timeoutMs" }));
+        let r = ExecRequest { code: None, args: vec!["a".into(); 101], ..req() };
+        assert!(matches!(r.check(&LimitsConfig::default()), Err(InputError::TooManyArgs { count: 101, .. })));
+    }
+
+    #[test]
+    fn the_input_document_has_the_documented_fields() {
+        let l = LimitsConfig::default();
+        let r =
+            ExecRequest { env_keys: vec!["B".into(), "A".into(), "B".into()], repo_id: Some("web".into()), ..req() };
+        let input = r.to_input("python3", l.resolve(&r.limits));
+        let v = input.to_value();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "args",
+                "code_bytes",
+                "code_sha256",
+                "command",
+                "cwd",
+                "env_keys",
+                "limits",
+                "network",
+                "operation",
+                "repoId",
+                "runtime",
+                "timeoutMs"
+            ]
+        );
+        assert_eq!(v["operation"], OP_CODE);
+        assert_eq!(v["env_keys"], serde_json::json!(["A", "B"]));
+        assert_eq!(v["network"], "none");
+        assert_eq!(v["cwd"], ".");
+        assert_eq!(v["code_bytes"], 8);
+        assert_eq!(v["code_sha256"], sha256_hex(b"print(1)"));
+        assert_eq!(v["limits"]["timeoutMs"], 30_000);
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_level() {
+        let v = serde_json::json!({"b": 1, "a": {"d": [1, {"z": 0, "y": "x"}], "c": null}});
+        assert_eq!(canonical_json(&v), r#"{"a":{"c":null,"d":[1,{"y":"x","z":0}]},"b":1}"#);
+        let input = req().to_input("python3", LimitsConfig::default().resolve(&LimitRequest::default()));
+        assert_eq!(input.canonical(), input.clone().canonical());
+        assert!(input.canonical().starts_with(r#"{"args":[],"code_bytes":8,"#));
+    }
+}

@@ -1,0 +1,354 @@
+//! The audit trail: one record per request, allowed or denied, in a sled
+//! tree, hash-chained so that `confine audit verify` finds the first record
+//! that was edited, removed or reordered.
+//!
+//! Each record holds the policy's `auditHash` and its own `recordHash`:
+//! SHA-256 of the record's canonical JSON (without `recordHash`), which
+//! includes `prevHash`, the previous record's `recordHash`. Appends are one
+//! sled transaction (records, id index and chain head together), so
+//! concurrent callers can't fork the chain, and are flushed before
+//! [`AuditSink::append`] returns. Records are never rewritten here.
+
+use super::{Store, StoreError};
+use crate::job::{Outcome, Status};
+use crate::policy::input::{canonical_json, sha256_hex, PolicyInput};
+use crate::policy::Decision;
+use serde::{Deserialize, Serialize};
+use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+
+/// Records, keyed by big-endian sequence number.
+pub const RECORDS_TREE: &str = "audit";
+/// Job id → sequence number.
+pub const IDS_TREE: &str = "audit_ids";
+/// The chain head: the last sequence number and record hash.
+pub const META_TREE: &str = "audit_meta";
+const HEAD_KEY: &[u8] = b"head";
+
+/// `prevHash` of the first record.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Errors of the audit trail.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("audit record {seq} is unreadable: {message} (run `confine audit verify`)")]
+    Corrupt { seq: u64, message: String },
+    #[error("no audit record with id '{0}' (list them with `confine audit ls`)")]
+    NotFound(String),
+    #[error("writing the export: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What the supervisor knows about one request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEntry {
+    /// The job id the response names.
+    pub id: String,
+    pub repo_id: Option<String>,
+    pub runtime: String,
+    pub operation: String,
+    pub executable: String,
+    /// SHA-256 of the canonical JSON array of args (args may hold secrets).
+    pub args_sha256: String,
+    pub cwd: String,
+    pub allowed: bool,
+    pub deny_reasons: Vec<String>,
+    pub policy_digest: String,
+    pub audit_hash: String,
+    pub status: Status,
+    pub duration_ms: u64,
+    pub queued_ms: u64,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+impl AuditEntry {
+    /// The entry of a decided request; a denied one is complete as it is.
+    pub fn decided(id: &str, input: &PolicyInput, decision: &Decision) -> AuditEntry {
+        let args = serde_json::Value::from(input.args.clone());
+        AuditEntry {
+            id: id.to_string(),
+            repo_id: input.repo_id.clone(),
+            runtime: input.runtime.clone(),
+            operation: input.operation.clone(),
+            executable: input.command.clone(),
+            args_sha256: sha256_hex(canonical_json(&args).as_bytes()),
+            cwd: input.cwd.clone(),
+            allowed: decision.allowed,
+            deny_reasons: decision.deny_reasons.clone(),
+            policy_digest: decision.policy_digest.clone(),
+            audit_hash: decision.audit_hash.clone(),
+            status: Status::Denied,
+            duration_ms: 0,
+            queued_ms: 0,
+            exit_code: None,
+            signal: None,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        }
+    }
+
+    /// Fill in how the job ended.
+    pub fn finished(mut self, outcome: &Outcome, stdout_bytes: u64, stderr_bytes: u64) -> AuditEntry {
+        self.status = outcome.status;
+        self.duration_ms = outcome.duration_ms;
+        self.queued_ms = outcome.queued_ms;
+        self.exit_code = outcome.exit_code;
+        self.signal = outcome.signal;
+        self.stdout_bytes = stdout_bytes;
+        self.stderr_bytes = stderr_bytes;
+        self
+    }
+}
+
+/// A stored record: the entry, its place in the chain and its hashes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditRecord {
+    pub seq: u64,
+    /// RFC 3339, UTC, milliseconds.
+    pub timestamp: String,
+    #[serde(flatten)]
+    pub entry: AuditEntry,
+    pub prev_hash: String,
+    pub record_hash: String,
+}
+
+impl AuditRecord {
+    /// SHA-256 of the canonical JSON of this record without `recordHash`.
+    pub fn compute_hash(&self) -> String {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(obj) = v.as_object_mut() {
+            obj.remove("recordHash");
+        }
+        sha256_hex(canonical_json(&v).as_bytes())
+    }
+}
+
+/// Where audit records go. Today a sled chain; a SIEM forwarder or a
+/// central log can implement this without the supervisor noticing.
+pub trait AuditSink: Send + Sync {
+    /// Store the record durably (flushed) and return it as stored.
+    fn append(&self, entry: AuditEntry) -> Result<AuditRecord, AuditError>;
+}
+
+/// The first broken link `verify` found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokenLink {
+    pub seq: u64,
+    pub id: Option<String>,
+    pub reason: String,
+}
+
+/// The result of walking the chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyReport {
+    /// Records checked before the walk stopped.
+    pub records: u64,
+    pub first_broken: Option<BrokenLink>,
+}
+
+impl VerifyReport {
+    pub fn ok(&self) -> bool {
+        self.first_broken.is_none()
+    }
+}
+
+/// The sled-backed audit trail.
+#[derive(Clone)]
+pub struct AuditLog {
+    store: Store,
+    records: sled::Tree,
+    ids: sled::Tree,
+    meta: sled::Tree,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Head {
+    seq: u64,
+    hash: String,
+}
+
+impl AuditLog {
+    pub fn open(store: &Store) -> Result<AuditLog, AuditError> {
+        Ok(AuditLog {
+            store: store.clone(),
+            records: store.tree(RECORDS_TREE)?,
+            ids: store.tree(IDS_TREE)?,
+            meta: store.tree(META_TREE)?,
+        })
+    }
+
+    fn decode(seq: u64, bytes: &[u8]) -> Result<AuditRecord, AuditError> {
+        serde_json::from_slice(bytes).map_err(|e| AuditError::Corrupt { seq, message: e.to_string() })
+    }
+
+    fn seq_of(key: &[u8]) -> u64 {
+        key.try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX)
+    }
+
+    /// The newest `limit` records, newest first.
+    pub fn list(&self, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
+        let mut out = Vec::new();
+        for kv in self.records.iter().rev().take(limit) {
+            let (k, v) = kv.map_err(StoreError::from)?;
+            out.push(Self::decode(Self::seq_of(&k), &v)?);
+        }
+        Ok(out)
+    }
+
+    /// The record of job `id`.
+    pub fn get(&self, id: &str) -> Result<AuditRecord, AuditError> {
+        let seq = self.ids.get(id).map_err(StoreError::from)?.ok_or_else(|| AuditError::NotFound(id.into()))?;
+        let bytes = self.records.get(&seq).map_err(StoreError::from)?.ok_or_else(|| AuditError::NotFound(id.into()))?;
+        Self::decode(Self::seq_of(&seq), &bytes)
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Walk the chain from the first record and report the first broken
+    /// link: an unreadable or edited record, a gap, a wrong `prevHash`, or a
+    /// head that doesn't match the last record (records removed at the end).
+    pub fn verify(&self) -> Result<VerifyReport, AuditError> {
+        let mut prev_hash = GENESIS.to_string();
+        let mut expected_seq = 1u64;
+        let mut checked = 0u64;
+        let broken = |seq, id, reason: String, checked| {
+            Ok(VerifyReport { records: checked, first_broken: Some(BrokenLink { seq, id, reason }) })
+        };
+        for kv in self.records.iter() {
+            let (k, v) = kv.map_err(StoreError::from)?;
+            let seq = Self::seq_of(&k);
+            let record = match Self::decode(seq, &v) {
+                Ok(r) => r,
+                Err(e) => return broken(seq, None, format!("unreadable: {e}"), checked),
+            };
+            let id = Some(record.entry.id.clone());
+            if seq != expected_seq || record.seq != seq {
+                return broken(
+                    seq,
+                    id,
+                    format!("expected record {expected_seq} here (records removed or moved)"),
+                    checked,
+                );
+            }
+            if record.prev_hash != prev_hash {
+                return broken(seq, id, "prevHash does not match the previous record".into(), checked);
+            }
+            if record.compute_hash() != record.record_hash {
+                return broken(seq, id, "recordHash does not match the record's contents (edited)".into(), checked);
+            }
+            checked += 1;
+            prev_hash = record.record_hash;
+            expected_seq += 1;
+        }
+        let head: Option<Head> = match self.meta.get(HEAD_KEY).map_err(StoreError::from)? {
+            Some(b) => serde_json::from_slice(&b).ok(),
+            None => None,
+        };
+        let last = expected_seq - 1;
+        match head {
+            None if last == 0 => {}
+            Some(h) if h.seq == last && h.hash == prev_hash => {}
+            _ => {
+                return broken(
+                    last + 1,
+                    None,
+                    "the chain head does not match the last record (records removed at the end)".into(),
+                    checked,
+                )
+            }
+        }
+        Ok(VerifyReport { records: checked, first_broken: None })
+    }
+
+    /// Write every record as one JSON line, oldest first (for SIEM ingestion).
+    pub fn export_jsonl(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
+        let mut n = 0;
+        for kv in self.records.iter() {
+            let (k, v) = kv.map_err(StoreError::from)?;
+            let record = Self::decode(Self::seq_of(&k), &v)?;
+            let line = serde_json::to_string(&record)
+                .map_err(|e| AuditError::Corrupt { seq: record.seq, message: e.to_string() })?;
+            writeln!(out, "{line}")?;
+            n += 1;
+        }
+        out.flush()?;
+        Ok(n)
+    }
+}
+
+impl AuditSink for AuditLog {
+    fn append(&self, entry: AuditEntry) -> Result<AuditRecord, AuditError> {
+        let timestamp = rfc3339_utc(std::time::SystemTime::now());
+        let result = (&self.records, &self.ids, &self.meta).transaction(|(records, ids, meta)| {
+            let head: Head = match meta.get(HEAD_KEY)? {
+                Some(b) => serde_json::from_slice(&b).map_err(|e| {
+                    ConflictableTransactionError::Abort(AuditError::Corrupt {
+                        seq: 0,
+                        message: format!("chain head: {e}"),
+                    })
+                })?,
+                None => Head { seq: 0, hash: GENESIS.to_string() },
+            };
+            let mut record = AuditRecord {
+                seq: head.seq + 1,
+                timestamp: timestamp.clone(),
+                entry: entry.clone(),
+                prev_hash: head.hash,
+                record_hash: String::new(),
+            };
+            record.record_hash = record.compute_hash();
+            let abort = |e: serde_json::Error| {
+                ConflictableTransactionError::Abort(AuditError::Corrupt { seq: record.seq, message: e.to_string() })
+            };
+            let key = record.seq.to_be_bytes();
+            records.insert(&key, serde_json::to_vec(&record).map_err(abort)?)?;
+            ids.insert(record.entry.id.as_bytes(), &key)?;
+            let new_head = Head { seq: record.seq, hash: record.record_hash.clone() };
+            meta.insert(HEAD_KEY, serde_json::to_vec(&new_head).map_err(abort)?)?;
+            Ok(record)
+        });
+        let record = match result {
+            Ok(r) => r,
+            Err(TransactionError::Abort(e)) => return Err(e),
+            Err(TransactionError::Storage(e)) => return Err(StoreError::Db(e).into()),
+        };
+        self.store.flush()?;
+        Ok(record)
+    }
+}
+
+/// `2026-05-20T12:34:56.789Z`.
+pub fn rfc3339_utc(t: std::time::SystemTime) -> String {
+    let ms = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let (days, rem) = ((ms / 86_400_000) as i64, ms % 86_400_000);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (rem / 3_600_000, rem / 60_000 % 60, rem / 1000 % 60, rem % 1000);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,216 @@
+use super::*;
+use crate::config::{LimitRequest, LimitsConfig, PolicyConfig};
+use crate::policy::input::ExecRequest;
+use crate::policy::PolicyChain;
+use std::sync::Arc;
+
+fn entry(id: &str) -> AuditEntry {
+    let r = ExecRequest {
+        repo_id: Some("web".into()),
+        runtime: "python".into(),
+        args: vec!["-c".into(), "print('secret-token')".into()],
+        ..ExecRequest::default()
+    };
+    let input = r.to_input("python3", LimitsConfig::default().resolve(&LimitRequest::default()));
+    let decision = PolicyChain::from_config(&PolicyConfig::default()).unwrap().decide(&input);
+    AuditEntry::decided(id, &input, &decision)
+}
+
+fn open() -> (tempfile::TempDir, Store, AuditLog) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let log = AuditLog::open(&store).unwrap();
+    (dir, store, log)
+}
+
+#[test]
+fn records_chain_and_verify() {
+    let (_d, _s, log) = open();
+    assert!(log.verify().unwrap().ok());
+    let a = log.append(entry("job-1")).unwrap();
+    let b = log.append(entry("job-2")).unwrap();
+    assert_eq!((a.seq, b.seq), (1, 2));
+    assert_eq!(a.prev_hash, GENESIS);
+    assert_eq!(b.prev_hash, a.record_hash);
+    assert_eq!(a.record_hash, a.compute_hash());
+    assert_eq!(a.entry.audit_hash.len(), 64);
+    let report = log.verify().unwrap();
+    assert_eq!(report, VerifyReport { records: 2, first_broken: None });
+    assert_eq!(log.get("job-2").unwrap(), b);
+    assert!(matches!(log.get("job-9"), Err(AuditError::NotFound(_))));
+    let listed: Vec<u64> = log.list(10).unwrap().iter().map(|r| r.seq).collect();
+    assert_eq!(listed, [2, 1], "newest first");
+}
+
+#[test]
+fn args_are_stored_as_a_digest_only() {
+    let (_d, _s, log) = open();
+    let r = log.append(entry("job-1")).unwrap();
+    let json = serde_json::to_string(&r).unwrap();
+    assert!(!json.contains("secret-token"), "{json}");
+    assert_eq!(r.entry.executable, "python3");
+    assert_eq!(r.entry.status, Status::Denied);
+}
+
+#[test]
+fn an_edited_record_breaks_verify_at_that_record() {
+    let (dir, store, log) = open();
+    for i in 1..=3 {
+        log.append(entry(&format!("job-{i}"))).unwrap();
+    }
+    // Tamper the way an attacker with the db would: rewrite record 2 in place.
+    let tree = store.tree(RECORDS_TREE).unwrap();
+    let key = 2u64.to_be_bytes();
+    let mut v: serde_json::Value = serde_json::from_slice(&tree.get(key).unwrap().unwrap()).unwrap();
+    v["exitCode"] = serde_json::json!(0);
+    v["allowed"] = serde_json::json!(true);
+    tree.insert(key, serde_json::to_vec(&v).unwrap()).unwrap();
+    store.flush().unwrap();
+    drop((log, tree, store));
+    let store = Store::open(dir.path()).unwrap();
+    let report = AuditLog::open(&store).unwrap().verify().unwrap();
+    let broken = report.first_broken.unwrap();
+    assert_eq!((broken.seq, broken.id.as_deref()), (2, Some("job-2")));
+    assert!(broken.reason.contains("edited"), "{}", broken.reason);
+    assert_eq!(report.records, 1);
+}
+
+#[test]
+fn a_recomputed_hash_still_breaks_the_next_link() {
+    let (_d, store, log) = open();
+    for i in 1..=3 {
+        log.append(entry(&format!("job-{i}"))).unwrap();
+    }
+    let tree = store.tree(RECORDS_TREE).unwrap();
+    let mut r: AuditRecord = serde_json::from_slice(&tree.get(2u64.to_be_bytes()).unwrap().unwrap()).unwrap();
+    r.entry.allowed = !r.entry.allowed;
+    r.record_hash = r.compute_hash();
+    tree.insert(2u64.to_be_bytes(), serde_json::to_vec(&r).unwrap()).unwrap();
+    let broken = log.verify().unwrap().first_broken.unwrap();
+    assert_eq!(broken.seq, 3);
+    assert!(broken.reason.contains("prevHash"), "{}", broken.reason);
+}
+
+#[test]
+fn removed_records_are_found_in_the_middle_and_at_the_end() {
+    let (_d, store, log) = open();
+    for i in 1..=4 {
+        log.append(entry(&format!("job-{i}"))).unwrap();
+    }
+    let tree = store.tree(RECORDS_TREE).unwrap();
+    tree.remove(4u64.to_be_bytes()).unwrap();
+    let broken = log.verify().unwrap().first_broken.unwrap();
+    assert!(broken.reason.contains("head"), "{}", broken.reason);
+    tree.remove(2u64.to_be_bytes()).unwrap();
+    let broken = log.verify().unwrap().first_broken.unwrap();
+    assert_eq!(broken.seq, 3);
+    let garbage = b"not json";
+    tree.insert(1u64.to_be_bytes(), &garbage[..]).unwrap();
+    let broken = log.verify().unwrap().first_broken.unwrap();
+    assert!(broken.seq == 1 && broken.reason.starts_with("unreadable"), "{broken:?}");
+}
+
+#[test]
+fn concurrent_appends_keep_one_chain() {
+    let (_d, store, log) = open();
+    let log = Arc::new(log);
+    let second = Arc::new(AuditLog::open(&store).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let log: Arc<dyn AuditSink> = if t % 2 == 0 { log.clone() } else { second.clone() };
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    log.append(entry(&format!("job-{t}-{i}"))).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(log.len(), 80);
+    assert_eq!(log.verify().unwrap(), VerifyReport { records: 80, first_broken: None });
+}
+
+#[test]
+fn export_writes_one_json_line_per_record() {
+    let (_d, _s, log) = open();
+    for i in 1..=3 {
+        log.append(entry(&format!("job-{i}"))).unwrap();
+    }
+    let mut out = Vec::new();
+    assert_eq!(log.export_jsonl(&mut out).unwrap(), 3);
+    let text = String::from_utf8(out).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["id"], "job-1");
+    for key in [
+        "seq",
+        "timestamp",
+        "repoId",
+        "runtime",
+        "executable",
+        "argsSha256",
+        "cwd",
+        "allowed",
+        "denyReasons",
+        "policyDigest",
+        "auditHash",
+        "prevHash",
+        "recordHash",
+        "durationMs",
+        "exitCode",
+        "signal",
+        "status",
+        "stdoutBytes",
+        "stderrBytes",
+    ] {
+        assert!(lines[2].get(key).is_some(), "missing {key}");
+    }
+}
+
+#[test]
+fn a_finished_job_records_its_outcome() {
+    let outcome: Outcome = serde_json::from_value(serde_json::json!({
+        "jobId": "job-1", "status": "failure", "exitCode": 3, "signal": null, "durationMs": 12, "queuedMs": 4,
+        "usage": {"cpuUserMs": 0, "cpuSysMs": 0, "peakMemoryBytes": 0, "pidsPeak": 0},
+        "backend": "linux", "layers": {"userns": true, "mountns": true, "pidns": true, "netns": true, "ipcns": true,
+        "utsns": true, "cgroupns": true, "landlock": {"abi": 0, "status": "off"}, "seccomp": null, "cgroup": null,
+        "capsDropped": true, "noNewPrivs": true, "hostUid": 0},
+        "limits": {"memoryBytes": null, "cpus": null, "pids": null, "timeoutMs": null, "cpuTimeMs": null, "tmpSizeBytes": 0}
+    }))
+    .unwrap();
+    let e = entry("job-1").finished(&outcome, 10, 20);
+    assert_eq!(
+        (e.status, e.exit_code, e.duration_ms, e.queued_ms, e.stdout_bytes, e.stderr_bytes),
+        (Status::Failure, Some(3), 12, 4, 10, 20)
+    );
+}
+
+#[test]
+fn timestamps_are_rfc3339_utc() {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
+    assert_eq!(rfc3339_utc(t), "2023-11-14T22:13:20.123Z");
+    assert_eq!(rfc3339_utc(std::time::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+    assert_eq!(
+        rfc3339_utc(std::time::UNIX_EPOCH + std::time::Duration::from_secs(951_782_400)),
+        "2000-02-29T00:00:00.000Z"
+    );
+}
+
+/// p50 of one append (with its flush); run with `--ignored --nocapture`.
+#[test]
+#[ignore = "benchmark"]
+fn bench_audit_append_p50() {
+    let (_d, _s, log) = open();
+    let mut times: Vec<std::time::Duration> = (0..300)
+        .map(|i| {
+            let e = entry(&format!("job-{i}"));
+            let t = std::time::Instant::now();
+            log.append(e).unwrap();
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    println!("audit append+flush: p50 {:?}, p99 {:?}", times[150], times[297]);
+}
