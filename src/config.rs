@@ -44,6 +44,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub repos: Vec<RepoConfig>,
     pub sandbox: SandboxConfig,
+    /// `[output]`: capture caps, artifact TTL, store size cap, redaction.
+    pub output: crate::output::OutputConfig,
     /// Where this configuration came from (`None`: the embedded defaults).
     #[serde(skip)]
     pub source: Option<PathBuf>,

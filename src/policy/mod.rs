@@ -162,6 +162,12 @@ impl Decision {
         }
     }
 
+    /// The denial of a request that never reached the policy (bad input,
+    /// unknown runtime or repo), so that it is audited like any other.
+    pub fn rejected(input: &PolicyInput, reason: String, policy_digest: &str) -> Decision {
+        Decision::new(input, false, vec![reason], LimitCaps::default(), policy_digest)
+    }
+
     /// The text a caller sees, `None` when allowed:
     /// `denied by policy: 'curl' is not allowed (network tools are not allowed)`.
     pub fn denial_message(&self, command: &str) -> Option<String> {

@@ -1,0 +1,248 @@
+//! `confine exec`: one request through the whole governed pipeline (the
+//! same one MCP uses), with the job's output passed through live by
+//! default, or rendered in a response mode with `--output-mode`.
+
+use crate::config::Config;
+use crate::job::{Network, Status};
+use crate::output::modes::RenderOptions;
+use crate::output::OutputMode;
+use crate::supervisor::exec::{ExecControl, ExecuteRequest, ExecuteResponse};
+use crate::supervisor::Supervisor;
+use clap::Args;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  confine exec --repo . --runtime python --code 'print(6*7)'\n  \
+confine exec --repo . --runtime shell -- -c 'make test'\n  \
+confine exec --repo . --runtime rust --code-file main.rs --output-mode digest\n\n\
+Execution must be enabled in confine.toml ([runtime] enabled = true). Exit status follows `confine run`; \
+125 when the request was denied or confine failed.")]
+pub struct ExecArgs {
+    /// Runtime: node typescript python shell go java kotlin rust c cpp csharp ruby php perl r elixir.
+    #[arg(long)]
+    pub runtime: String,
+    /// Inline source to run (code mode).
+    #[arg(long, conflicts_with_all = ["code_file", "args"])]
+    pub code: Option<String>,
+    /// Read the source from FILE (code mode).
+    #[arg(long, value_name = "FILE", conflicts_with = "args")]
+    pub code_file: Option<PathBuf>,
+    /// Repository root to mount at /workspace (registered ad hoc).
+    #[arg(long, value_name = "DIR", conflicts_with = "repo_id")]
+    pub repo: Option<PathBuf>,
+    /// A repository of [[repos]] in confine.toml.
+    #[arg(long, value_name = "ID")]
+    pub repo_id: Option<String>,
+    /// Working directory relative to the repository root.
+    #[arg(long, value_name = "REL")]
+    pub cwd: Option<String>,
+    /// Feed FILE to the job's stdin.
+    #[arg(long, value_name = "FILE")]
+    pub stdin_file: Option<PathBuf>,
+    /// Hard timeout (e.g. 30s, 500ms, 2m); the queue wait counts against it.
+    #[arg(long, value_parser = parse_duration_ms, value_name = "DURATION")]
+    pub timeout: Option<u64>,
+    /// Override the runtime's executable (must be compatible, e.g. pypy3 for python).
+    #[arg(long)]
+    pub executable: Option<String>,
+    /// Pass KEY from this environment (it must be in sandbox.env_allowlist). Repeatable.
+    #[arg(long = "env", value_name = "KEY")]
+    pub env: Vec<String>,
+    /// Network: none or host (host needs the policy's consent).
+    #[arg(long, default_value = "none", value_parser = ["none", "host"])]
+    pub net: String,
+    /// Render the output (minimal, summary, intent, digest) instead of passing it through.
+    #[arg(long, value_name = "MODE")]
+    pub output_mode: Option<OutputMode>,
+    /// Terms for the summary and intent modes (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "TERMS")]
+    pub query_terms: Vec<String>,
+    /// Lines of head and tail in summary mode (10–1000).
+    #[arg(long, value_name = "N")]
+    pub max_response_lines: Option<u32>,
+    /// Keep no artifact of the output.
+    #[arg(long)]
+    pub no_persist: bool,
+    /// Print the whole response as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Arguments of the runtime's executable (args mode).
+    #[arg(last = true, value_name = "ARGS")]
+    pub args: Vec<String>,
+}
+
+/// Parse `30s`, `500ms`, `2m`, `1h` or a bare number of seconds.
+pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3_600_000.0)
+    } else {
+        (s, 1000.0)
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("invalid duration '{s}': use e.g. 30s, 500ms, 2m"))?;
+    if !(v > 0.0) || !v.is_finite() {
+        return Err(format!("invalid duration '{s}': must be positive"));
+    }
+    Ok((v * mult).round() as u64)
+}
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("confine: {msg}");
+    super::EXIT_CONFINE_FAILED
+}
+
+pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
+    let mut config = match Config::load(config_path) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let code = match (&args.code, &args.code_file) {
+        (Some(c), _) => Some(c.clone()),
+        (None, Some(f)) => match std::fs::read_to_string(f) {
+            Ok(c) => Some(c),
+            Err(e) => return fail(format!("--code-file {}: {e}", f.display())),
+        },
+        (None, None) => None,
+    };
+    let stdin = match &args.stdin_file {
+        Some(f) => match std::fs::read_to_string(f) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(format!("--stdin-file {}: {e}", f.display())),
+        },
+        None => None,
+    };
+    let repo_id = match (&args.repo, &args.repo_id) {
+        (Some(dir), _) => match std::fs::canonicalize(dir) {
+            Ok(root) => Some(config.add_adhoc_repo("cli", &root)),
+            Err(e) => return fail(format!("--repo {}: {e}", dir.display())),
+        },
+        (None, id) => id.clone(),
+    };
+    let env = args.env.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v))).collect();
+    let req = ExecuteRequest {
+        repo_id,
+        runtime: args.runtime.clone(),
+        executable: args.executable.clone(),
+        args: args.args.clone(),
+        code,
+        stdin,
+        relative_cwd: args.cwd.clone(),
+        timeout_ms: args.timeout,
+        network: if args.net == "host" { Network::Host } else { Network::None },
+        env,
+        persist_output: Some(!args.no_persist),
+        render: RenderOptions {
+            output_mode: args.output_mode.unwrap_or_default(),
+            max_response_lines: args.max_response_lines,
+            query_terms: args.query_terms.clone(),
+        },
+        ..ExecuteRequest::default()
+    };
+    let live = args.output_mode.is_none() && !args.json;
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+    };
+    let resp = rt.block_on(async move {
+        let sup = Supervisor::open(config).map_err(|e| e.to_string())?;
+        let cancel = Box::pin(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+                (Ok(mut i), Ok(mut t)) => {
+                    tokio::select! { _ = i.recv() => {}, _ = t.recv() => {} }
+                }
+                _ => std::future::pending::<()>().await,
+            }
+        });
+        let ctl = ExecControl { live, cancel: Some(cancel), ..ExecControl::default() };
+        Ok::<_, String>(sup.execute(req, ctl).await)
+    });
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    report(&resp, &args)
+}
+
+fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
+    if args.json {
+        match serde_json::to_string_pretty(resp) {
+            Ok(s) => println!("{s}"),
+            Err(e) => return fail(e),
+        }
+    } else if let (Some(_), Some(view)) = (args.output_mode, &resp.output) {
+        print_view(view);
+    }
+    let status = serde_json::to_value(resp.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    let mut line = format!("confine: {status}");
+    if let Some(c) = resp.exit_code {
+        line.push_str(&format!(" exit={c}"));
+    }
+    if let Some(s) = resp.signal {
+        line.push_str(&format!(" signal={s}"));
+    }
+    line.push_str(&format!(" {}ms", resp.duration_ms));
+    if resp.queued_ms > 0 {
+        line.push_str(&format!(" (queued {}ms)", resp.queued_ms));
+    }
+    if let Some(h) = &resp.artifact_handle {
+        line.push_str(&format!(" artifact={h}"));
+    }
+    if !resp.clamped.is_empty() {
+        line.push_str(&format!(" clamped={}", resp.clamped.join(",")));
+    }
+    if let Some(e) = &resp.error {
+        line.push_str(&format!(": {e}"));
+    }
+    eprintln!("{line}");
+    match (&resp.outcome, resp.status) {
+        (Some(o), _) => o.cli_exit_code(),
+        (None, Status::Denied) | (None, _) => super::EXIT_CONFINE_FAILED,
+    }
+}
+
+fn print_view(view: &crate::output::modes::OutputView) {
+    if let Some(s) = &view.stdout_summary {
+        println!("{s}");
+    }
+    if let Some(s) = &view.stderr_summary {
+        println!("--- stderr ---\n{s}");
+    }
+    for ex in view.excerpts.iter().flatten() {
+        println!("--- {} lines {}-{} ---\n{}", ex.source, ex.line_start, ex.line_end, ex.content);
+    }
+    for sec in view.sections.iter().flatten() {
+        if let Ok(s) = serde_json::to_string(sec) {
+            println!("section: {s}");
+        }
+    }
+    if let Some(d) = &view.digest {
+        if let Ok(s) = serde_json::to_string_pretty(d) {
+            println!("{s}");
+        }
+    }
+    for n in &view.notes {
+        println!("note: {n}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration_ms("30s"), Ok(30_000));
+        assert_eq!(parse_duration_ms("500ms"), Ok(500));
+        assert_eq!(parse_duration_ms("2m"), Ok(120_000));
+        assert_eq!(parse_duration_ms("1.5"), Ok(1500));
+        assert!(parse_duration_ms("soon").is_err());
+        assert!(parse_duration_ms("-1s").is_err());
+    }
+}

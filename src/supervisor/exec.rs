@@ -1,0 +1,456 @@
+//! The governed execution pipeline, shared by `confine exec` and MCP:
+//! gate → policy → executable validation → env scrub → cwd jail →
+//! concurrency → sandbox with timeout and tree kill → output capture →
+//! audit. Every request, allowed or not, leaves one audit record, flushed
+//! before the response is returned.
+//!
+//! This module decides; it never touches the kernel itself (the sandbox
+//! backend does) and never prints (the CLI and MCP adapters do).
+
+use super::{cwd, Supervisor};
+use crate::config::{EffectiveLimits, LimitRequest};
+use crate::job::{Bind, JobFile, JobSpec, Network, Outcome, Status};
+use crate::output::capture::{capture, Capture, Captured};
+use crate::output::modes::{render, OutputView, RenderOptions};
+use crate::policy::input::{ExecRequest, PolicyInput};
+use crate::policy::Decision;
+use crate::runtimes::{self, plan};
+use crate::store::artifacts::{JobInfo, StreamName};
+use crate::store::audit::{AuditEntry, AuditSink};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+
+/// One request to run code or a command, as the CLI and MCP give it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ExecuteRequest {
+    pub repo_id: Option<String>,
+    pub runtime: String,
+    pub executable: Option<String>,
+    pub args: Vec<String>,
+    pub code: Option<String>,
+    pub stdin: Option<String>,
+    pub relative_cwd: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+    pub network: Network,
+    /// Variables to set in the job; each key must be in `sandbox.env_allowlist`.
+    pub env: Vec<(String, String)>,
+    /// `false`: keep nothing of the output.
+    pub persist_output: Option<bool>,
+    #[serde(flatten)]
+    pub render: RenderOptions,
+}
+
+/// The policy part of a response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyDecisionView {
+    pub allowed: bool,
+    pub audit_hash: String,
+    pub denied_reasons: Vec<String>,
+}
+
+/// How a request ended: one shape for `confine exec --json` and MCP.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecuteResponse {
+    pub job_id: String,
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration_ms: u64,
+    pub queued_ms: u64,
+    pub artifact_handle: Option<String>,
+    pub policy_decision: PolicyDecisionView,
+    /// One line: why the request was denied or could not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Limits that were lowered to a configured or policy maximum.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clamped: Vec<String>,
+    /// The sandbox's outcome (layers, usage, limits), when a job ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    /// The response mode's view of the output, when a job ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputView>,
+}
+
+/// Live progress of a running job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    pub elapsed_ms: u64,
+    pub bytes: u64,
+}
+
+/// What the caller of [`Supervisor::execute`] controls.
+#[derive(Default)]
+pub struct ExecControl {
+    /// Also copy the job's output to our own stdout/stderr as it comes.
+    pub live: bool,
+    /// Resolves when the caller cancels: the tree is killed at once.
+    pub cancel: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// Receives the byte count and elapsed time every `progress_every`.
+    pub progress: Option<tokio::sync::mpsc::UnboundedSender<Progress>>,
+    pub progress_every: Option<Duration>,
+    /// Called with the job id once the job is admitted (background jobs).
+    pub on_start: Option<Box<dyn FnOnce(&str) + Send>>,
+}
+
+/// A reader that counts what passes and, in live mode, copies it to a writer.
+struct Tap<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+    live: Option<StreamName>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = res {
+            let new = &buf.filled()[before..];
+            self.count.fetch_add(new.len() as u64, Ordering::Relaxed);
+            if let Some(stream) = self.live {
+                use std::io::Write;
+                // A closed terminal must not stop the capture.
+                let _ = match stream {
+                    StreamName::Stdout => std::io::stdout().lock().write_all(new),
+                    StreamName::Stderr => std::io::stderr().lock().write_all(new),
+                };
+            }
+        }
+        res
+    }
+}
+
+fn new_job_id() -> String {
+    let ms = crate::store::artifacts::now_ms();
+    let mut rnd = [0u8; 4];
+    // SAFETY: rnd is a valid writable buffer of the length passed.
+    unsafe { libc::getrandom(rnd.as_mut_ptr().cast(), rnd.len(), 0) };
+    format!("job-{ms}-{}", hex::encode(rnd))
+}
+
+/// A response for a request that never ran.
+fn not_run(job_id: String, status: Status, decision: &Decision, error: String) -> ExecuteResponse {
+    ExecuteResponse {
+        job_id,
+        status,
+        exit_code: None,
+        signal: None,
+        duration_ms: 0,
+        queued_ms: 0,
+        artifact_handle: None,
+        policy_decision: PolicyDecisionView {
+            allowed: decision.allowed,
+            audit_hash: decision.audit_hash.clone(),
+            denied_reasons: decision.deny_reasons.clone(),
+        },
+        error: Some(error),
+        clamped: Vec::new(),
+        outcome: None,
+        output: None,
+    }
+}
+
+impl Supervisor {
+    /// Run one request through every governance step.
+    pub async fn execute(&self, req: ExecuteRequest, mut ctl: ExecControl) -> ExecuteResponse {
+        let job_id = new_job_id();
+        let policy_req = ExecRequest {
+            repo_id: req.repo_id.clone(),
+            runtime: req.runtime.clone(),
+            executable: req.executable.clone(),
+            code: req.code.clone(),
+            args: req.args.clone(),
+            relative_cwd: req.relative_cwd.clone(),
+            limits: LimitRequest {
+                timeout_ms: req.timeout_ms,
+                memory_bytes: req.memory_bytes,
+                cpus: req.cpus,
+                pids: req.pids,
+                output_bytes: None,
+            },
+            network: req.network,
+            env_keys: req.env.iter().map(|(k, _)| k.clone()).collect(),
+            stdin_bytes: req.stdin.as_ref().map_or(0, |s| s.len() as u64),
+        };
+        let mut limits = self.config.limits.resolve(&policy_req.limits);
+        let command = req.executable.clone().unwrap_or_else(|| {
+            runtimes::lookup(&req.runtime)
+                .map(|rt| plan::requested_command(rt, None, req.code.is_some()).to_string())
+                .unwrap_or_else(|_| req.runtime.clone())
+        });
+        let input = policy_req.to_input(&command, limits.clone());
+        let digest = self.policy.digest().to_string();
+
+        // 1. the config gate: nothing else runs while execution is off.
+        if !self.config.runtime.enabled {
+            let decision = Decision::disabled(&input, &digest);
+            return self.deny(job_id, &input, &decision, Status::Denied, crate::policy::DISABLED_REASON.into());
+        }
+        // Bad input is refused before the policy sees it, and still audited.
+        if let Err(e) = policy_req.check(&self.config.limits) {
+            let decision = Decision::rejected(&input, e.to_string(), &digest);
+            return self.deny(job_id, &input, &decision, Status::Failure, e.to_string());
+        }
+        let runtime = match runtimes::lookup(&req.runtime) {
+            Ok(rt) => rt,
+            Err(e) => {
+                let decision = Decision::rejected(&input, e.to_string(), &digest);
+                return self.deny(job_id, &input, &decision, Status::Failure, e.to_string());
+            }
+        };
+        let repo = match req.repo_id.as_deref().map(|id| self.config.repo(id)) {
+            Some(Ok(repo)) => repo.clone(),
+            Some(Err(e)) => {
+                let decision = Decision::rejected(&input, e.to_string(), &digest);
+                return self.deny(job_id, &input, &decision, Status::Failure, e.to_string());
+            }
+            None => {
+                let reason = "repoId is required: name a repository of [[repos]] in confine.toml".to_string();
+                let decision = Decision::rejected(&input, reason.clone(), &digest);
+                return self.deny(job_id, &input, &decision, Status::Failure, reason);
+            }
+        };
+
+        // 2. policy (fail-closed).
+        let decision = self.policy.decide_async(input.clone()).await;
+        if let Some(msg) = decision.denial_message(&command) {
+            return self.deny(job_id, &input, &decision, Status::Denied, msg);
+        }
+        limits.clamp_to(&decision.limits);
+
+        // 3. executable validation and toolchain resolution.
+        let resolved = match runtimes::toolchain::resolve(runtime, req.executable.as_deref(), req.code.is_some(), &self.host)
+        {
+            Ok(r) => r,
+            Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e.to_string()),
+        };
+        let exec_plan = match &req.code {
+            Some(code) => plan::code_plan(&resolved, code),
+            None => plan::args_plan(&resolved, &req.args),
+        };
+
+        // 4. environment: scrubbed, plus the toolchain's and allowlisted keys.
+        let not_allowed: Vec<&str> = req
+            .env
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .filter(|k| !self.config.sandbox.env_allowlist.iter().any(|a| a == k))
+            .collect();
+        if !not_allowed.is_empty() {
+            let msg = format!(
+                "environment variable(s) {} not allowed (add them to sandbox.env_allowlist)",
+                not_allowed.join(", ")
+            );
+            return self.deny(job_id, &input, &decision, Status::Denied, msg);
+        }
+        let mut env = crate::env::scrubbed(&[], |_| None);
+        if !exec_plan.path_dirs.is_empty() {
+            let dirs: Vec<String> = exec_plan.path_dirs.iter().map(|d| d.display().to_string()).collect();
+            env[0].1 = format!("{}:{}", dirs.join(":"), crate::env::SANDBOX_PATH);
+        }
+        for (k, v) in exec_plan.env.iter().chain(req.env.iter()) {
+            match env.iter_mut().find(|(ek, _)| ek == k) {
+                Some(slot) => slot.1 = v.clone(),
+                None => env.push((k.clone(), v.clone())),
+            }
+        }
+
+        // 5. cwd jail.
+        let jailed = match cwd::jail(&repo.root, req.relative_cwd.as_deref()) {
+            Ok(j) => j,
+            Err(e) => return self.deny(job_id, &input, &decision, Status::Denied, e.to_string()),
+        };
+
+        // 6. concurrency: the queue wait counts against the timeout.
+        let timeout = Duration::from_millis(limits.timeout_ms);
+        let slot = match self.queue.acquire(timeout).await {
+            Ok(slot) => slot,
+            Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e.to_string()),
+        };
+        if let Some(f) = ctl.on_start.take() {
+            f(&job_id);
+        }
+
+        // 7. the sandbox, with the timeout that is left after the wait.
+        let mut spec = JobSpec::new(exec_plan.argv());
+        spec.env = env;
+        spec.workspace = Some(jailed.root.clone());
+        spec.workspace_rw = self.config.sandbox.workspace_rw;
+        spec.cwd = jailed.in_sandbox(std::path::Path::new("/workspace"));
+        spec.network = req.network;
+        spec.allow_degraded = self.config.runtime.allow_degraded;
+        spec.binds = exec_plan
+            .ro_paths
+            .iter()
+            .map(|p| Bind { source: p.clone(), dest: p.clone(), writable: false })
+            .collect();
+        if let Some(src) = &exec_plan.source {
+            spec.files.push(JobFile { path: src.path.clone(), contents: src.contents.clone() });
+        }
+        spec.limits = effective_job_limits(&limits, self.config.sandbox.tmp_size_bytes, slot.remaining(timeout));
+        let queued_ms = slot.queued.as_millis() as u64;
+        let response = self.run_job(&job_id, &repo.id, &req, spec, &mut ctl).await;
+        drop(slot);
+        let (outcome, captured, output) = match response {
+            Ok(parts) => parts,
+            Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e),
+        };
+        let mut outcome = outcome;
+        outcome.queued_ms = queued_ms;
+        outcome.job_id = job_id.clone();
+
+        // 9. audit, flushed before we answer.
+        let entry = AuditEntry::decided(&job_id, &input, &decision).finished(
+            &outcome,
+            captured.stdout.meta.total_bytes,
+            captured.stderr.meta.total_bytes,
+        );
+        let audit_error = self.audit.append(entry).err().map(|e| format!("audit record not written: {e}"));
+        ExecuteResponse {
+            job_id,
+            status: outcome.status,
+            exit_code: outcome.exit_code,
+            signal: outcome.signal,
+            duration_ms: outcome.duration_ms,
+            queued_ms,
+            artifact_handle: captured.handle().map(str::to_string),
+            policy_decision: PolicyDecisionView {
+                allowed: true,
+                audit_hash: decision.audit_hash.clone(),
+                denied_reasons: Vec::new(),
+            },
+            error: outcome.error.clone().or(audit_error),
+            clamped: limits.clamped.clone(),
+            outcome: Some(outcome),
+            output,
+        }
+    }
+
+    /// Start the sandbox, capture both streams, enforce the limits.
+    async fn run_job(
+        &self,
+        job_id: &str,
+        repo_id: &str,
+        req: &ExecuteRequest,
+        spec: JobSpec,
+        ctl: &mut ExecControl,
+    ) -> Result<(Outcome, Captured, Option<OutputView>), String> {
+        let persist = req.persist_output.unwrap_or(true);
+        let redactor = self.config.output.redactor(|k| std::env::var(k).ok());
+        let cap = Capture::start(Some(&self.artifacts), repo_id, &self.config.output, redactor, persist);
+        let mut stdio = crate::sandbox::StdioSpec::piped();
+        if req.stdin.is_some() {
+            stdio.stdin = std::process::Stdio::piped();
+        }
+        let seccomp = self.seccomp.as_ref().map(|p| (p.name.as_str(), &p.fd));
+        let mut job = crate::sandbox::linux::spawn(&spec, stdio, seccomp).await.map_err(|e| e.to_string())?;
+        job.job_id = job_id.to_string();
+        let started = Instant::now();
+        let count = Arc::new(AtomicU64::new(0));
+        let live = ctl.live;
+        let out = job.stdout().map(|r| Tap { inner: r, count: count.clone(), live: live.then_some(StreamName::Stdout) });
+        let err = job.stderr().map(|r| Tap { inner: r, count: count.clone(), live: live.then_some(StreamName::Stderr) });
+        if let (Some(text), Some(mut stdin)) = (req.stdin.clone(), job.take_stdin()) {
+            tokio::spawn(async move {
+                // A job that does not read its stdin must not block us.
+                let _ = stdin.write_all(text.as_bytes()).await;
+            });
+        }
+        let (out_sink, err_sink) = (cap.sink(StreamName::Stdout), cap.sink(StreamName::Stderr));
+        let out_task = tokio::spawn(async move {
+            match out {
+                Some(r) => Some(capture(r, out_sink).await),
+                None => None,
+            }
+        });
+        let err_task = tokio::spawn(async move {
+            match err {
+                Some(r) => Some(capture(r, err_sink).await),
+                None => None,
+            }
+        });
+        let progress = ctl.progress.take().map(|tx| {
+            let every = ctl.progress_every.unwrap_or(Duration::from_secs(2));
+            let count = count.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let p = Progress {
+                        elapsed_ms: started.elapsed().as_millis() as u64,
+                        bytes: count.load(Ordering::Relaxed),
+                    };
+                    if tx.send(p).is_err() {
+                        break;
+                    }
+                }
+            })
+        });
+        let cancel = ctl.cancel.take();
+        let outcome = job
+            .supervise(crate::sandbox::linux::supervise::DEFAULT_KILL_GRACE, async move {
+                match cancel {
+                    Some(c) => c.await,
+                    None => std::future::pending::<()>().await,
+                }
+                nix::sys::signal::Signal::SIGKILL
+            })
+            .await;
+        if let Some(p) = progress {
+            p.abort();
+        }
+        let empty = |s| cap.sink(s);
+        let stdout = match out_task.await {
+            Ok(Some(s)) => s,
+            _ => capture(tokio::io::empty(), empty(StreamName::Stdout)).await,
+        };
+        let stderr = match err_task.await {
+            Ok(Some(s)) => s,
+            _ => capture(tokio::io::empty(), empty(StreamName::Stderr)).await,
+        };
+        let info = JobInfo {
+            runtime: Some(req.runtime.clone()),
+            status: Some(outcome.status),
+            exit_code: outcome.exit_code,
+            signal: outcome.signal,
+            duration_ms: outcome.duration_ms,
+        };
+        let captured = cap.finish(info.clone(), stdout, stderr);
+        let view = render(&captured, Some(&self.artifacts), &info, &req.render).ok();
+        Ok((outcome, captured, view))
+    }
+
+    /// Record a request that did not run, and answer it.
+    fn deny(&self, job_id: String, input: &PolicyInput, decision: &Decision, status: Status, error: String) -> ExecuteResponse {
+        let mut entry = AuditEntry::decided(&job_id, input, decision);
+        entry.status = status;
+        let mut resp = not_run(job_id, status, decision, error);
+        if let Err(e) = self.audit.append(entry) {
+            resp.error = Some(format!("{} (and the audit record was not written: {e})", resp.error.unwrap_or_default()));
+        }
+        resp
+    }
+
+    /// Jobs running and waiting right now.
+    pub fn load(&self) -> (usize, usize) {
+        (self.queue.running(), self.queue.queued())
+    }
+}
+
+fn effective_job_limits(limits: &EffectiveLimits, tmp: u64, timeout: Duration) -> crate::job::Limits {
+    let mut l = limits.to_job_limits(tmp);
+    l.timeout_ms = Some(timeout.as_millis().max(1) as u64);
+    l
+}
