@@ -1,0 +1,254 @@
+//! `confine exec`: the governed pipeline end to end, with real sandboxes,
+//! a real store and a real audit trail in a temp dir.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+struct Env {
+    dir: tempfile::TempDir,
+    repo: PathBuf,
+    config: PathBuf,
+}
+
+impl Env {
+    fn new(extra: &str) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        std::fs::write(repo.join("data.txt"), "repo data\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        for p in [dir.path(), repo.as_path()] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let config = dir.path().join("confine.toml");
+        let text = format!(
+            "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n{extra}",
+            dir.path().join("store").display(),
+            repo.display()
+        );
+        std::fs::write(&config, text).unwrap();
+        Env { dir, repo, config }
+    }
+
+    fn exec(&self, args: &[&str]) -> Output {
+        Command::new(bin())
+            .arg("--config")
+            .arg(&self.config)
+            .arg("exec")
+            .args(args)
+            .env("XDG_DATA_HOME", self.dir.path())
+            .output()
+            .unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = self.exec(&all);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {} / {}", stdout(&out), stderr(&out)))
+    }
+
+    fn audit_count(&self) -> usize {
+        let out = Command::new(bin())
+            .arg("--config")
+            .arg(&self.config)
+            .args(["audit", "export", "--jsonl"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out).lines().filter(|l| !l.trim().is_empty()).count()
+    }
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn runtimes_present_on_this_host_run_code() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("");
+    let cases: &[(&str, &str, &str, &str)] = &[
+        ("shell", "bash", "echo shell-ok", "shell-ok"),
+        ("python", "python3", "print('py-' + 'ok')", "py-ok"),
+        ("perl", "perl", "print \"perl-ok\\n\";", "perl-ok"),
+        ("c", "cc", "#include <stdio.h>\nint main(void){puts(\"c-ok\");return 0;}", "c-ok"),
+        ("cpp", "c++", "#include <iostream>\nint main(){std::cout<<\"cpp-ok\"<<std::endl;}", "cpp-ok"),
+        ("rust", "rustc", "fn main(){println!(\"rust-ok\");}", "rust-ok"),
+        ("node", "node", "console.log('node-ok')", "node-ok"),
+        ("java", "javac", "public class Main{public static void main(String[] a){System.out.println(\"java-ok\");}}", "java-ok"),
+        ("ruby", "ruby", "puts 'ruby-ok'", "ruby-ok"),
+        ("php", "php", "<?php echo \"php-ok\\n\";", "php-ok"),
+        ("go", "go", "package main\nimport \"fmt\"\nfunc main(){fmt.Println(\"go-ok\")}", "go-ok"),
+    ];
+    let required = ["shell", "python", "perl", "c", "cpp", "rust", "node"];
+    for (runtime, tool, code, want) in cases {
+        if !have(tool) {
+            if required.contains(runtime) {
+                skip(&format!("{tool} is not installed, so runtime '{runtime}' can't be tested"));
+            } else {
+                eprintln!("SKIPPED: runtime '{runtime}': {tool} is not installed on this host");
+            }
+            continue;
+        }
+        let out = env.exec(&["--repo-id", "demo", "--runtime", runtime, "--timeout", "120s", "--code", code]);
+        assert_eq!(stdout(&out).trim(), *want, "{runtime}: {}", stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{runtime}: {}", stderr(&out));
+        assert!(stderr(&out).contains("confine: success exit=0"), "{runtime}: {}", stderr(&out));
+    }
+    // Code mode writes its source into the sandbox's /tmp, never into the repo.
+    let mut names: Vec<String> = std::fs::read_dir(&env.repo).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+    names.sort();
+    assert_eq!(names, ["data.txt"]);
+}
+
+#[test]
+fn args_mode_runs_the_runtime_executable_in_the_repo() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("");
+    let out = env.exec(&["--repo-id", "demo", "--runtime", "shell", "--", "-c", "cat data.txt; pwd; exit 4"]);
+    assert_eq!(stdout(&out), "repo data\n/workspace\n", "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(4));
+}
+
+#[test]
+fn the_gate_denies_everything_until_enabled() {
+    let env = Env::new("");
+    std::fs::write(&env.config, std::fs::read_to_string(&env.config).unwrap().replace("enabled = true", "enabled = false")).unwrap();
+    let v = env.json(&["--repo-id", "demo", "--runtime", "shell", "--code", "echo no"]);
+    assert_eq!(v["status"], "denied");
+    assert_eq!(v["error"], "runtime execution is disabled (set runtime.enabled = true)");
+    assert_eq!(v["policyDecision"]["allowed"], false);
+    assert_eq!(env.audit_count(), 1, "a denied call is audited too");
+}
+
+#[test]
+fn policy_denial_names_the_command_and_reason() {
+    let env = Env::new("");
+    let v = env.json(&["--repo-id", "demo", "--runtime", "shell", "--executable", "curl", "--", "http://example.org"]);
+    assert_eq!(v["status"], "denied", "{v}");
+    let err = v["error"].as_str().unwrap();
+    assert!(err.starts_with("denied by policy: 'curl' is not allowed ("), "{err}");
+    assert!(!v["policyDecision"]["auditHash"].as_str().unwrap().is_empty());
+    let v = env.json(&["--repo-id", "demo", "--runtime", "shell", "--net", "host", "--code", "true"]);
+    assert_eq!(v["status"], "denied", "host network needs the policy's consent: {v}");
+}
+
+#[test]
+fn bad_input_is_refused_clearly_and_audited() {
+    let env = Env::new("");
+    let big = env.dir.path().join("big.py");
+    std::fs::write(&big, "x".repeat((1 << 20) + 1)).unwrap();
+    let nul = env.dir.path().join("nul.sh");
+    std::fs::write(&nul, "echo a\0b").unwrap();
+    let (big, nul) = (big.to_str().unwrap(), nul.to_str().unwrap());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--repo-id", "demo", "--runtime", "cobol", "--code", "x"], "cobol"),
+        (vec!["--repo-id", "demo", "--runtime", "shell"], "nothing to run"),
+        (vec!["--repo-id", "demo", "--runtime", "python", "--code-file", big], "above the limit"),
+        (vec!["--repo-id", "demo", "--runtime", "shell", "--code-file", nul], "NUL"),
+        (vec!["--repo-id", "demo", "--runtime", "shell", "--cwd", "../..", "--code", "pwd"], ".."),
+        (vec!["--repo-id", "nope", "--runtime", "shell", "--code", "pwd"], "nope"),
+        (vec!["--repo-id", "demo", "--runtime", "python", "--executable", "ruby", "--code", "1"], "ruby"),
+    ];
+    let mut audited = 0;
+    for (args, needle) in &cases {
+        let out = env.exec(args);
+        audited += 1;
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains(needle), "{args:?}: expected '{needle}' in: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+    }
+    assert_eq!(env.audit_count(), audited, "no record lost");
+    // both code and args is a usage error (exit 2) before any request exists
+    let out = env.exec(&["--repo-id", "demo", "--runtime", "shell", "--code", "x", "--", "y"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_symlink_out_of_the_repo_is_refused() {
+    let env = Env::new("");
+    std::os::unix::fs::symlink("/etc", env.repo.join("out")).unwrap();
+    let v = env.json(&["--repo-id", "demo", "--runtime", "shell", "--cwd", "out", "--code", "pwd"]);
+    assert_eq!(v["status"], "denied", "{v}");
+    assert!(!v["error"].as_str().unwrap().contains("/etc"), "no host path leaks: {v}");
+}
+
+#[test]
+fn timeout_kills_and_is_reported() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("");
+    let started = std::time::Instant::now();
+    let out = env.exec(&["--repo-id", "demo", "--runtime", "shell", "--timeout", "1s", "--code", "sleep 100"]);
+    assert_eq!(out.status.code(), Some(124), "{}", stderr(&out));
+    assert!(stderr(&out).contains("confine: timeout"), "{}", stderr(&out));
+    assert!(started.elapsed().as_secs() < 10);
+}
+
+#[test]
+fn limits_above_the_maximum_are_clamped_and_said() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("\n[limits]\nmax_timeout_ms = 5000\ntimeout_ms = 5000\n");
+    let v = env.json(&["--repo-id", "demo", "--runtime", "shell", "--timeout", "60s", "--code", "true"]);
+    assert_eq!(v["status"], "success", "{v}");
+    assert!(v["clamped"].as_array().unwrap().iter().any(|c| c.as_str().unwrap().contains("timeout")), "{v}");
+    assert_eq!(v["outcome"]["limits"]["timeoutMs"].as_u64().unwrap() <= 5000, true, "{v}");
+}
+
+#[test]
+fn output_modes_replace_live_output() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("");
+    let code = "for i in $(seq 1 500); do echo line $i; done; echo 'error[E0308]: mismatched types' >&2; \
+                echo 'error[E0308]: mismatched types' >&2";
+    let out = env.exec(&["--repo-id", "demo", "--runtime", "shell", "--output-mode", "digest", "--code", code]);
+    let text = stdout(&out);
+    assert!(!text.contains("line 250"), "digest must not pass the output through: {text}");
+    assert!(text.contains("E0308"), "{text}");
+    let v = env.json(&["--repo-id", "demo", "--runtime", "shell", "--output-mode", "minimal", "--code", code]);
+    let handle = v["artifactHandle"].as_str().unwrap().to_string();
+    assert!(handle.starts_with("run-demo-"), "{handle}");
+    assert_eq!(v["output"]["outputLines"].as_u64().unwrap(), 502, "{v}");
+    let shown = Command::new(bin())
+        .arg("--config")
+        .arg(&env.config)
+        .args(["artifacts", "show", &handle, "--stream", "stdout"])
+        .output()
+        .unwrap();
+    assert!(stdout(&shown).starts_with("line 1\nline 2\n"), "{}", stderr(&shown));
+}
+
+#[test]
+fn stdin_file_is_fed_to_the_job() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("");
+    let input = env.dir.path().join("in.txt");
+    std::fs::write(&input, "from stdin\n").unwrap();
+    let out = env.exec(&["--repo-id", "demo", "--runtime", "python", "--stdin-file", input.to_str().unwrap(), "--code", "import sys; print(sys.stdin.read().upper(), end='')"]);
+    assert_eq!(stdout(&out), "FROM STDIN\n", "{}", stderr(&out));
+}
+
+#[test]
+fn malformed_config_fails_naming_the_file() {
+    let env = Env::new("\n[runtime_typo]\nx = 1\n");
+    let out = env.exec(&["--repo-id", "demo", "--runtime", "shell", "--code", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("confine.toml") && stderr(&out).contains("runtime_typo"), "{}", stderr(&out));
+}
+
