@@ -252,3 +252,4 @@ fn malformed_config_fails_naming_the_file() {
     assert!(stderr(&out).contains("confine.toml") && stderr(&out).contains("runtime_typo"), "{}", stderr(&out));
 }
 
+
