@@ -86,7 +86,7 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
         (s, 1000.0)
     };
     let v: f64 = num.trim().parse().map_err(|_| format!("invalid duration '{s}': use e.g. 30s, 500ms, 2m"))?;
-    if !(v > 0.0) || !v.is_finite() {
+    if v.is_nan() || v <= 0.0 || !v.is_finite() {
         return Err(format!("invalid duration '{s}': must be positive"));
     }
     Ok((v * mult).round() as u64)

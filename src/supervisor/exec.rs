@@ -46,8 +46,22 @@ pub struct ExecuteRequest {
     pub env: Vec<(String, String)>,
     /// `false`: keep nothing of the output.
     pub persist_output: Option<bool>,
+    /// Use this job id (background jobs are named before they start).
+    #[serde(skip)]
+    pub job_id: Option<String>,
     #[serde(flatten)]
     pub render: RenderOptions,
+}
+
+/// Why a request was refused before it ran, for adapters that map it
+/// (MCP turns `Invalid` into a tool error, `Busy` into a retryable one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rejection {
+    /// The request itself is wrong (bad input, unknown runtime or repo).
+    Invalid,
+    /// The queue is full.
+    Busy,
 }
 
 /// The policy part of a response.
@@ -74,6 +88,9 @@ pub struct ExecuteResponse {
     /// One line: why the request was denied or could not run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Set when the request was refused before it ran, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejection: Option<Rejection>,
     /// Limits that were lowered to a configured or policy maximum.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clamped: Vec<String>,
@@ -84,6 +101,9 @@ pub struct ExecuteResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<OutputView>,
 }
+
+/// What a job that ran left: its outcome, its captured output, the view.
+type Ran = (Outcome, Captured, Option<OutputView>);
 
 /// Live progress of a running job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,13 +124,23 @@ pub struct ExecControl {
     pub progress_every: Option<Duration>,
     /// Called with the job id once the job is admitted (background jobs).
     pub on_start: Option<Box<dyn FnOnce(&str) + Send>>,
+    /// Receives a copy of the output as it comes (stdout and stderr
+    /// interleaved), up to [`MIRROR_CAP`] bytes: `runtime_jobs` reads it.
+    pub mirror: Option<Mirror>,
 }
+
+/// Output seen so far by a running job, bounded.
+pub type Mirror = Arc<std::sync::Mutex<Vec<u8>>>;
+
+/// Bytes a [`Mirror`] keeps; the artifact has the rest.
+pub const MIRROR_CAP: usize = 1 << 20;
 
 /// A reader that counts what passes and, in live mode, copies it to a writer.
 struct Tap<R> {
     inner: R,
     count: Arc<AtomicU64>,
     live: Option<StreamName>,
+    mirror: Option<Mirror>,
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
@@ -120,6 +150,12 @@ impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
         if let Poll::Ready(Ok(())) = res {
             let new = &buf.filled()[before..];
             self.count.fetch_add(new.len() as u64, Ordering::Relaxed);
+            if let Some(m) = &self.mirror {
+                if let Ok(mut m) = m.lock() {
+                    let room = MIRROR_CAP.saturating_sub(m.len());
+                    m.extend_from_slice(&new[..new.len().min(room)]);
+                }
+            }
             if let Some(stream) = self.live {
                 use std::io::Write;
                 // A closed terminal must not stop the capture.
@@ -157,6 +193,7 @@ fn not_run(job_id: String, status: Status, decision: &Decision, error: String) -
             denied_reasons: decision.deny_reasons.clone(),
         },
         error: Some(error),
+        rejection: None,
         clamped: Vec::new(),
         outcome: None,
         output: None,
@@ -166,7 +203,7 @@ fn not_run(job_id: String, status: Status, decision: &Decision, error: String) -
 impl Supervisor {
     /// Run one request through every governance step.
     pub async fn execute(&self, req: ExecuteRequest, mut ctl: ExecControl) -> ExecuteResponse {
-        let job_id = new_job_id();
+        let job_id = req.job_id.clone().unwrap_or_else(new_job_id);
         let policy_req = ExecRequest {
             repo_id: req.repo_id.clone(),
             runtime: req.runtime.clone(),
@@ -202,25 +239,25 @@ impl Supervisor {
         // Bad input is refused before the policy sees it, and still audited.
         if let Err(e) = policy_req.check(&self.config.limits) {
             let decision = Decision::rejected(&input, e.to_string(), &digest);
-            return self.deny(job_id, &input, &decision, Status::Failure, e.to_string());
+            return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, e.to_string());
         }
         let runtime = match runtimes::lookup(&req.runtime) {
             Ok(rt) => rt,
             Err(e) => {
                 let decision = Decision::rejected(&input, e.to_string(), &digest);
-                return self.deny(job_id, &input, &decision, Status::Failure, e.to_string());
+                return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, e.to_string());
             }
         };
         let repo = match req.repo_id.as_deref().map(|id| self.config.repo(id)) {
             Some(Ok(repo)) => repo.clone(),
             Some(Err(e)) => {
                 let decision = Decision::rejected(&input, e.to_string(), &digest);
-                return self.deny(job_id, &input, &decision, Status::Failure, e.to_string());
+                return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, e.to_string());
             }
             None => {
                 let reason = "repoId is required: name a repository of [[repos]] in confine.toml".to_string();
                 let decision = Decision::rejected(&input, reason.clone(), &digest);
-                return self.deny(job_id, &input, &decision, Status::Failure, reason);
+                return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, reason);
             }
         };
 
@@ -278,7 +315,7 @@ impl Supervisor {
         let timeout = Duration::from_millis(limits.timeout_ms);
         let slot = match self.queue.acquire(timeout).await {
             Ok(slot) => slot,
-            Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e.to_string()),
+            Err(e) => return self.reject(Rejection::Busy, job_id, &input, &decision, Status::Failure, e.to_string()),
         };
         if let Some(f) = ctl.on_start.take() {
             f(&job_id);
@@ -333,6 +370,7 @@ impl Supervisor {
                 denied_reasons: Vec::new(),
             },
             error: outcome.error.clone().or(audit_error),
+            rejection: None,
             clamped: limits.clamped.clone(),
             outcome: Some(outcome),
             output,
@@ -347,7 +385,7 @@ impl Supervisor {
         req: &ExecuteRequest,
         spec: JobSpec,
         ctl: &mut ExecControl,
-    ) -> Result<(Outcome, Captured, Option<OutputView>), String> {
+    ) -> Result<Ran, String> {
         let persist = req.persist_output.unwrap_or(true);
         let redactor = self.config.output.redactor(|k| std::env::var(k).ok());
         let cap = Capture::start(Some(&self.artifacts), repo_id, &self.config.output, redactor, persist);
@@ -361,8 +399,18 @@ impl Supervisor {
         let started = Instant::now();
         let count = Arc::new(AtomicU64::new(0));
         let live = ctl.live;
-        let out = job.stdout().map(|r| Tap { inner: r, count: count.clone(), live: live.then_some(StreamName::Stdout) });
-        let err = job.stderr().map(|r| Tap { inner: r, count: count.clone(), live: live.then_some(StreamName::Stderr) });
+        let out = job.stdout().map(|inner| Tap {
+            inner,
+            count: count.clone(),
+            live: live.then_some(StreamName::Stdout),
+            mirror: ctl.mirror.clone(),
+        });
+        let err = job.stderr().map(|inner| Tap {
+            inner,
+            count: count.clone(),
+            live: live.then_some(StreamName::Stderr),
+            mirror: ctl.mirror.clone(),
+        });
         if let (Some(text), Some(mut stdin)) = (req.stdin.clone(), job.take_stdin()) {
             tokio::spawn(async move {
                 // A job that does not read its stdin must not block us.
@@ -441,6 +489,18 @@ impl Supervisor {
             resp.error = Some(format!("{} (and the audit record was not written: {e})", resp.error.unwrap_or_default()));
         }
         resp
+    }
+
+    fn reject(
+        &self,
+        why: Rejection,
+        job_id: String,
+        input: &PolicyInput,
+        decision: &Decision,
+        status: Status,
+        error: String,
+    ) -> ExecuteResponse {
+        ExecuteResponse { rejection: Some(why), ..self.deny(job_id, input, decision, status, error) }
     }
 
     /// Jobs running and waiting right now.

@@ -1,0 +1,115 @@
+//! `confine serve`: the MCP server, over stdio (default) or streamable HTTP.
+//! Parses options, builds the service once, runs a transport until the
+//! client leaves or SIGTERM/SIGINT arrives, then shuts the service down so
+//! its jobs die and its store is flushed before the process exits.
+
+use crate::mcp::http::{load_token, serve_http, HttpOptions, TOKEN_ENV};
+use crate::mcp::{serve_stdio, ConfineServer, McpError};
+use clap::Args;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  confine serve                                  # stdio, for an MCP client that spawns it\n  \
+confine serve --http 127.0.0.1:8765            # streamable HTTP at http://127.0.0.1:8765/mcp\n  \
+confine serve --http 0.0.0.0:8765 --token-file /etc/confine/token\n\n\
+Logs go to stderr (filter with CONFINE_LOG, e.g. CONFINE_LOG=debug); stdout carries only the protocol."
+)]
+pub struct ServeArgs {
+    /// Serve streamable HTTP on ADDR (path /mcp) instead of stdio. Port 0 picks a free port; the address is printed on stderr.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// File whose first line is the bearer token HTTP clients must send (required unless ADDR is loopback) [default: $CONFINE_TOKEN].
+    #[arg(long, value_name = "FILE", requires = "http")]
+    pub token_file: Option<PathBuf>,
+    /// Also accept requests from this browser Origin, as scheme://host[:port]; repeatable. Loopback origins are always accepted.
+    #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
+    pub allow_origin: Vec<String>,
+}
+
+pub fn main(config: Option<&Path>, args: ServeArgs) -> i32 {
+    init_logging();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("confine serve: cannot start the async runtime: {e}");
+            return super::EXIT_CONFINE_FAILED;
+        }
+    };
+    let result = rt.block_on(run(config, args));
+    // Don't wait for a blocking stdin read (stdin is a terminal, not a pipe):
+    // the service is shut down, nothing is left to finish.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("confine serve: {e}");
+            super::EXIT_CONFINE_FAILED
+        }
+    }
+}
+
+async fn run(config: Option<&Path>, args: ServeArgs) -> Result<(), McpError> {
+    let service = crate::mcp::default_service(config)?;
+    let server = ConfineServer::new(service.clone());
+    let shutdown = CancellationToken::new();
+    watch_signals(shutdown.clone());
+    let served = match args.http {
+        Some(addr) => match load_token(args.token_file.as_deref()) {
+            Ok(token) => {
+                if token.is_some() && args.token_file.is_none() {
+                    tracing::info!("using the bearer token from {TOKEN_ENV}");
+                }
+                let opts = HttpOptions { addr, token, allow_origins: args.allow_origin };
+                serve_http(server.clone(), opts, shutdown.clone()).await
+            }
+            Err(e) => Err(e),
+        },
+        None => serve_stdio(server.clone(), shutdown.clone()).await,
+    };
+    // Transports are closed: no new calls. Kill what still runs, keep the
+    // session's usage, and let the service flush its store.
+    shutdown.cancel();
+    if let Err(e) = service.record_usage(&server.usage().snapshot()).await {
+        tracing::warn!(error = %e, "could not record this session's usage");
+    }
+    service.shutdown().await;
+    served
+}
+
+/// Cancel `shutdown` on SIGTERM or SIGINT.
+fn watch_signals(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the server cleanly");
+                    let _ = tokio::signal::ctrl_c().await;
+                    shutdown.cancel();
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        shutdown.cancel();
+    });
+}
+
+/// Logs to stderr, never stdout (stdout is the stdio transport).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CONFINE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,confine=info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
+}

@@ -1,0 +1,441 @@
+//! The real [`RuntimeService`]: MCP's calls mapped onto the supervisor's
+//! governed pipeline, plus the table of background jobs and the usage
+//! history in the store. No sandbox or policy logic lives here: this file
+//! only translates types and keeps track of jobs.
+
+use super::service::{ExecControl, Progress, RuntimeService, ServiceError};
+use super::types::{
+    Excerpt, ExecStatus, ExecuteRequest, ExecuteResponse, Finding, Info, InfoLimits, JobOutput, JobSummary,
+    JobsRequest, JobsResponse, OutputMode, PolicyDecision, QueryOutputRequest, QueryOutputResponse, RepoInfo,
+    RuntimeInfo, Stream, StreamSelect, Truncation,
+};
+use super::usage::{summarise, UsageSnapshot, UsageStatsRequest};
+use crate::output::modes::RenderOptions;
+use crate::store::artifacts::{now_ms, StreamName};
+use crate::supervisor::exec::{self as sup, Mirror, Rejection};
+use crate::supervisor::Supervisor;
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// How many finished background jobs `runtime_jobs` remembers.
+const KEEP_FINISHED: usize = 100;
+
+struct BackgroundJob {
+    summary: JobSummary,
+    cancel: CancellationToken,
+    mirror: Mirror,
+    /// The final response, once the job ended.
+    done: watch::Receiver<Option<ExecuteResponse>>,
+}
+
+/// The supervisor behind MCP.
+pub struct SupervisorService {
+    sup: Arc<Supervisor>,
+    jobs: Mutex<BTreeMap<String, BackgroundJob>>,
+    started_ms: u64,
+}
+
+impl SupervisorService {
+    pub fn new(sup: Arc<Supervisor>) -> SupervisorService {
+        SupervisorService { sup, jobs: Mutex::new(BTreeMap::new()), started_ms: now_ms() }
+    }
+
+    /// Put a job in the table `runtime_jobs` lists, forgetting the oldest
+    /// finished ones past [`KEEP_FINISHED`].
+    fn register(
+        &self,
+        job_id: &str,
+        req: &ExecuteRequest,
+        background: bool,
+        cancel: CancellationToken,
+        mirror: Mirror,
+        done: watch::Receiver<Option<ExecuteResponse>>,
+    ) -> Result<(), ServiceError> {
+        let summary = JobSummary {
+            job_id: job_id.to_string(),
+            repo_id: req.repo_id.clone(),
+            runtime: req.runtime.clone(),
+            status: ExecStatus::Running,
+            background,
+            started_at_ms: now_ms(),
+            duration_ms: 0,
+            exit_code: None,
+            artifact_handle: None,
+            output_bytes: 0,
+        };
+        let mut jobs = self.jobs.lock().map_err(internal)?;
+        let finished: Vec<String> =
+            jobs.iter().filter(|(_, j)| j.done.borrow().is_some()).map(|(k, _)| k.clone()).collect();
+        for k in finished.iter().take(finished.len().saturating_sub(KEEP_FINISHED)) {
+            jobs.remove(k);
+        }
+        jobs.insert(job_id.to_string(), BackgroundJob { summary, cancel, mirror, done });
+        Ok(())
+    }
+
+    fn usage_tree(&self) -> Result<sled::Tree, ServiceError> {
+        self.sup.store.tree("usage").map_err(|e| ServiceError::Internal(e.to_string()))
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> ServiceError {
+    ServiceError::Internal(e.to_string())
+}
+
+fn to_request(req: &ExecuteRequest) -> sup::ExecuteRequest {
+    sup::ExecuteRequest {
+        repo_id: Some(req.repo_id.clone()),
+        runtime: req.runtime.clone(),
+        executable: req.executable.clone(),
+        args: req.args.clone().unwrap_or_default(),
+        code: req.code.clone().filter(|c| !c.is_empty()),
+        stdin: req.stdin.clone(),
+        relative_cwd: req.relative_cwd.clone(),
+        timeout_ms: req.timeout_ms,
+        env: req.env.clone().unwrap_or_default().into_iter().collect(),
+        persist_output: req.persist_output,
+        render: RenderOptions {
+            output_mode: match req.output_mode {
+                OutputMode::Minimal => crate::output::OutputMode::Minimal,
+                OutputMode::Summary => crate::output::OutputMode::Summary,
+                OutputMode::Intent => crate::output::OutputMode::Intent,
+                OutputMode::Digest => crate::output::OutputMode::Digest,
+            },
+            max_response_lines: req.max_response_lines,
+            query_terms: req.query_terms.clone().unwrap_or_default(),
+        },
+        ..sup::ExecuteRequest::default()
+    }
+}
+
+fn stream(s: StreamName) -> Stream {
+    match s {
+        StreamName::Stdout => Stream::Stdout,
+        StreamName::Stderr => Stream::Stderr,
+    }
+}
+
+fn to_response(r: &sup::ExecuteResponse) -> Result<ExecuteResponse, ServiceError> {
+    match (r.rejection, &r.error) {
+        (Some(Rejection::Invalid), Some(e)) => return Err(ServiceError::Invalid(e.clone())),
+        (Some(Rejection::Busy), Some(e)) => return Err(ServiceError::Busy(e.clone())),
+        _ => {}
+    }
+    let mut out = ExecuteResponse::bare(r.status.into());
+    out.job_id = Some(r.job_id.clone());
+    out.exit_code = r.exit_code;
+    out.signal = r.signal;
+    out.duration_ms = r.duration_ms;
+    out.queued_ms = r.queued_ms;
+    out.artifact_handle = r.artifact_handle.clone();
+    out.policy_decision = PolicyDecision {
+        allowed: r.policy_decision.allowed,
+        audit_hash: Some(r.policy_decision.audit_hash.clone()),
+        denied_reasons: r.policy_decision.denied_reasons.clone(),
+    };
+    out.error = r.error.clone();
+    if let Some(o) = &r.outcome {
+        out.backend = Some(o.backend.clone());
+        out.usage = serde_json::to_value(&o.usage).ok();
+        out.layers = serde_json::to_value(&o.layers).ok();
+        out.limits = serde_json::to_value(&o.limits).ok();
+    }
+    if let Some(v) = &r.output {
+        out.output_lines = Some(v.output_lines);
+        out.output_bytes = Some(v.output_bytes);
+        out.stdout_summary = v.stdout_summary.clone();
+        out.stderr_summary = v.stderr_summary.clone();
+        out.excerpts = v.excerpts.as_ref().map(|xs| {
+            xs.iter()
+                .map(|x| Excerpt {
+                    line_start: x.line_start,
+                    line_end: x.line_end,
+                    content: x.content.clone(),
+                    source: stream(x.source),
+                })
+                .collect()
+        });
+        out.truncation = v.truncation.as_ref().map(|t| Truncation {
+            stdout_truncated: t.stdout_truncated,
+            stderr_truncated: t.stderr_truncated,
+            total_stdout_bytes: t.total_stdout_bytes,
+            total_stderr_bytes: t.total_stderr_bytes,
+        });
+        out.digest = v.digest.as_ref().and_then(|d| serde_json::to_value(d).ok());
+        if let Some(sections) = &v.sections {
+            // Intent mode's ranked sections travel in `digest`'s place.
+            out.digest.get_or_insert(serde_json::json!({ "sections": sections }));
+        }
+    }
+    Ok(out)
+}
+
+/// Add `b`'s counters into `a`.
+fn merge(a: &mut UsageSnapshot, b: &UsageSnapshot) {
+    for (name, t) in &b.tools {
+        let e = a.tools.entry(name.clone()).or_default();
+        e.calls += t.calls;
+        e.errors += t.errors;
+        e.raw_output_bytes += t.raw_output_bytes;
+        e.returned_bytes += t.returned_bytes;
+    }
+    for (k, v) in &b.statuses {
+        *a.statuses.entry(k.clone()).or_default() += v;
+    }
+    a.since_ms = a.since_ms.min(b.since_ms);
+}
+
+#[async_trait]
+impl RuntimeService for SupervisorService {
+    async fn execute(&self, req: ExecuteRequest, ctl: ExecControl) -> Result<ExecuteResponse, ServiceError> {
+        req.validate()?;
+        let background = req.background == Some(true);
+        let mut sreq = to_request(&req);
+        if background {
+            let max = self.sup.config.runtime.background_max_ms;
+            sreq.timeout_ms = Some(sreq.timeout_ms.unwrap_or(max).min(max));
+        }
+        let job_id = format!("job-{}-{}", now_ms(), hex::encode(rand4()));
+        sreq.job_id = Some(job_id.clone());
+        // Background jobs answer to runtime_kill only; a call's own
+        // cancellation (or its client leaving) ends a foreground one.
+        let cancel = if background { CancellationToken::new() } else { ctl.cancel.clone() };
+        let mirror: Mirror = Arc::default();
+        let (tx, rx) = watch::channel(None);
+        self.register(&job_id, &req, background, cancel.clone(), mirror.clone(), rx)?;
+
+        let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel::<sup::Progress>();
+        let forward = ctl.progress.clone().filter(|_| !background).map(|sink| {
+            tokio::spawn(async move {
+                while let Some(p) = prx.recv().await {
+                    sink.update(Progress { elapsed_ms: p.elapsed_ms, bytes: p.bytes });
+                }
+            })
+        });
+        let token = cancel.clone();
+        let sctl = sup::ExecControl {
+            cancel: Some(Box::pin(async move { token.cancelled().await })),
+            progress: forward.as_ref().map(|_| ptx),
+            progress_every: Some(std::time::Duration::from_secs(1)),
+            mirror: Some(mirror),
+            ..sup::ExecControl::default()
+        };
+        let sup = self.sup.clone();
+        let run = async move {
+            let resp = sup.execute(sreq, sctl).await;
+            if let Some(f) = forward {
+                f.abort();
+            }
+            let mapped = to_response(&resp);
+            let _ = tx.send(Some(match &mapped {
+                Ok(r) => r.clone(),
+                Err(e) => {
+                    let mut r = ExecuteResponse::bare(ExecStatus::Failure);
+                    r.error = Some(e.one_line());
+                    r
+                }
+            }));
+            mapped
+        };
+        if background {
+            tokio::spawn(run);
+            let mut resp = ExecuteResponse::bare(ExecStatus::Running);
+            resp.job_id = Some(job_id);
+            resp.policy_decision.allowed = true;
+            return Ok(resp);
+        }
+        run.await
+    }
+
+    async fn query_output(&self, req: QueryOutputRequest) -> Result<QueryOutputResponse, ServiceError> {
+        req.validate()?;
+        let q = crate::output::query::QueryRequest {
+            artifact_handle: req.artifact_handle.clone(),
+            query_terms: req.query_terms.clone(),
+            context_lines: req.context_lines,
+            max_excerpts: req.max_excerpts,
+            stream: match req.stream.unwrap_or_default() {
+                StreamSelect::Stdout => crate::output::query::StreamSelect::Stdout,
+                StreamSelect::Stderr => crate::output::query::StreamSelect::Stderr,
+                StreamSelect::Both => crate::output::query::StreamSelect::Both,
+            },
+            line_start: req.line_range.map(|r| r[0]),
+            line_end: req.line_range.map(|r| r[1]),
+        };
+        let r = crate::output::query::query_output(&self.sup.artifacts, &q).map_err(|e| {
+            let msg = e.to_string();
+            if msg.contains("not found") {
+                ServiceError::NotFound(msg)
+            } else {
+                ServiceError::Invalid(msg)
+            }
+        })?;
+        Ok(QueryOutputResponse {
+            artifact_handle: r.artifact_handle,
+            excerpts: r
+                .excerpts
+                .into_iter()
+                .map(|x| Excerpt { line_start: x.line_start, line_end: x.line_end, content: x.content, source: stream(x.source) })
+                .collect(),
+            total_lines: r.total_lines,
+            total_bytes: r.total_bytes,
+            searched_streams: r.searched_streams.into_iter().map(stream).collect(),
+            more: r.more_excerpts,
+        })
+    }
+
+    async fn jobs(&self, req: JobsRequest) -> Result<JobsResponse, ServiceError> {
+        let mut jobs = self.jobs.lock().map_err(internal)?;
+        for job in jobs.values_mut() {
+            if let Some(done) = job.done.borrow().clone() {
+                job.summary.status = done.status;
+                job.summary.exit_code = done.exit_code;
+                job.summary.duration_ms = done.duration_ms;
+                job.summary.artifact_handle = done.artifact_handle.clone();
+            } else {
+                job.summary.duration_ms = now_ms().saturating_sub(job.summary.started_at_ms);
+            }
+            job.summary.output_bytes = job.mirror.lock().map(|m| m.len() as u64).unwrap_or(0);
+        }
+        let mut output = None;
+        if let Some(id) = &req.job_id {
+            let job = jobs.get(id).ok_or_else(|| ServiceError::NotFound(format!("job '{id}' not found (list jobs without a jobId)")))?;
+            let buf = job.mirror.lock().map_err(internal)?;
+            let offset = req.offset.unwrap_or(0).min(buf.len() as u64);
+            let slice = &buf[offset as usize..];
+            let text = String::from_utf8_lossy(slice).into_owned();
+            output = Some(JobOutput {
+                offset,
+                next_offset: buf.len() as u64,
+                text,
+                complete: job.summary.status != ExecStatus::Running,
+            });
+        }
+        let mut list: Vec<JobSummary> = jobs.values().map(|j| j.summary.clone()).collect();
+        list.sort_by_key(|j| std::cmp::Reverse(j.started_at_ms));
+        Ok(JobsResponse { jobs: list, output })
+    }
+
+    async fn kill(&self, job_id: &str) -> Result<ExecuteResponse, ServiceError> {
+        let mut done = {
+            let jobs = self.jobs.lock().map_err(internal)?;
+            let job = jobs
+                .get(job_id)
+                .ok_or_else(|| ServiceError::NotFound(format!("job '{job_id}' not found (list jobs with runtime_jobs)")))?;
+            job.cancel.cancel();
+            job.done.clone()
+        };
+        let ended = done.wait_for(|d| d.is_some()).await.map_err(internal)?;
+        let mut resp = ended.clone().ok_or_else(|| internal("the job ended without a response"))?;
+        // Ended by this call: say so ("cancelled" is for a caller's own cancellation).
+        if resp.status == ExecStatus::Cancelled {
+            resp.status = ExecStatus::Killed;
+        }
+        Ok(resp)
+    }
+
+    async fn info(&self, repo_id: Option<&str>) -> Result<Info, ServiceError> {
+        let host = crate::runtimes::toolchain::Host::from_env();
+        let runtimes = crate::runtimes::NAMES
+            .iter()
+            .map(|name| match crate::runtimes::lookup(name).and_then(|rt| crate::runtimes::toolchain::resolve(rt, None, true, &host)) {
+                Ok(r) => RuntimeInfo { name: name.to_string(), available: true, executable: Some(r.executable.display().to_string()), note: None },
+                Err(e) => RuntimeInfo { name: name.to_string(), available: false, executable: None, note: Some(e.to_string()) },
+            })
+            .collect();
+        let report = tokio::task::spawn_blocking(|| crate::doctor::diagnose(None)).await.map_err(internal)?;
+        let findings = report
+            .checks
+            .iter()
+            .map(|c| Finding {
+                level: if c.ok { "ok".into() } else if c.required { "error".into() } else { "warning".into() },
+                message: format!("{}: {}", c.name, c.detail),
+            })
+            .collect();
+        let cfg = &self.sup.config;
+        let repo = repo_id.map(|id| {
+            let found = cfg.repo(id).ok();
+            RepoInfo {
+                repo_id: id.to_string(),
+                known: found.is_some(),
+                writable: found.is_some() && cfg.sandbox.workspace_rw,
+            }
+        });
+        Ok(Info {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            backend: "linux".into(),
+            runtime_enabled: cfg.runtime.enabled,
+            runtimes,
+            layers: serde_json::json!({
+                "fullIsolation": report.full_isolation,
+                "namespaces": ["user", "mount", "pid", "net", "ipc", "uts", "cgroup"],
+                "landlockAbi": crate::sandbox::linux::landlock::kernel_abi(),
+                "seccomp": self.sup.seccomp.as_ref().map(|p| p.name.clone()),
+                "capsDropped": true,
+                "noNewPrivs": true,
+            }),
+            findings,
+            limits: InfoLimits {
+                min_timeout_ms: 100,
+                max_timeout_ms: cfg.limits.max_timeout_ms,
+                default_timeout_ms: cfg.limits.timeout_ms,
+                max_concurrent_jobs: cfg.max_concurrent_jobs() as u32,
+                max_output_bytes: cfg.limits.max_output_bytes,
+                max_response_lines: 1000,
+                max_query_terms: 10,
+                max_code_bytes: cfg.limits.max_code_bytes,
+                env_allowlist: cfg.sandbox.env_allowlist.clone(),
+            },
+            policy_digest: Some(self.sup.policy_digest().to_string()),
+            repo,
+        })
+    }
+
+    async fn usage_history(&self, req: &UsageStatsRequest) -> Result<Option<UsageSnapshot>, ServiceError> {
+        let tree = self.usage_tree()?;
+        let mut total = summarise(now_ms(), BTreeMap::new(), BTreeMap::new());
+        for item in tree.iter() {
+            let (_, v) = item.map_err(internal)?;
+            let snap: UsageSnapshot = serde_json::from_slice(&v).map_err(internal)?;
+            if req.since_ms.is_some_and(|s| snap.since_ms < s) {
+                continue;
+            }
+            merge(&mut total, &snap);
+        }
+        Ok(Some(summarise(total.since_ms, total.tools, total.statuses)))
+    }
+
+    async fn record_usage(&self, session: &UsageSnapshot) -> Result<(), ServiceError> {
+        let tree = self.usage_tree()?;
+        let value = serde_json::to_vec(session).map_err(internal)?;
+        tree.insert(self.started_ms.to_be_bytes(), value).map_err(internal)?;
+        self.sup.store.flush().map_err(internal)
+    }
+
+    async fn shutdown(&self) {
+        let pending: Vec<watch::Receiver<Option<ExecuteResponse>>> = match self.jobs.lock() {
+            Ok(jobs) => jobs
+                .values()
+                .map(|j| {
+                    j.cancel.cancel();
+                    j.done.clone()
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for mut done in pending {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), done.wait_for(|d| d.is_some())).await;
+        }
+        let _ = self.sup.store.flush();
+    }
+}
+
+fn rand4() -> [u8; 4] {
+    let mut b = [0u8; 4];
+    // SAFETY: b is a valid writable buffer of the length passed.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    b
+}

@@ -1,0 +1,128 @@
+//! [`ConfineServer`]: the rmcp server handler. It owns the tool routers,
+//! the session usage counters, and the translation of service results
+//! into MCP results (structured content, tool errors); it holds no sandbox
+//! logic and decides nothing about what may run.
+//!
+//! Tool groups live in their own files and are summed into one router:
+//! `tools.rs` (runtime_*, info, usage_stats). The memory and feedback tools
+//! of a later issue (memory_store, memory_query, memory_remove,
+//! memory_surface, agent_feedback, agent_feedback_query) go into a
+//! `memory_tools.rs` with `#[tool_router(router = memory_tools)]`, added to
+//! the sum in [`ConfineServer::new`].
+
+use super::service::{RuntimeService, ServiceError};
+use super::usage::{CallRecord, SessionUsage};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, JsonObject, ServerCapabilities, ServerConfig};
+use rmcp::{tool_handler, ServerHandler};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a client reads at `initialize`: how to use the tools well.
+const INSTRUCTIONS: &str = "confine runs untrusted code in a hardened sandbox \
+(no network by default, read-only system, scrubbed environment, hard timeouts) under a policy that is \
+evaluated and audited on every call. Start with `info` to see the runtimes, limits and env allowlist. \
+Run code with `runtime_execute` in outputMode 'minimal' (the default): it returns status, exit code \
+and an artifactHandle but no output text; then read only what you need with `runtime_query_output` \
+(queryTerms such as ['error', 'FAIL']). Long jobs: background: true, then `runtime_jobs` and \
+`runtime_kill`. `usage_stats` shows how many bytes the minimal+query pattern saved.";
+
+/// The MCP server: a thin adapter over a [`RuntimeService`].
+#[derive(Clone)]
+pub struct ConfineServer {
+    pub(crate) service: Arc<dyn RuntimeService>,
+    pub(crate) usage: Arc<SessionUsage>,
+    pub(crate) progress_interval: Duration,
+    tool_router: ToolRouter<ConfineServer>,
+}
+
+impl ConfineServer {
+    pub fn new(service: Arc<dyn RuntimeService>) -> Self {
+        ConfineServer {
+            service,
+            usage: Arc::new(SessionUsage::default()),
+            progress_interval: super::progress::PROGRESS_INTERVAL,
+            // Later issue: `+ Self::memory_tools()` (memory and feedback tools).
+            tool_router: Self::runtime_tools() + Self::diagnostic_tools(),
+        }
+    }
+
+    /// The service behind the tools (to shut it down after the transports).
+    pub fn service(&self) -> &Arc<dyn RuntimeService> {
+        &self.service
+    }
+
+    /// This server's usage counters.
+    pub fn usage(&self) -> &SessionUsage {
+        &self.usage
+    }
+
+    /// Every tool with its schemas (what `tools/list` returns).
+    pub fn tools(&self) -> Vec<rmcp::model::Tool> {
+        self.tool_router.list_all()
+    }
+
+    /// A successful (or, with `is_error`, refused) result carrying `value`
+    /// as structured content, counted in the usage stats.
+    pub(crate) fn structured<T: Serialize>(&self, tool: &str, value: &T, call: CallOutcome<'_>) -> CallToolResult {
+        match serde_json::to_value(value) {
+            Ok(v) => {
+                let mut result = CallToolResult::structured(v);
+                result.is_error = Some(call.is_error);
+                self.count(tool, result, call)
+            }
+            Err(e) => self.error(tool, &ServiceError::Internal(format!("cannot encode the result: {e}"))),
+        }
+    }
+
+    /// A tool error: one line, `status: message`, no structured content
+    /// (so clients that validate outputSchema accept it).
+    pub(crate) fn error(&self, tool: &str, e: &ServiceError) -> CallToolResult {
+        tracing::debug!(tool, error = %e, "tool error");
+        let result = CallToolResult::error(vec![ContentBlock::text(e.one_line())]);
+        self.count(tool, result, CallOutcome { is_error: true, raw_output_bytes: 0, status: Some(e.status()) })
+    }
+
+    fn count(&self, tool: &str, result: CallToolResult, call: CallOutcome<'_>) -> CallToolResult {
+        let returned_bytes = serde_json::to_vec(&result).map(|v| v.len() as u64).unwrap_or(0);
+        let status = if tool == "runtime_execute" { call.status } else { None };
+        self.usage.record(CallRecord {
+            tool,
+            is_error: call.is_error,
+            raw_output_bytes: call.raw_output_bytes,
+            returned_bytes,
+            status,
+        });
+        result
+    }
+}
+
+/// How a call went, for the result flags and the usage counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CallOutcome<'a> {
+    pub is_error: bool,
+    pub raw_output_bytes: u64,
+    pub status: Option<&'a str>,
+}
+
+/// Tool arguments into a request type; a mismatch is an `invalid` tool
+/// error naming the field, never a protocol error (MCP wants input
+/// validation failures reported as tool results the model can read).
+pub(crate) fn parse_args<T: DeserializeOwned>(args: JsonObject) -> Result<T, ServiceError> {
+    serde_json::from_value(serde_json::Value::Object(args)).map_err(|e| ServiceError::Invalid(e.to_string()))
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for ConfineServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("confine", env!("CARGO_PKG_VERSION"))
+                    .with_title("confine sandbox supervisor")
+                    .with_description("Governed, sandboxed code execution for agents"),
+            )
+            .with_instructions(INSTRUCTIONS)
+    }
+}

@@ -1,0 +1,217 @@
+//! The tool handlers: runtime_execute, runtime_query_output, runtime_jobs,
+//! runtime_kill (the runtime router) and info, usage_stats (the diagnostic
+//! router). Each one parses and checks its arguments, calls the service,
+//! and shapes the result; none of them decides anything about a job.
+
+use super::progress::spawn_reporter;
+use super::server::{parse_args, CallOutcome, ConfineServer};
+use super::service::{ExecControl, ProgressSink, ServiceError};
+use super::types::*;
+use super::usage::{UsageScope, UsageStatsRequest, UsageStatsResponse};
+use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input};
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::model::{CallToolResult, JsonObject};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, RoleServer};
+use schemars::JsonSchema;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a service may take to stop after a cancellation before the
+/// call is dropped anyway (dropping it must kill the job: see the trait).
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+/// Input schema of a request type. Schema generation can only fail for a
+/// type whose root is not an object, which the tests rule out; an empty
+/// schema (and a log line) beats a panic in a server.
+fn input<T: JsonSchema + 'static>() -> Arc<JsonObject> {
+    schema_for_input::<T>().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "invalid input schema");
+        schema_for_empty_input()
+    })
+}
+
+#[tool_router(router = runtime_tools, vis = "pub(crate)")]
+impl ConfineServer {
+    #[tool(
+        name = "runtime_execute",
+        description = "Run code or a command in a hardened sandbox (no network, read-only system, scrubbed env, \
+hard timeout with process-tree kill) inside workspace repoId, under policy and audit. Give either `code` (inline \
+source for `runtime`) or `args` (arguments for the runtime's executable), not both. The default outputMode \
+'minimal' returns status, exitCode and an artifactHandle but no output text: check them, then read only what you \
+need with runtime_query_output. 'summary' adds head+tail of stdout and tail of stderr, 'intent' only the lines \
+matching queryTerms, 'digest' deduplicated error/warning lines. background: true returns a jobId at once \
+(follow with runtime_jobs, stop with runtime_kill). status: success|failure|timeout|oom|killed|cancelled|denied; \
+a denial is a tool error that still carries policyDecision.deniedReasons. Bad arguments are tool errors \
+'invalid: <reason>'.",
+        input_schema = input::<ExecuteRequest>(),
+        output_schema = schema_for_output::<ExecuteResponse>(),
+        annotations(read_only_hint = false, destructive_hint = true, open_world_hint = false)
+    )]
+    async fn runtime_execute(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
+        const TOOL: &str = "runtime_execute";
+        let req = match parse_args::<ExecuteRequest>(args).and_then(|r| r.validate().map(|()| r)) {
+            Ok(r) => r,
+            Err(e) => return self.error(TOOL, &e),
+        };
+        let (sink, latest) = ProgressSink::channel();
+        let _reporter = ctx
+            .meta
+            .get_progress_token()
+            .map(|token| spawn_reporter(ctx.peer.clone(), token, latest, self.progress_interval));
+        let ctl = ExecControl { cancel: ctx.ct.clone(), progress: Some(sink) };
+        let call = self.service.execute(req, ctl);
+        let grace_over = async {
+            ctx.ct.cancelled().await;
+            tokio::time::sleep(CANCEL_GRACE).await;
+        };
+        let result = tokio::select! {
+            r = call => r,
+            () = grace_over => Err(ServiceError::Cancelled(
+                "the job did not stop within 5 s of the cancellation; the call was dropped".into(),
+            )),
+        };
+        match result {
+            Ok(resp) => {
+                let refused = resp.status == ExecStatus::Denied || resp.error.is_some();
+                let raw = resp.output_bytes.unwrap_or(0);
+                let outcome =
+                    CallOutcome { is_error: refused, raw_output_bytes: raw, status: Some(resp.status.as_str()) };
+                self.structured(TOOL, &resp, outcome)
+            }
+            Err(e) => self.error(TOOL, &e),
+        }
+    }
+
+    #[tool(
+        name = "runtime_query_output",
+        description = "Search the stored output of an earlier runtime_execute (its artifactHandle): returns the \
+line windows matching any of queryTerms (case-insensitive) with contextLines of context, or the lines of \
+lineRange [start, end]. Use it after a 'minimal' execute to read only what matters, e.g. queryTerms \
+['error', 'FAIL', 'Traceback']. stream: stdout, stderr or both.",
+        input_schema = input::<QueryOutputRequest>(),
+        output_schema = schema_for_output::<QueryOutputResponse>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn runtime_query_output(&self, args: JsonObject) -> CallToolResult {
+        const TOOL: &str = "runtime_query_output";
+        let req = match parse_args::<QueryOutputRequest>(args).and_then(|r| r.validate().map(|()| r)) {
+            Ok(r) => r,
+            Err(e) => return self.error(TOOL, &e),
+        };
+        match self.service.query_output(req).await {
+            Ok(resp) => self.structured(TOOL, &resp, CallOutcome::default()),
+            Err(e) => self.error(TOOL, &e),
+        }
+    }
+
+    #[tool(
+        name = "runtime_jobs",
+        description = "List recent jobs, newest first, with status, duration and artifactHandle. With jobId: that \
+job, and its stdout from byte `offset`; pass the returned output.nextOffset as the next offset to follow a \
+background job until output.complete is true.",
+        input_schema = input::<JobsRequest>(),
+        output_schema = schema_for_output::<JobsResponse>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn runtime_jobs(&self, args: JsonObject) -> CallToolResult {
+        const TOOL: &str = "runtime_jobs";
+        let req = match parse_args::<JobsRequest>(args) {
+            Ok(r) => r,
+            Err(e) => return self.error(TOOL, &e),
+        };
+        match self.service.jobs(req).await {
+            Ok(resp) => self.structured(TOOL, &resp, CallOutcome::default()),
+            Err(e) => self.error(TOOL, &e),
+        }
+    }
+
+    #[tool(
+        name = "runtime_kill",
+        description = "Stop a running job by jobId (from a background runtime_execute or runtime_jobs): its whole \
+process tree is killed. Returns the final outcome: status killed, or the status it had already ended with.",
+        input_schema = input::<KillRequest>(),
+        output_schema = schema_for_output::<ExecuteResponse>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn runtime_kill(&self, args: JsonObject) -> CallToolResult {
+        const TOOL: &str = "runtime_kill";
+        let req = match parse_args::<KillRequest>(args) {
+            Ok(r) if !r.job_id.trim().is_empty() => r,
+            Ok(_) => return self.error(TOOL, &ServiceError::Invalid("jobId must not be empty".into())),
+            Err(e) => return self.error(TOOL, &e),
+        };
+        match self.service.kill(&req.job_id).await {
+            Ok(resp) => self.structured(
+                TOOL,
+                &resp,
+                CallOutcome { status: Some(resp.status.as_str()), ..CallOutcome::default() },
+            ),
+            Err(e) => self.error(TOOL, &e),
+        }
+    }
+}
+
+#[tool_router(router = diagnostic_tools, vis = "pub(crate)")]
+impl ConfineServer {
+    #[tool(
+        name = "info",
+        description = "What this confine server offers: version, isolation backend and the layers it enforces, \
+the runtimes available here, limits (timeoutMs range, output caps, env allowlist), the policy digest, and \
+warnings. Call it first to learn which runtimes and env keys you may use; repoId adds what is known of that \
+workspace.",
+        input_schema = input::<InfoRequest>(),
+        output_schema = schema_for_output::<Info>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn info(&self, args: JsonObject) -> CallToolResult {
+        const TOOL: &str = "info";
+        let req = match parse_args::<InfoRequest>(args) {
+            Ok(r) => r,
+            Err(e) => return self.error(TOOL, &e),
+        };
+        match self.service.info(req.repo_id.as_deref()).await {
+            Ok(resp) => self.structured(TOOL, &resp, CallOutcome::default()),
+            Err(e) => self.error(TOOL, &e),
+        }
+    }
+
+    #[tool(
+        name = "usage_stats",
+        description = "Token economy of this server: per-tool call counts, raw output bytes the jobs produced, \
+bytes actually returned to the client, and the saving ratio (1 - returned/raw). scope: session (since this \
+server started), history (recorded by earlier sessions, when a store is configured) or both. persist: true \
+records this session's counters in the history now.",
+        input_schema = input::<UsageStatsRequest>(),
+        output_schema = schema_for_output::<UsageStatsResponse>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn usage_stats(&self, args: JsonObject) -> CallToolResult {
+        const TOOL: &str = "usage_stats";
+        let req = match parse_args::<UsageStatsRequest>(args) {
+            Ok(r) => r,
+            Err(e) => return self.error(TOOL, &e),
+        };
+        let session = self.usage.snapshot();
+        let mut resp = UsageStatsResponse { scope: req.scope, ..UsageStatsResponse::default() };
+        if req.persist == Some(true) {
+            match self.service.record_usage(&session).await {
+                Ok(()) => resp.persisted = true,
+                Err(e) => return self.error(TOOL, &e),
+            }
+        }
+        if req.scope != UsageScope::Session {
+            match self.service.usage_history(&req).await {
+                Ok(history) => {
+                    resp.history_available = history.is_some();
+                    resp.history = history;
+                }
+                Err(e) => return self.error(TOOL, &e),
+            }
+        }
+        if req.scope != UsageScope::History {
+            resp.session = Some(session);
+        }
+        self.structured(TOOL, &resp, CallOutcome::default())
+    }
+}

@@ -1,0 +1,76 @@
+//! `info`'s arguments and result: what the host and configuration offer.
+
+use super::*;
+use serde_json::Value;
+
+/// Arguments of `info`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InfoRequest {
+    /// Also report on this workspace.
+    #[serde(default)]
+    pub repo_id: Option<String>,
+}
+
+/// One runtime of the table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeInfo {
+    pub name: String,
+    pub available: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executable: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A doctor finding: `ok`, `warning` or `error`, and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Finding {
+    pub level: String,
+    pub message: String,
+}
+
+/// Limits a caller must stay within.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InfoLimits {
+    pub min_timeout_ms: u64,
+    pub max_timeout_ms: u64,
+    pub default_timeout_ms: u64,
+    pub max_concurrent_jobs: u32,
+    pub max_output_bytes: u64,
+    pub max_response_lines: u32,
+    pub max_query_terms: u32,
+    pub max_code_bytes: u64,
+    pub env_allowlist: Vec<String>,
+}
+
+/// What `info` knows of one workspace (never its host path).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepoInfo {
+    pub repo_id: String,
+    pub known: bool,
+    pub writable: bool,
+}
+
+/// Result of `info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Info {
+    pub version: String,
+    pub backend: String,
+    /// runtime.enabled in confine.toml; when false every runtime_execute is denied.
+    pub runtime_enabled: bool,
+    pub runtimes: Vec<RuntimeInfo>,
+    /// Isolation layers this host can enforce (the doctor report).
+    pub layers: Value,
+    pub findings: Vec<Finding>,
+    pub limits: InfoLimits,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<RepoInfo>,
+}

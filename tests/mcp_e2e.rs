@@ -1,0 +1,348 @@
+//! `confine serve` end to end, with clients nobody here wrote: the official
+//! MCP Python SDK (pinned, in target/mcp-venv, created on first use) over
+//! stdio and streamable HTTP, both protocol generations; raw HTTP requests
+//! for the guard (401, 403, 413); signals; and, when npx works, the MCP
+//! Inspector CLI.
+//!
+//! Without Python or PyPI the SDK tests print `SKIP: <why>` and pass,
+//! unless CONFINE_REQUIRE_ISOLATION=1, where a skip is a failure.
+//! Runs against whatever `crate::mcp::default_service` returns.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The MCP Python SDK release the scenarios are written against.
+const MCP_PIN: &str = "2.3.0";
+const INSPECTOR: &str = "@modelcontextprotocol/inspector@0.15";
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_confine")
+}
+
+fn scenarios() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client/scenarios.py")
+}
+
+fn venv_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("mcp-venv")
+}
+
+fn skip(reason: &str) {
+    if std::env::var("CONFINE_REQUIRE_ISOLATION").as_deref() == Ok("1") {
+        panic!("{reason} (a skip is a failure with CONFINE_REQUIRE_ISOLATION=1)");
+    }
+    eprintln!("SKIP: {reason}");
+}
+
+/// A command's status and output, killed after `limit`.
+struct Ran {
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+}
+
+fn run_for(cmd: &mut Command, limit: Duration) -> Result<Ran, String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let status = wait_for(&mut child, limit);
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    Ok(Ran { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() })
+}
+
+fn wait_for(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+fn mcp_version(python: &Path) -> Option<String> {
+    let out = Command::new(python)
+        .args(["-c", "import importlib.metadata as m, mcp; print(m.version('mcp'))"])
+        .output()
+        .ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// target/mcp-venv with mcp==MCP_PIN, created if missing. Serialised with a
+/// file lock: test runners that use one process per test would otherwise
+/// race two pip installs into one venv.
+fn setup_venv() -> Result<PathBuf, String> {
+    let dir = venv_dir();
+    let python = dir.join("bin/python");
+    let lock_path = dir.with_extension("lock");
+    let lock = std::fs::File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    // SAFETY: flock on a descriptor we own; released when `lock` is closed.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
+    if locked != 0 {
+        return Err(format!("cannot lock {}", lock_path.display()));
+    }
+    if mcp_version(&python).as_deref() == Some(MCP_PIN) {
+        return Ok(python);
+    }
+    let step = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let ran = run_for(cmd, Duration::from_secs(600))?;
+        match ran.status {
+            Some(s) if s.success() => Ok(()),
+            _ => Err(format!("{what} failed: {}", ran.stderr.lines().last().unwrap_or("timed out"))),
+        }
+    };
+    step(Command::new("python3").args(["-m", "venv"]).arg(&dir), "python3 -m venv")?;
+    step(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "--quiet"])
+            .arg(format!("mcp=={MCP_PIN}")),
+        &format!("pip install mcp=={MCP_PIN}"),
+    )?;
+    match mcp_version(&python) {
+        Some(v) if v == MCP_PIN => Ok(python),
+        other => Err(format!("mcp {MCP_PIN} is not importable after pip install (found {other:?})")),
+    }
+}
+
+fn python() -> Option<PathBuf> {
+    static VENV: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match VENV.get_or_init(setup_venv) {
+        Ok(p) => Some(p.clone()),
+        Err(e) => {
+            skip(&format!("MCP Python SDK unavailable: {e}"));
+            None
+        }
+    }
+}
+
+fn run_scenarios(python: &Path, args: &[&str]) {
+    let ran = run_for(Command::new(python).arg(scenarios()).args(args), Duration::from_secs(180)).unwrap();
+    eprintln!("scenarios {args:?}:\n{}", ran.stdout);
+    assert!(
+        ran.status.is_some_and(|s| s.success()),
+        "scenarios {args:?} failed ({:?}):\n{}\n{}",
+        ran.status,
+        ran.stdout,
+        ran.stderr
+    );
+    assert_eq!(ran.stdout.lines().filter(|l| l.starts_with("ok ")).count(), 6, "{}", ran.stdout);
+}
+
+/// A config with execution enabled, repos `demo` and `d`, and its own store,
+/// so servers never share (or pollute) a real store. Kept alive by the TempDir.
+fn test_config() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for p in [dir.path(), repo.as_path()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let config = dir.path().join("confine.toml");
+    let text = format!(
+        "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n\n\
+         [[repos]]\nid = \"d\"\nroot = \"{}\"\n",
+        dir.path().join("store").display(),
+        repo.display(),
+        repo.display()
+    );
+    std::fs::write(&config, text).unwrap();
+    (dir, config)
+}
+
+/// `confine serve --http 127.0.0.1:0`, killed on drop.
+struct HttpServer {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+    _config: tempfile::TempDir,
+}
+
+impl HttpServer {
+    fn start(token: Option<&str>) -> HttpServer {
+        let (dir, config) = test_config();
+        let mut cmd = Command::new(exe());
+        cmd.arg("--config").arg(&config).args(["serve", "--http", "127.0.0.1:0"]).env_remove("CONFINE_TOKEN").env("CONFINE_LOG", "info");
+        if let Some(t) = token {
+            cmd.env("CONFINE_TOKEN", t);
+        }
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                // "confine: serving MCP over streamable HTTP at http://ADDR/mcp …"
+                if let Some(rest) = line.split("streamable HTTP at http://").nth(1) {
+                    let _ = tx.send(rest.split("/mcp").next().unwrap_or_default().to_string());
+                }
+                log2.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(30)).expect("server did not print its address");
+        HttpServer { child, addr: addr.parse().unwrap(), log, _config: dir }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+
+/// Status line and headers of a raw HTTP/1.1 POST to /mcp.
+fn post(addr: SocketAddr, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = String::from("POST /mcp HTTP/1.1\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-length")) {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n");
+    req.push_str("Connection: close\r\n\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut head = String::new();
+    let mut reader = BufReader::new(s);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, head)
+}
+
+#[test]
+fn python_sdk_over_stdio() {
+    let Some(py) = python() else { return };
+    let (_dir, config) = test_config();
+    for mode in ["auto", "legacy"] {
+        run_scenarios(&py, &["stdio", exe(), "--mode", mode, "--config", config.to_str().unwrap()]);
+    }
+}
+
+#[test]
+fn python_sdk_over_http() {
+    let Some(py) = python() else { return };
+    let server = HttpServer::start(Some("e2e-token"));
+    for mode in ["auto", "legacy"] {
+        run_scenarios(&py, &["http", &server.url(), "--token", "e2e-token", "--mode", mode]);
+    }
+    eprintln!("server log:\n{}", server.log.lock().unwrap());
+}
+
+#[test]
+fn http_guard_answers_401_403_413() {
+    let server = HttpServer::start(Some("s3cret"));
+    let a = server.addr;
+    let auth = ("Authorization", "Bearer s3cret");
+    let (status, head) = post(a, &[], INITIALIZE);
+    assert_eq!(status, 401, "{head}");
+    assert!(head.to_ascii_lowercase().contains("www-authenticate: bearer"), "{head}");
+    assert_eq!(post(a, &[("Authorization", "Bearer nope")], INITIALIZE).0, 401);
+    assert_eq!(post(a, &[auth, ("Origin", "http://evil.example")], INITIALIZE).0, 403);
+    assert_eq!(post(a, &[auth, ("Host", "rebound.evil.example")], INITIALIZE).0, 403);
+    assert_eq!(post(a, &[auth, ("Content-Length", "5242880")], "").0, 413);
+    let (status, head) = post(a, &[auth, ("Origin", "http://localhost:6274")], INITIALIZE);
+    assert_eq!(status, 200, "{head}\n{}", server.log.lock().unwrap());
+
+    // Loopback without a configured token: no token needed, Origin still checked.
+    let open = HttpServer::start(None);
+    assert_eq!(post(open.addr, &[], INITIALIZE).0, 200);
+    assert_eq!(post(open.addr, &[("Origin", "https://evil.example")], INITIALIZE).0, 403);
+}
+
+#[test]
+fn non_loopback_bind_requires_a_token() {
+    let (_dir, config) = test_config();
+    let ran = run_for(
+        Command::new(exe()).arg("--config").arg(&config).args(["serve", "--http", "0.0.0.0:0"]).env_remove("CONFINE_TOKEN"),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(ran.status.and_then(|s| s.code()), Some(125), "{}", ran.stderr);
+    assert!(ran.stderr.contains("requires a bearer token"), "{}", ran.stderr);
+}
+
+#[test]
+fn sigterm_stops_both_transports() {
+    let (_dir, config) = test_config();
+    let mut stdio = Command::new(exe())
+        .arg("--config")
+        .arg(&config)
+        .arg("serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut http = HttpServer::start(None);
+    std::thread::sleep(Duration::from_millis(300));
+    for child in [&mut stdio, &mut http.child] {
+        let pid = child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let status = wait_for(child, Duration::from_secs(15));
+        let _ = child.kill();
+        assert!(status.is_some_and(|s| s.success()), "pid {pid} did not stop cleanly: {status:?}");
+    }
+}
+
+#[test]
+fn inspector_cli_lists_tools() {
+    let mut cmd = Command::new("npx");
+    cmd.args(["-y", INSPECTOR, "--cli", exe(), "serve", "--method", "tools/list"]);
+    let ran = match run_for(&mut cmd, Duration::from_secs(240)) {
+        Ok(r) => r,
+        Err(e) => return eprintln!("SKIP: MCP Inspector: {e}"),
+    };
+    if !ran.status.is_some_and(|s| s.success()) {
+        let why = ran.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("timed out");
+        return eprintln!("SKIP: MCP Inspector ({INSPECTOR}) did not run: {why}");
+    }
+    let listed: serde_json::Value = serde_json::from_str(&ran.stdout).expect("inspector printed JSON");
+    let mut names: Vec<&str> = listed["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["info", "runtime_execute", "runtime_jobs", "runtime_kill", "runtime_query_output", "usage_stats"]
+    );
+}
