@@ -26,6 +26,15 @@ pub struct Bind {
     pub writable: bool,
 }
 
+/// A file written into the sandbox before the job starts (the source of
+/// code mode). Its path must be under /tmp, the job's private tmpfs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobFile {
+    pub path: PathBuf,
+    pub contents: String,
+}
+
 /// Resource limits. `None` means "not limited by confine".
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -62,6 +71,9 @@ pub struct JobSpec {
     /// Extra binds (toolchains and the like).
     #[serde(default)]
     pub binds: Vec<Bind>,
+    /// Files written into the sandbox's /tmp before the job starts.
+    #[serde(default)]
+    pub files: Vec<JobFile>,
     pub limits: Limits,
     /// Run even when a layer can't be applied; the outcome names what is missing.
     pub allow_degraded: bool,
@@ -78,6 +90,7 @@ impl JobSpec {
             network: Network::None,
             hostname: "confine".into(),
             binds: Vec::new(),
+            files: Vec::new(),
             limits: Limits { tmp_size_bytes: DEFAULT_TMP_SIZE, ..Limits::default() },
             allow_degraded: false,
         }

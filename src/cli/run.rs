@@ -6,6 +6,7 @@ use crate::job::{Bind, JobSpec, Network, Outcome};
 use crate::sandbox::{SandboxError, StdioSpec};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum NetArg {
@@ -17,6 +18,7 @@ pub enum NetArg {
 
 #[derive(Debug, Args)]
 #[command(after_help = "Exit status: the command's own; 128+N when killed by signal N; \
+124 when --timeout or --cpu-time ended it; 137 when the memory limit's OOM killer did; \
 125 when confine failed; 126 when the command can't be executed; 127 when it is not found.")]
 pub struct RunArgs {
     /// Host directory mounted at /workspace (read-only unless --rw).
@@ -50,6 +52,35 @@ pub struct RunArgs {
     /// Run even when an isolation layer can't be applied; the outcome names it.
     #[arg(long)]
     pub allow_degraded: bool,
+    /// seccomp profile in OCI/Docker JSON format (default: the embedded seccomp/default.json)
+    #[arg(long, value_name = "FILE")]
+    pub seccomp: Option<PathBuf>,
+    /// Memory limit of the whole job (cgroup; no swap), e.g. 256M or 1G.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    pub memory: Option<u64>,
+    /// CPU quota in cores (cgroup CPU bandwidth), e.g. 0.5.
+    #[arg(long, value_name = "CORES", value_parser = parse_cpus)]
+    pub cpus: Option<f64>,
+    /// Most processes and threads the job may have at once (cgroup pids.max).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub pids: Option<u64>,
+    /// Wall-clock limit, e.g. 30s, 500ms or 2m: SIGTERM, then the whole tree
+    /// is killed after --kill-grace; exit status 124.
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub timeout: Option<Duration>,
+    /// CPU-time limit of the whole tree (all cores together), e.g. 20s; exit status 124.
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub cpu_time: Option<Duration>,
+    /// Size cap of the private /tmp and /dev/shm [default: 64M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_tmp_size)]
+    pub tmp_size: Option<u64>,
+    /// Time between SIGTERM and the tree kill, on timeout or when confine itself is stopped.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
+    pub kill_grace: Duration,
+    /// Parent of the job cgroups (`<CGROUP>/confine/<job-id>`), as a cgroup path
+    /// such as /confine.slice [default: confine's own cgroup].
+    #[arg(long, value_name = "CGROUP")]
+    pub cgroup_parent: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -91,6 +122,14 @@ pub fn job_spec(args: &RunArgs) -> Result<JobSpec, SandboxError> {
     };
     spec.hostname = args.hostname.clone();
     spec.allow_degraded = args.allow_degraded;
+    spec.limits.memory_bytes = args.memory;
+    spec.limits.cpus = args.cpus;
+    spec.limits.pids = args.pids;
+    spec.limits.timeout_ms = args.timeout.map(|d| d.as_millis() as u64);
+    spec.limits.cpu_time_ms = args.cpu_time.map(|d| d.as_millis() as u64);
+    if let Some(size) = args.tmp_size {
+        spec.limits.tmp_size_bytes = size;
+    }
     for b in &args.ro_bind {
         spec.binds.push(parse_bind(b, false)?);
     }
@@ -114,6 +153,9 @@ pub fn main(args: RunArgs) -> i32 {
             if let Some(err) = &o.error {
                 eprintln!("confine: {err}");
             }
+            if let Some(msg) = limit_message(o) {
+                eprintln!("confine: {msg}");
+            }
             o.cli_exit_code()
         }
         Err(e) => {
@@ -135,25 +177,198 @@ pub fn main(args: RunArgs) -> i32 {
 async fn run(args: &RunArgs) -> Result<Outcome, SandboxError> {
     use tokio::signal::unix::{signal, SignalKind};
     let spec = job_spec(args)?;
-    let job = crate::sandbox::linux::spawn(&spec, StdioSpec::inherit(), None).await?;
+    // Compiled once, before the job: a profile that does not compile exactly
+    // as written stops the run (exit 125) rather than weakening the filter.
+    let profile = match &args.seccomp {
+        Some(path) => crate::sandbox::linux::seccomp::compile_file(path),
+        None => crate::sandbox::linux::seccomp::compile_default(),
+    }?;
+    use nix::sys::signal::Signal;
+    if let Some(parent) = &args.cgroup_parent {
+        let config = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
+        let _ = crate::sandbox::linux::cgroup::configure(config);
+    }
+    // Before the job starts: a stop request must never kill confine itself
+    // and leave the job to the parent-death signal alone.
     let mut term = signal(SignalKind::terminate()).map_err(SandboxError::Spawn)?;
     let mut int = signal(SignalKind::interrupt()).map_err(SandboxError::Spawn)?;
     let mut hup = signal(SignalKind::hangup()).map_err(SandboxError::Spawn)?;
-    let pid = job.pid();
-    let forward = move |sig: nix::sys::signal::Signal| {
-        if let Some(pid) = pid {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+    let job = crate::sandbox::linux::spawn(&spec, StdioSpec::inherit(), Some((&profile.name, &profile.fd))).await?;
+    // Stopping confine cancels the job: the signal is forwarded, and the
+    // tree is killed after the grace period.
+    let cancel = async move {
+        tokio::select! {
+            _ = term.recv() => Signal::SIGTERM,
+            _ = int.recv() => Signal::SIGINT,
+            _ = hup.recv() => Signal::SIGHUP,
         }
     };
-    let wait = job.wait();
-    tokio::pin!(wait);
-    loop {
-        tokio::select! {
-            outcome = &mut wait => return Ok(outcome),
-            _ = term.recv() => forward(nix::sys::signal::Signal::SIGTERM),
-            _ = int.recv() => forward(nix::sys::signal::Signal::SIGINT),
-            _ = hup.recv() => forward(nix::sys::signal::Signal::SIGHUP),
+    Ok(job.supervise(args.kill_grace, cancel).await)
+}
+
+/// The one line that explains an exit status of 124 or 137.
+fn limit_message(o: &Outcome) -> Option<String> {
+    use crate::job::Status;
+    let l = &o.limits;
+    match o.status {
+        Status::Timeout => {
+            let cpu_used = o.usage.cpu_user_ms + o.usage.cpu_sys_ms;
+            Some(match (l.cpu_time_ms, l.timeout_ms) {
+                (Some(cpu), t) if cpu_used >= cpu || o.signal == Some(libc::SIGXCPU) || t.is_none() => {
+                    format!("CPU time limit of {} reached; the job was killed", human_ms(cpu))
+                }
+                (_, Some(t)) => format!("timed out after {}; the job was stopped", human_ms(t)),
+                _ => "time limit reached; the job was stopped".to_string(),
+            })
         }
+        Status::Oom => Some(match l.memory_bytes {
+            Some(m) => {
+                format!("out of memory: the job reached its {} limit and the OOM killer ended it", human_bytes(m))
+            }
+            None => "out of memory: the OOM killer ended the job".to_string(),
+        }),
+        _ => None,
+    }
+}
+
+fn human_ms(ms: u64) -> String {
+    if ms % 1000 != 0 || ms < 1000 {
+        if ms < 1000 {
+            return format!("{ms}ms");
+        }
+        return format!("{:.1}s", ms as f64 / 1000.0);
+    }
+    format!("{}s", ms / 1000)
+}
+
+fn human_bytes(b: u64) -> String {
+    for (unit, size) in [("G", 1u64 << 30), ("M", 1 << 20), ("K", 1 << 10)] {
+        if b >= size && b % size == 0 {
+            return format!("{}{unit}", b / size);
+        }
+    }
+    format!("{b} bytes")
+}
+
+/// `256M`, `1G`, `1.5G`, `4096`: bytes, with K, M, G, T as powers of 1024
+/// (docker's units; `Ki`, `MiB`, `MB` are read the same way).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let err = || format!("invalid size '{s}': use a number with an optional K, M, G or T suffix, e.g. 256M");
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let unit = unit.trim_end_matches('b').trim_end_matches('i');
+    let mult: u64 = match unit {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => return Err(err()),
+    };
+    let n: f64 = num.parse().map_err(|_| err())?;
+    let bytes = (n * mult as f64).round();
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+        return Err(err());
+    }
+    Ok(bytes as u64)
+}
+
+/// The smallest `--memory` that leaves room for the sandbox's own init.
+const MIN_MEMORY: u64 = 4 << 20;
+
+fn parse_memory(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    if n < MIN_MEMORY {
+        return Err(format!("memory limit '{s}' is too small: the sandbox itself needs a few MiB; use at least 4M"));
+    }
+    Ok(n)
+}
+
+fn parse_tmp_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        // tmpfs reads size=0 as "unlimited".
+        0 => Err(format!("--tmp-size '{s}' must be more than 0")),
+        n => Ok(n),
+    }
+}
+
+fn parse_cpus(s: &str) -> Result<f64, String> {
+    let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    match s.trim().parse::<f64>() {
+        Ok(c) if c.is_finite() && c >= 0.01 && c <= online as f64 => Ok(c),
+        _ => Err(format!("invalid CPU count '{s}': give cores between 0.01 and {online}, e.g. 0.5")),
+    }
+}
+
+/// `30s`, `500ms`, `1.5s`, `2m`, `1h`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let err = || format!("invalid duration '{s}': use a number with ms, s, m or h, e.g. 30s");
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| err())?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(err()),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| err())
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("duration '{s}' must be more than 0")),
+        d => Ok(d),
+    }
+}
+
+#[cfg(test)]
+mod limit_parsing_tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        for bad in ["", "M", "12X", "-1M", "1..2M", "1e3"] {
+            let e = parse_size(bad).unwrap_err();
+            assert!(e.contains("e.g. 256M"), "{bad}: {e}");
+        }
+        assert!(parse_memory("1M").unwrap_err().contains("at least 4M"));
+        assert!(parse_tmp_size("0").is_err());
+    }
+
+    #[test]
+    fn durations_and_cpus() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        for bad in ["", "s", "10 years", "-1s", "1d"] {
+            assert!(parse_duration(bad).unwrap_err().contains("e.g. 30s"), "{bad}");
+        }
+        assert!(parse_positive_duration("0").is_err());
+        assert_eq!(parse_cpus("0.5"), Ok(0.5));
+        assert!(parse_cpus("0").unwrap_err().contains("between 0.01"));
+        assert!(parse_cpus("100000").is_err());
+        assert!(parse_cpus("nan").is_err());
+    }
+
+    #[test]
+    fn limit_messages() {
+        assert_eq!(human_ms(1000), "1s");
+        assert_eq!(human_ms(1500), "1.5s");
+        assert_eq!(human_ms(250), "250ms");
+        assert_eq!(human_bytes(64 << 20), "64M");
     }
 }
 

@@ -22,6 +22,14 @@ pub enum SandboxError {
     /// A layer is missing and degraded mode was not allowed.
     #[error("{0}")]
     Unavailable(String),
+    /// The job's cgroups could not be made, and its limits need them.
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Cgroup(#[from] linux::cgroup::CgroupError),
+    /// The seccomp profile could not be compiled; nothing ran.
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Seccomp(#[from] linux::seccomp::SeccompError),
 }
 
 /// Where the job's standard streams go.

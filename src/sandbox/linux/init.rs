@@ -80,15 +80,40 @@ fn forwarded_set() -> SigSet {
 
 /// Step 1, in the host namespaces.
 fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
+    // v1 hierarchies (`tasks`): "0" moves the writer, and every process we
+    // create is then born inside. The v2 one (`cgroup.procs`) is joined by
+    // pid 1 at birth instead (clone3 + CLONE_INTO_CGROUP): a write there
+    // waits for an RCU grace period.
+    let mut v2_dir = None;
     for procs in &spec.cgroup_procs {
-        // "0" moves the writer; every process we create is then born inside.
+        if procs.file_name().is_some_and(|n| n == "cgroup.procs") && v2_dir.is_none() {
+            if let Some(dir) = procs.parent() {
+                let fd = nix::fcntl::open(dir, nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
+                    .map_err(|e| SysError::path("open cgroup", dir, e))?;
+                v2_dir = Some((fd, procs));
+                continue;
+            }
+        }
         std::fs::write(procs, "0").map_err(|e| SysError::io("join cgroup", procs, e))?;
     }
     let signals = forwarded_set();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).map_err(|e| SysError::call("block signals", e))?;
     let (go_rd, go_wr) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
 
-    let pid = sys::clone_fork(namespaces::clone_flags(spec)).map_err(|e| SysError::call("clone namespaces", e))?;
+    let flags = namespaces::clone_flags(spec);
+    let pid = match &v2_dir {
+        Some((fd, procs)) => match sys::clone3_into_cgroup(flags, fd) {
+            Ok(pid) => pid,
+            // Kernels before 5.7 (or a cgroup fd they refuse): join the slow way.
+            Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::E2BIG | nix::errno::Errno::EINVAL) => {
+                std::fs::write(procs, "0").map_err(|e| SysError::io("join cgroup", procs, e))?;
+                sys::clone_fork(flags).map_err(|e| SysError::call("clone namespaces", e))?
+            }
+            Err(e) => return Err(SysError::call("clone3 into the job's cgroup", e)),
+        },
+        None => sys::clone_fork(flags).map_err(|e| SysError::call("clone namespaces", e))?,
+    };
+    drop(v2_dir);
     if pid == 0 {
         drop(go_wr);
         let code = match pid1(spec, ctl, go_rd) {
@@ -142,6 +167,9 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd) -> Result<i32, SysError> {
     // Host credentials still: reach root-owned trees like /root/.rustup.
     let sources = mounts::open_sources(&spec.mounts)?;
     namespaces::become_mapped(spec.uid, spec.gid, spec.rootless)?;
+    // Changing credentials clears the parent-death signal: arm it again.
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
     nix::unistd::sethostname(&spec.hostname).map_err(|e| SysError::call("sethostname", e))?;
     if spec.new_netns {
         sys::loopback_up()?;
@@ -149,6 +177,7 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd) -> Result<i32, SysError> {
     mounts::build(&spec.mounts, &sources)?;
     drop(sources);
     mounts::enter()?;
+    write_files(&spec.files)?;
     sys::set_not_dumpable()?;
 
     // SAFETY: this process is single-threaded (it was cloned from the
@@ -182,6 +211,24 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd) -> Result<i32, SysError> {
             }
         }
     }
+}
+
+/// Write the job's files (code mode's source) into its private /tmp, as
+/// the job's own uid, refusing any path that leaves /tmp.
+fn write_files(files: &[crate::job::JobFile]) -> Result<(), SysError> {
+    use std::path::{Component, Path};
+    for f in files {
+        let inside_tmp = f.path.starts_with("/tmp/")
+            && f.path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !inside_tmp {
+            return Err(SysError::path("job file outside /tmp", &f.path, nix::errno::Errno::EPERM));
+        }
+        if let Some(parent) = f.path.parent().filter(|p| *p != Path::new("/tmp")) {
+            std::fs::create_dir_all(parent).map_err(|e| SysError::io("create job file dir", parent, e))?;
+        }
+        std::fs::write(&f.path, &f.contents).map_err(|e| SysError::io("write job file", &f.path, e))?;
+    }
+    Ok(())
 }
 
 /// Step 3, the job process. Never returns.

@@ -6,6 +6,7 @@
 //! itself: `pre_exec` below only makes async-signal-safe syscalls.
 
 pub mod caps;
+pub mod cgroup;
 pub mod exec;
 pub mod init;
 pub mod landlock;
@@ -14,6 +15,7 @@ pub mod namespaces;
 pub mod protocol;
 pub mod rlimits;
 pub mod seccomp;
+pub mod supervise;
 pub mod sys;
 
 use crate::job::{JobSpec, Layers, Network, Outcome, Status, Usage};
@@ -23,7 +25,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::Instant;
-use tokio::io::AsyncReadExt;
 
 /// Host uid/gid a job runs as when the supervisor is root and the workspace
 /// does not name a better one.
@@ -37,6 +38,9 @@ pub struct RunningJob {
     started: Instant,
     base_layers: Layers,
     spec: JobSpec,
+    /// Last field: dropped after `child`, so its Drop kills and removes a
+    /// tree whose init stage was already told to die.
+    cgroup: Option<cgroup::JobCgroup>,
 }
 
 /// Which ids the job has, inside and on the host.
@@ -108,6 +112,7 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
         gid,
         rootless,
         mounts,
+        files: spec.files.clone(),
         cgroup_procs: Vec::new(),
         rlimits: Vec::new(),
         landlock,
@@ -141,13 +146,19 @@ pub async fn spawn(
     seccomp: Option<(&str, &OwnedFd)>,
 ) -> Result<RunningJob, SandboxError> {
     check_workspace(spec)?;
+    let job_id = new_job_id();
     let mut init = init_spec(spec);
     init.seccomp = seccomp.map(|(name, _)| name.to_string());
+    // Before the init stage exists, so that it joins the cgroups first.
+    let mut missing = Vec::new();
+    let cgroup = job_cgroup(&job_id, spec, &mut missing)?;
+    init.rlimits = limit_rlimits(&spec.limits, cgroup.is_some());
+    init.cgroup_procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
     let seccomp_fd = seccomp.map(|(_, fd)| fd.as_raw_fd());
 
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(SandboxError::Spawn)?;
     let theirs_fd = theirs.as_raw_fd();
-    let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    let mut cmd = tokio::process::Command::new(init_executable());
     cmd.arg0("confine-init")
         .arg("__init")
         .env_clear()
@@ -189,9 +200,78 @@ pub async fn spawn(
         utsns: true,
         cgroupns: true,
         host_uid: init.uid.outside,
+        cgroup: cgroup.as_ref().map(|c| c.layer().to_string()),
+        missing,
         ..Layers::default()
     };
-    Ok(RunningJob { job_id: new_job_id(), child, ctl, started, base_layers, spec: spec.clone() })
+    Ok(RunningJob { job_id, child, ctl, started, base_layers, spec: spec.clone(), cgroup })
+}
+
+/// The job's cgroups. Without them (rootless and not delegated, or no
+/// cgroupfs) the job still runs when it asked for no limit, or when
+/// degraded mode is allowed: then rlimits stand in and `missing` says so.
+fn job_cgroup(
+    job_id: &str,
+    spec: &JobSpec,
+    missing: &mut Vec<String>,
+) -> Result<Option<cgroup::JobCgroup>, SandboxError> {
+    match cgroup::supervisor().and_then(|c| c.create(job_id, &spec.limits)) {
+        Ok(cg) => Ok(Some(cg)),
+        Err(e) if !cgroup::limits_need_cgroup(&spec.limits) => {
+            tracing::debug!(error = %e, "job runs without a cgroup");
+            Ok(None)
+        }
+        Err(e) if spec.allow_degraded => {
+            tracing::warn!(error = %e, "cgroup limits unavailable: falling back to rlimits");
+            missing.push("cgroup".into());
+            Ok(None)
+        }
+        Err(e) => Err(SandboxError::Cgroup(e)),
+    }
+}
+
+/// rlimits of the job process. RLIMIT_CPU always backs `--cpu-time` (the
+/// supervisor also polls the cgroup's CPU time, which counts every
+/// process). The others only stand in for a missing cgroup: RLIMIT_AS
+/// breaks runtimes that reserve address space (Go, the JVM), and
+/// RLIMIT_NPROC and RLIMIT_FSIZE count per process or per user, not per
+/// job, so none of them is worth having beside a cgroup.
+fn limit_rlimits(limits: &crate::job::Limits, with_cgroup: bool) -> Vec<protocol::Rlimit> {
+    let mut out = Vec::new();
+    let mut push = |resource: i32, soft: u64, hard: u64| out.push(protocol::Rlimit { resource, soft, hard });
+    if let Some(ms) = limits.cpu_time_ms {
+        // SIGXCPU at the soft limit, SIGKILL a second later. With a cgroup
+        // the supervisor enforces the tree's total first; this per-process
+        // limit is a backstop one second behind.
+        let secs = ms.div_ceil(1000).max(1) + u64::from(with_cgroup);
+        push(libc::RLIMIT_CPU as i32, secs, secs + 1);
+    }
+    if !with_cgroup {
+        if let Some(bytes) = limits.memory_bytes {
+            push(libc::RLIMIT_AS as i32, bytes, bytes);
+        }
+        if let Some(n) = limits.pids {
+            push(libc::RLIMIT_NPROC as i32, n, n);
+        }
+        if limits.memory_bytes.is_some() || limits.pids.is_some() || limits.cpu_time_ms.is_some() {
+            let size = limits.tmp_size_bytes;
+            push(libc::RLIMIT_FSIZE as i32, size, size);
+        }
+    }
+    out
+}
+
+static INIT_EXECUTABLE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Use `path` (a `confine` binary) for the `__init` stage instead of
+/// `/proc/self/exe`: for programs that embed the library, and its tests.
+/// Only the first call has an effect.
+pub fn set_init_executable(path: PathBuf) {
+    let _ = INIT_EXECUTABLE.set(path);
+}
+
+fn init_executable() -> &'static std::path::Path {
+    INIT_EXECUTABLE.get().map(PathBuf::as_path).unwrap_or(std::path::Path::new("/proc/self/exe"))
 }
 
 /// dup2 `fd` to `target`, clearing close-on-exec even when they are equal.
@@ -229,6 +309,26 @@ impl RunningJob {
         let _ = self.child.start_kill();
     }
 
+    /// Kill the whole tree through its cgroup (`cgroup.kill`, or the v1
+    /// freezer), then SIGKILL the init stage as the second guarantee.
+    pub fn kill_tree(&mut self) {
+        if let Some(cg) = &self.cgroup {
+            if let Err(e) = cg.kill_tree() {
+                tracing::warn!(error = %e, "cgroup kill failed; relying on the pid namespace");
+            }
+        }
+        self.kill();
+    }
+
+    /// The job's cgroups, when it has any.
+    pub fn cgroup(&self) -> Option<&cgroup::JobCgroup> {
+        self.cgroup.as_ref()
+    }
+
+    pub fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin> {
+        self.child.stdin.take()
+    }
+
     pub fn stdout(&mut self) -> Option<tokio::process::ChildStdout> {
         self.child.stdout.take()
     }
@@ -241,10 +341,10 @@ impl RunningJob {
         self.started
     }
 
-    /// Wait for the job to end and gather its outcome.
-    pub async fn wait(mut self) -> Outcome {
-        let mut buf = Vec::new();
-        let (status, _) = tokio::join!(self.child.wait(), self.ctl.read_to_end(&mut buf));
+    /// The outcome, from the init stage's exit `status` and its reports
+    /// (`buf`). `killed`: we killed the tree, so an init stage that died
+    /// without a report is no failure of the sandbox.
+    fn outcome(&self, status: std::io::Result<std::process::ExitStatus>, buf: &[u8], killed: bool) -> Outcome {
         let duration_ms = self.started.elapsed().as_millis() as u64;
         let reports: Vec<Report> = buf
             .split(|b| *b == b'\n')
@@ -272,7 +372,7 @@ impl RunningJob {
                 Report::Confined { landlock, seccomp, missing } => {
                     layers.landlock = landlock;
                     layers.seccomp = seccomp;
-                    layers.missing = missing;
+                    layers.missing.extend(missing);
                     layers.caps_dropped = true;
                     layers.no_new_privs = true;
                 }
@@ -294,7 +394,9 @@ impl RunningJob {
                 }
             }
         }
-        if !exited {
+        if !exited && killed {
+            outcome.signal = Some(libc::SIGKILL);
+        } else if !exited {
             // The init stage failed before the job could run (or was killed).
             match status {
                 Ok(s) if s.code() == Some(125) || outcome.error.is_some() => {
@@ -353,6 +455,26 @@ mod tests {
         assert!(plan.deny_tcp);
         spec.network = Network::Host;
         assert!(!landlock_plan(&ops, &spec).deny_tcp);
+    }
+
+    #[test]
+    fn rlimits_back_the_cgroup_or_stand_in_for_it() {
+        let limits = crate::job::Limits {
+            memory_bytes: Some(64 << 20),
+            pids: Some(10),
+            cpu_time_ms: Some(1500),
+            tmp_size_bytes: 1 << 20,
+            ..crate::job::Limits::default()
+        };
+        let with = limit_rlimits(&limits, true);
+        assert_eq!(with, vec![protocol::Rlimit { resource: libc::RLIMIT_CPU as i32, soft: 3, hard: 4 }]);
+        let without = limit_rlimits(&limits, false);
+        let get = |r: i32| without.iter().find(|l| l.resource == r).map(|l| (l.soft, l.hard));
+        assert_eq!(get(libc::RLIMIT_CPU as i32), Some((2, 3)));
+        assert_eq!(get(libc::RLIMIT_AS as i32), Some((64 << 20, 64 << 20)));
+        assert_eq!(get(libc::RLIMIT_NPROC as i32), Some((10, 10)));
+        assert_eq!(get(libc::RLIMIT_FSIZE as i32), Some((1 << 20, 1 << 20)));
+        assert!(limit_rlimits(&crate::job::Limits::default(), false).is_empty());
     }
 
     #[test]

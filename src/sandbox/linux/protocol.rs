@@ -109,6 +109,9 @@ pub struct InitSpec {
     /// We are not root on the host: write `deny` to setgroups, map only our ids.
     pub rootless: bool,
     pub mounts: Vec<MountOp>,
+    /// Files pid 1 writes into the new root (under /tmp) before the job starts.
+    #[serde(default)]
+    pub files: Vec<crate::job::JobFile>,
     /// `cgroup.procs` files the init stage joins before it creates the sandbox.
     pub cgroup_procs: Vec<PathBuf>,
     pub rlimits: Vec<Rlimit>,
@@ -176,6 +179,7 @@ mod tests {
             gid: IdMap { inside: 1000, outside: 1000 },
             rootless: false,
             mounts: vec![MountOp::Proc { dst: "proc".into() }],
+            files: vec![],
             cgroup_procs: vec![],
             rlimits: vec![],
             landlock: None,

@@ -1,0 +1,418 @@
+//! Seccomp, both sides. The supervisor compiles a profile (OCI/Docker JSON,
+//! [`profile`]) once with libseccomp ([`compile`]) into a sealed memfd of
+//! BPF; every job's init stage reads that memfd at fd 4 and installs the
+//! program, last of all its confinement steps.
+//!
+//! The default profile is `seccomp/default.json`, embedded in the binary.
+//! Nothing here may fall back to a weaker filter: a profile that can't be
+//! compiled exactly as written is an error, and the job does not run.
+
+pub mod compile;
+pub mod profile;
+
+use super::sys::SysError;
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use std::fs::File;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// The name the embedded default profile is reported under.
+pub const DEFAULT_NAME: &str = "default.json";
+
+/// `seccomp/default.json`, as built into this binary.
+pub const DEFAULT_PROFILE: &str = include_str!("../../../../seccomp/default.json");
+
+/// The kernel's limit on one filter (BPF_MAXINSNS).
+const MAX_INSNS: usize = 4096;
+const INSN: usize = std::mem::size_of::<libc::sock_filter>();
+
+/// A profile that could not be turned into a filter. Messages name the file
+/// and the entry, and say what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// The profile file could not be read.
+    #[error("cannot read seccomp profile {file}: {source}")]
+    Read { file: String, source: std::io::Error },
+    /// Not JSON, or not shaped like an OCI/Docker seccomp profile.
+    #[error("seccomp profile {file} is not a valid OCI/Docker seccomp profile: {reason}")]
+    Format { file: String, reason: String },
+    /// A top-level field confine can't honour.
+    #[error("seccomp profile {file}: {field}: {reason}")]
+    Field { file: String, field: String, reason: String },
+    /// One entry of `syscalls` is malformed.
+    #[error("seccomp profile {file}: syscalls[{index}] ({names}): {reason}")]
+    Entry { file: String, index: usize, names: String, reason: String },
+    /// One syscall of an entry can't be compiled as written.
+    #[error("seccomp profile {file}: syscalls[{index}]: '{name}': {reason}")]
+    Rule { file: String, index: usize, name: String, reason: String },
+    /// libseccomp failed outside any one rule.
+    #[error("seccomp profile {file}: libseccomp failed to {step}: {source}")]
+    Libseccomp { file: String, step: String, source: libseccomp::error::SeccompError },
+    /// The program is longer than the kernel accepts.
+    #[error(
+        "seccomp profile {file} compiles to {insns} BPF instructions, more than the kernel's limit of {MAX_INSNS}: \
+         merge entries or drop argument conditions"
+    )]
+    TooLarge { file: String, insns: usize },
+    /// A fact about this host (kernel version) could not be read.
+    #[error("cannot evaluate seccomp profiles on this host: {reason}")]
+    Host { reason: String },
+    /// The sealed memfd holding the program could not be made.
+    #[error("cannot store the compiled seccomp program ({step}): {source}")]
+    Memfd { step: &'static str, source: Errno },
+}
+
+/// A compiled profile: its BPF program in a sealed memfd (close-on-exec),
+/// ready to be placed at fd 4 of any number of jobs.
+#[derive(Debug)]
+pub struct CompiledProfile {
+    /// What the outcome reports: `default.json`, or the file name given.
+    pub name: String,
+    pub fd: OwnedFd,
+}
+
+impl CompiledProfile {
+    /// The BPF program, read from offset 0 without moving the shared offset.
+    pub fn bpf(&self) -> std::io::Result<Vec<u8>> {
+        read_all_at(&File::from(self.fd.try_clone()?))
+    }
+
+    /// Number of BPF instructions in the program.
+    pub fn instructions(&self) -> std::io::Result<usize> {
+        Ok(File::from(self.fd.try_clone()?).metadata()?.len() as usize / INSN)
+    }
+}
+
+/// Compile the embedded `seccomp/default.json` for this host.
+pub fn compile_default() -> Result<CompiledProfile, SeccompError> {
+    compile_str(DEFAULT_NAME, DEFAULT_PROFILE, &profile::HostFacts::current()?)
+}
+
+/// Compile the profile at `path` for this host. It is reported under its
+/// file name.
+pub fn compile_file(path: &Path) -> Result<CompiledProfile, SeccompError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| SeccompError::Read { file: path.display().to_string(), source })?;
+    compile_str(&name, &text, &profile::HostFacts::current()?)
+}
+
+/// Compile profile text named `name` for `host`.
+pub fn compile_str(name: &str, text: &str, host: &profile::HostFacts) -> Result<CompiledProfile, SeccompError> {
+    let parsed = profile::parse(name, text)?;
+    let plan = profile::plan(name, &parsed, host)?;
+    let ctx = compile::filter(name, &plan)?;
+    let memfd = |step| move |source| SeccompError::Memfd { step, source };
+    let fd = memfd_create(c"confine-seccomp", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
+        .map_err(memfd("memfd_create"))?;
+    compile::export(name, &ctx, &fd)?;
+    let file = File::from(fd);
+    let len = file
+        .metadata()
+        .map_err(|e| SeccompError::Memfd {
+            step: "measure",
+            source: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?
+        .len() as usize;
+    if len == 0 || len % INSN != 0 {
+        return Err(SeccompError::Memfd { step: "export produced a malformed program", source: Errno::EINVAL });
+    }
+    if len / INSN > MAX_INSNS {
+        return Err(SeccompError::TooLarge { file: name.into(), insns: len / INSN });
+    }
+    let fd = OwnedFd::from(file);
+    // Sealed, a job (or a bug) holding the fd can't change what later jobs load.
+    let seals = SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_SEAL;
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).map_err(memfd("seal"))?;
+    Ok(CompiledProfile { name: name.into(), fd })
+}
+
+/// Read all of `file` with positioned reads from offset 0. Jobs started
+/// together share the memfd's open file description, so its offset must
+/// never be used.
+fn read_all_at(file: &File) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match file.read_at(&mut buf, bytes.len() as u64) {
+            Ok(0) => return Ok(bytes),
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Init stage: read the BPF program from `fd` and install it on the calling
+/// thread (no_new_privs is already set). Closes `fd`, so the job can't read
+/// it after exec.
+pub fn load_from_fd(fd: i32) -> Result<(), SysError> {
+    // SAFETY: fd 4 is the memfd the supervisor placed there for us; we take
+    // it over and close it, so the job can't read it after exec either.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let bytes = read_all_at(&file).map_err(|e| SysError::io("read seccomp program", Path::new("memfd"), e))?;
+    install(&bytes)
+}
+
+/// Install a raw BPF program (a sequence of `struct sock_filter`).
+pub fn install(bytes: &[u8]) -> Result<(), SysError> {
+    if bytes.is_empty() || bytes.len() % INSN != 0 || bytes.len() / INSN > MAX_INSNS {
+        return Err(SysError::call("seccomp program is malformed", Errno::EINVAL));
+    }
+    let filters: Vec<libc::sock_filter> = bytes
+        .chunks_exact(INSN)
+        .map(|c| libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect();
+    let prog = libc::sock_fprog { len: filters.len() as u16, filter: filters.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: prog points at `filters`, which outlives the call; the kernel
+    // copies the program. no_new_privs is set by the caller.
+    let ret = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0u32, &prog as *const _) };
+    Errno::result(ret).map(drop).map_err(|e| SysError::call("install seccomp filter", e))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::profile::{Action, Plan};
+    use super::*;
+
+    fn default_plan() -> Plan {
+        let host = profile::HostFacts::current().unwrap();
+        profile::plan(DEFAULT_NAME, &profile::parse(DEFAULT_NAME, DEFAULT_PROFILE).unwrap(), &host).unwrap()
+    }
+
+    /// What the plan does with a call, evaluated the way the filter does
+    /// (rules of one syscall must not overlap with different actions).
+    fn decide(plan: &Plan, name: &str, args: [u64; 6]) -> Action {
+        let hits: Vec<Action> = plan
+            .rules
+            .iter()
+            .filter(|r| r.name == name && r.conds.iter().all(|c| c.matches(args[c.index as usize])))
+            .map(|r| r.action)
+            .collect();
+        if let Some(first) = hits.first() {
+            assert!(hits.iter().all(|a| a == first), "{name} {args:x?}: overlapping rules {hits:?}");
+            *first
+        } else {
+            plan.default_action
+        }
+    }
+
+    fn a1(x: u64) -> [u64; 6] {
+        [3, x, 0, 0, 0, 0]
+    }
+
+    fn a0(x: u64) -> [u64; 6] {
+        [x, 0, 0, 0, 0, 0]
+    }
+
+    /// A small deterministic generator (xorshift), for sampling arguments.
+    fn samples(n: usize) -> impl Iterator<Item = u64> {
+        let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+        (0..n).map(move |i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            match i % 3 {
+                0 => s,
+                1 => s & 0xffff,
+                _ => s & 0xff,
+            }
+        })
+    }
+
+    #[test]
+    fn every_default_entry_has_a_comment() {
+        let p = profile::parse(DEFAULT_NAME, DEFAULT_PROFILE).unwrap();
+        for (i, e) in p.syscalls.iter().flatten().enumerate() {
+            assert!(e.comment.as_deref().is_some_and(|c| c.len() > 20), "syscalls[{i}] needs a comment saying why");
+        }
+    }
+
+    #[test]
+    fn default_denies_tiocsti_and_tioclinux_whatever_the_high_bits() {
+        let p = default_plan();
+        for cmd in [0x5412u64, 0x541C, 0x1_0000_5412, 0xFFFF_FFFF_0000_541C, 0x8000_0000_0000_5412] {
+            assert_eq!(decide(&p, "ioctl", a1(cmd)), Action::Errno(1), "{cmd:#x}");
+        }
+        for cmd in [
+            0x5401u64, /* TCGETS */
+            0x5413,    /* TIOCGWINSZ */
+            0x541B,    /* FIONREAD */
+            0x5410, 0x5414, 0x541D,
+        ] {
+            assert_eq!(decide(&p, "ioctl", a1(cmd)), Action::Allow, "{cmd:#x}");
+        }
+        for cmd in samples(200_000) {
+            let want = if matches!(cmd & 0xffff_ffff, 0x5412 | 0x541C) { Action::Errno(1) } else { Action::Allow };
+            assert_eq!(decide(&p, "ioctl", a1(cmd)), want, "{cmd:#x}");
+        }
+    }
+
+    #[test]
+    fn default_refuses_af_alg_and_af_vsock_sockets() {
+        let p = default_plan();
+        for domain in [38u64, 40, 0x1_0000_0026, 0xFFFF_FFFF_0000_0028] {
+            assert_eq!(decide(&p, "socket", a0(domain)), Action::Errno(97), "{domain:#x}");
+        }
+        for domain in (0..64u64).filter(|d| *d != 38 && *d != 40).chain(samples(100_000)) {
+            let want = if matches!(domain & 0xffff_ffff, 38 | 40) { Action::Errno(97) } else { Action::Allow };
+            assert_eq!(decide(&p, "socket", a0(domain)), want, "{domain:#x}");
+        }
+    }
+
+    #[test]
+    fn default_refuses_namespace_flags_on_clone() {
+        let p = default_plan();
+        const CLONE_THREAD_FLAGS: u64 = 0x3D0F00; // glibc's pthread_create
+        const SIGCHLD: u64 = 17; // fork
+        assert_eq!(decide(&p, "clone", a0(CLONE_THREAD_FLAGS)), Action::Allow);
+        assert_eq!(decide(&p, "clone", a0(SIGCHLD | 0x0100_0000 | 0x0020_0000)), Action::Allow);
+        for ns in [0x0002_0000u64, 0x0200_0000, 0x0400_0000, 0x0800_0000, 0x1000_0000, 0x2000_0000, 0x4000_0000] {
+            assert_eq!(decide(&p, "clone", a0(SIGCHLD | ns)), Action::Errno(1), "{ns:#x}");
+        }
+        for flags in samples(100_000) {
+            let want = if flags & 0x7E02_0000 == 0 { Action::Allow } else { Action::Errno(1) };
+            assert_eq!(decide(&p, "clone", a0(flags)), want, "{flags:#x}");
+        }
+        assert_eq!(decide(&p, "clone3", a0(0)), Action::Errno(38));
+        assert_eq!(decide(&p, "unshare", a0(0x1000_0000)), Action::Errno(1));
+    }
+
+    #[test]
+    fn default_allows_only_dockers_personalities() {
+        let p = default_plan();
+        for v in [0u64, 8, 0x20000, 0x20008, 0xffff_ffff] {
+            assert_eq!(decide(&p, "personality", a0(v)), Action::Allow, "{v:#x}");
+        }
+        for v in [0x0040000u64 /* ADDR_NO_RANDOMIZE */, 0x0400000 /* READ_IMPLIES_EXEC */, 1] {
+            assert_eq!(decide(&p, "personality", a0(v)), p.default_action, "{v:#x}");
+        }
+    }
+
+    #[test]
+    fn default_denies_the_issue_list_with_eperm() {
+        let p = default_plan();
+        let eperm = [
+            "mount",
+            "umount2",
+            "pivot_root",
+            "move_mount",
+            "open_tree",
+            "fsopen",
+            "fsmount",
+            "fsconfig",
+            "ptrace",
+            "process_vm_readv",
+            "process_vm_writev",
+            "keyctl",
+            "add_key",
+            "request_key",
+            "bpf",
+            "perf_event_open",
+            "userfaultfd",
+            "kexec_load",
+            "kexec_file_load",
+            "init_module",
+            "finit_module",
+            "delete_module",
+            "iopl",
+            "ioperm",
+            "swapon",
+            "swapoff",
+            "reboot",
+            "acct",
+            "open_by_handle_at",
+            "name_to_handle_at",
+            "unshare",
+            "setns",
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+        ];
+        for name in eperm {
+            assert_eq!(decide(&p, name, [0; 6]), Action::Errno(1), "{name}");
+        }
+        assert_eq!(p.default_action, Action::Errno(38), "unknown syscalls look absent (ENOSYS)");
+        for name in ["read", "execve", "futex", "getrandom", "statx", "rseq", "faccessat2", "close_range"] {
+            assert_eq!(decide(&p, name, [0; 6]), Action::Allow, "{name}");
+        }
+    }
+
+    #[test]
+    fn default_compiles_to_a_sealed_memfd() {
+        let compiled = compile_default().unwrap();
+        assert_eq!(compiled.name, "default.json");
+        let bpf = compiled.bpf().unwrap();
+        assert_eq!(bpf.len() % INSN, 0);
+        assert_eq!(compiled.instructions().unwrap(), bpf.len() / INSN);
+        assert!(compiled.instructions().unwrap() < MAX_INSNS);
+        let seals = fcntl(&compiled.fd, FcntlArg::F_GET_SEALS).unwrap();
+        let want = SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_SEAL;
+        assert_eq!(seals & want.bits(), want.bits());
+        // Written once, readable many times from offset 0.
+        assert_eq!(compiled.bpf().unwrap(), bpf);
+        let file = File::from(compiled.fd.try_clone().unwrap());
+        assert!(file.write_at(b"x", 0).is_err(), "sealed against writes");
+    }
+
+    #[test]
+    fn reads_ignore_the_shared_file_offset() {
+        use std::io::Read;
+        let compiled = compile_default().unwrap();
+        let whole = compiled.bpf().unwrap();
+        // Another job reading through the same open file description moves
+        // the shared offset to the end, as a plain read() in the init stage did.
+        let mut other = File::from(compiled.fd.try_clone().unwrap());
+        let mut sink = Vec::new();
+        other.read_to_end(&mut sink).unwrap();
+        assert_eq!(read_all_at(&other).unwrap(), whole);
+        // And many readers at once all see the whole program.
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let f = File::from(compiled.fd.try_clone().unwrap());
+                    for _ in 0..50 {
+                        assert_eq!(read_all_at(&f).unwrap(), whole);
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn docker_fixture_compiles_unchanged() {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/docker-default-seccomp.json"));
+        if !path.exists() {
+            eprintln!("skipped: {} is absent (CI clones the repo next to shared/)", path.display());
+            return;
+        }
+        let compiled = compile_file(path).unwrap();
+        assert_eq!(compiled.name, "docker-default-seccomp.json");
+        assert!(compiled.instructions().unwrap() > 100);
+    }
+
+    #[test]
+    fn missing_files_and_bad_profiles_are_errors_naming_them() {
+        let e = compile_file(Path::new("/nonexistent/p.json")).unwrap_err().to_string();
+        assert!(e.contains("cannot read seccomp profile /nonexistent/p.json"), "{e}");
+        let host = profile::HostFacts::current().unwrap();
+        let e = compile_str(
+            "p.json",
+            r#"{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+            {"names": ["read", "wirte"], "action": "SCMP_ACT_ALLOW"}]}"#,
+            &host,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("p.json: syscalls[0]: 'wirte': unknown syscall name"), "{e}");
+    }
+}

@@ -1,0 +1,169 @@
+//! Watching a running job to its end: the hard timeout (SIGTERM, then the
+//! tree kill after a grace period), the CPU-time limit, cancellation, the
+//! tree kill once the job's main process is gone, and the cgroup's
+//! counters turned into the outcome's usage and status.
+//!
+//! Library code shared by the CLI and the MCP server: it never prints and
+//! never decides exit codes ([`Outcome::cli_exit_code`] does).
+
+use super::{cgroup, RunningJob};
+use crate::job::{Outcome, Status, Usage};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::time::{sleep_until, Instant};
+
+/// Time between SIGTERM and the tree kill, unless the caller says otherwise.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// How often the CPU-time limit (and, on kernels without `pids.peak`, the
+/// pids count) is checked.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Why the supervisor ended a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Timeout,
+    CpuTime,
+    Cancelled,
+}
+
+impl RunningJob {
+    /// Wait for the job to end, enforcing its timeout and CPU-time limit
+    /// with the default grace period.
+    pub async fn wait(self) -> Outcome {
+        self.supervise(DEFAULT_KILL_GRACE, std::future::pending()).await
+    }
+
+    /// Wait for the job to end, enforcing its limits. When `cancel`
+    /// resolves, its signal is sent to the job (status `cancelled`); on
+    /// timeout SIGTERM is (status `timeout`). Either way the whole tree is
+    /// killed `kill_grace` later if it is still there. When the main
+    /// process exits, whatever it left behind is killed at once.
+    pub async fn supervise<C>(mut self, kill_grace: Duration, cancel: C) -> Outcome
+    where
+        C: Future<Output = Signal>,
+    {
+        let cpu_limit = self.spec.limits.cpu_time_ms.map(Duration::from_millis);
+        let deadline =
+            self.spec.limits.timeout_ms.map(|ms| Instant::from_std(self.started) + Duration::from_millis(ms));
+        let outer = self.child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
+        let poll = self.cgroup.as_ref().is_some_and(|c| cpu_limit.is_some() || c.tracks_pids());
+        let mut ending = None;
+        let mut killed = false;
+        let mut buf = Vec::new();
+        // Once the init stage is reaped its pid may be reused: no signal after that.
+        let reaped = AtomicBool::new(false);
+        let status = {
+            let RunningJob { child, ctl, cgroup, .. } = &mut self;
+            let cgroup = cgroup.as_ref();
+            let signal = |sig: Signal| {
+                if !reaped.load(Ordering::SeqCst) {
+                    send(outer, sig);
+                }
+            };
+            let kill_now = |killed: &mut bool| {
+                *killed = true;
+                if let Some(cg) = cgroup {
+                    if let Err(e) = cg.kill_tree() {
+                        tracing::warn!(error = %e, "cgroup kill failed; relying on the pid namespace");
+                    }
+                }
+                // Second guarantee: the init stage's death tears the pid namespace down.
+                signal(Signal::SIGKILL);
+            };
+            let exit = async {
+                let status = child.wait().await;
+                reaped.store(true, Ordering::SeqCst);
+                // Reports are a few short lines: they sit in the socket
+                // buffer until now, and every writer is gone, so EOF is near.
+                let _ = ctl.read_to_end(&mut buf).await;
+                status
+            };
+            tokio::pin!(exit);
+            tokio::pin!(cancel);
+            let mut cancelled = false;
+            let mut kill_at: Option<Instant> = None;
+            let mut ticker = tokio::time::interval(POLL);
+            let never = Instant::now() + Duration::from_secs(100 * 365 * 86400);
+            loop {
+                tokio::select! {
+                    status = &mut exit => break status,
+                    _ = sleep_until(deadline.unwrap_or(never)), if deadline.is_some() && ending.is_none() => {
+                        ending = Some(Ending::Timeout);
+                        signal(Signal::SIGTERM);
+                        kill_at = Some(Instant::now() + kill_grace);
+                    }
+                    sig = &mut cancel, if !cancelled => {
+                        cancelled = true;
+                        ending.get_or_insert(Ending::Cancelled);
+                        signal(sig);
+                        let at = Instant::now() + kill_grace;
+                        kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+                    }
+                    _ = sleep_until(kill_at.unwrap_or(never)), if kill_at.is_some() && !killed => kill_now(&mut killed),
+                    _ = ticker.tick(), if poll && !killed => {
+                        if let Some(cg) = cgroup {
+                            cg.sample_pids();
+                            if cpu_limit.is_some_and(|limit| cg.cpu_usage().is_some_and(|used| used >= limit)) {
+                                ending.get_or_insert(Ending::CpuTime);
+                                kill_now(&mut killed);
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        // The main process is gone: so is everything it started.
+        if let Some(cg) = &self.cgroup {
+            if let Err(e) = cg.kill_tree() {
+                tracing::warn!(error = %e, "cgroup kill after the job's end failed");
+            }
+        }
+        let mut outcome = self.outcome(status, &buf, killed);
+        self.account(&mut outcome, ending);
+        if let Some(cg) = self.cgroup.take() {
+            if let Err(e) = cg.remove().await {
+                tracing::warn!(error = %e, "job cgroup left behind");
+            }
+        }
+        outcome
+    }
+
+    /// Usage from the cgroup's counters, and the status the supervisor
+    /// knows better than the exit code: cancelled, timeout, oom.
+    fn account(&self, outcome: &mut Outcome, ending: Option<Ending>) {
+        let stats = self.cgroup.as_ref().map(|c| c.stats());
+        if let Some(s) = &stats {
+            outcome.usage = Usage {
+                cpu_user_ms: s.cpu_user.as_millis() as u64,
+                cpu_sys_ms: s.cpu_sys.as_millis() as u64,
+                peak_memory_bytes: s.memory_peak.unwrap_or(0),
+                pids_peak: s.pids_peak.map_or(0, |p| p.saturating_sub(cgroup::INIT_PROCESSES)),
+            };
+        }
+        let oom = stats.as_ref().is_some_and(|s| s.oom_killed(outcome.signal == Some(libc::SIGKILL)));
+        // The job's RLIMIT_CPU (SIGXCPU) may beat our poll of the cgroup.
+        let cpu_limit = self.spec.limits.cpu_time_ms.map(Duration::from_millis);
+        let cpu_hit = cpu_limit.is_some_and(|limit| {
+            outcome.signal == Some(libc::SIGXCPU) || stats.as_ref().is_some_and(|s| s.cpu_user + s.cpu_sys >= limit)
+        });
+        outcome.status = match ending {
+            Some(Ending::Cancelled) => Status::Cancelled,
+            Some(Ending::Timeout | Ending::CpuTime) => Status::Timeout,
+            None if oom && outcome.status != Status::Success => Status::Oom,
+            None if cpu_hit && outcome.status != Status::Success => Status::Timeout,
+            None => outcome.status,
+        };
+    }
+}
+
+fn send(pid: Option<Pid>, sig: Signal) {
+    if let Some(pid) = pid {
+        // ESRCH: it is already gone.
+        let _ = kill(pid, sig);
+    }
+}
