@@ -5,14 +5,14 @@ set -euo pipefail
 
 need_apt=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for pkg in libseccomp-dev pkg-config gcc make bubblewrap python3-venv git; do
+for pkg in libseccomp-dev pkg-config gcc g++ make bubblewrap git perl; do
   have_pkg "$pkg" || need_apt+=("$pkg")
 done
-# python3-venv is only needed when the python3 on PATH can't make a venv itself.
-if python3 -m venv --help >/dev/null 2>&1; then
-  need_apt=("${need_apt[@]/python3-venv}")
-fi
-need_apt=($(printf '%s\n' "${need_apt[@]}" | grep -v '^$' || true))
+# Runtimes the tests exercise: take the ones on PATH, install the rest.
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+# A venv needs ensurepip; Debian's system python has it in python3-venv.
+if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   SUDO=""
@@ -29,4 +29,13 @@ if ! command -v cargo >/dev/null 2>&1; then
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy,rustfmt
     export PATH="$HOME/.cargo/bin:$PATH"
   fi
+fi
+
+# The official MCP Python SDK, for the end-to-end tests, in a venv of our own.
+MCP_VERSION=2.3.0
+venv="$(dirname "${BASH_SOURCE[0]}")/../target/mcp-venv"
+if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('mcp') == '$MCP_VERSION'" >/dev/null 2>&1; then
+  echo "setup: installing the MCP Python SDK ($MCP_VERSION) in target/mcp-venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --disable-pip-version-check --quiet "mcp==$MCP_VERSION"
 fi
