@@ -1,8 +1,16 @@
 //! Backends that run a [`crate::job::JobSpec`]. Linux is the real one;
 //! other platforms get a clearly weaker fallback (see the fallback issue).
 
+mod backend;
+pub mod host_paths;
 #[cfg(target_os = "linux")]
 pub mod linux;
+#[cfg(unix)]
+pub mod unix_fallback;
+#[cfg(windows)]
+pub mod windows;
+
+pub use backend::{select, Backend, BackendKind};
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -22,6 +30,15 @@ pub enum SandboxError {
     /// A layer is missing and degraded mode was not allowed.
     #[error("{0}")]
     Unavailable(String),
+    /// A weaker backend was chosen without `--allow-degraded`.
+    #[error(
+        "the {backend} backend is weaker than full isolation: it has no {lost}; \
+pass --allow-degraded to run anyway (the outcome lists what is missing)"
+    )]
+    Degraded { backend: &'static str, lost: String },
+    /// The backend is not built into this binary or can't work on this host.
+    #[error("the {backend} backend is not available here: {reason}")]
+    BackendUnavailable { backend: &'static str, reason: String },
     /// The job's cgroups could not be made, and its limits need them.
     #[cfg(target_os = "linux")]
     #[error(transparent)]
