@@ -52,8 +52,13 @@ pub fn main(config: Option<&Path>, args: ServeArgs) -> i32 {
 }
 
 async fn run(config: Option<&Path>, args: ServeArgs) -> Result<(), McpError> {
-    let service = crate::mcp::default_service(config)?;
-    let server = ConfineServer::new(service.clone());
+    // One config and one sled store for every service (sled allows one open per process).
+    let services = crate::mcp::services(config)?;
+    let service = services.runtime.clone();
+    let server = match crate::mcp::serve_memory(&services.config, &services.store).await? {
+        Some(memory) => ConfineServer::new(service.clone()).with_memory(memory),
+        None => ConfineServer::new(service.clone()),
+    };
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone());
     let served = match args.http {

@@ -20,10 +20,10 @@ pub mod service;
 mod tools;
 pub mod types;
 pub mod usage;
-// Later issue: `mod memory_tools;` — memory_store, memory_query, memory_remove,
-// memory_surface, agent_feedback, agent_feedback_query (see server.rs).
+mod memory_tools;
 
 pub use fake::FakeService;
+pub use memory_tools::serve_memory;
 pub use server::ConfineServer;
 pub use service::{ExecControl, Progress, ProgressSink, RuntimeService, ServiceError};
 
@@ -75,6 +75,15 @@ pub fn services(config_path: Option<&Path>) -> Result<Services, McpError> {
         .map_err(|e| McpError::Service(e.to_string()))?;
     let runtime: Arc<dyn RuntimeService> = Arc::new(real::SupervisorService::new(Arc::new(sup)));
     Ok(Services { config, store, runtime })
+}
+
+/// The governed runtime needs the Linux sandbox; the degraded backends
+/// only serve `confine run --allow-degraded`.
+#[cfg(not(target_os = "linux"))]
+pub fn services(_config_path: Option<&Path>) -> Result<Services, McpError> {
+    Err(McpError::Service(
+        "confine serve needs the Linux sandbox; on this platform use `confine run --allow-degraded`".into(),
+    ))
 }
 
 /// The service `confine serve` exposes: the real supervisor.

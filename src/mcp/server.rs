@@ -4,11 +4,11 @@
 //! logic and decides nothing about what may run.
 //!
 //! Tool groups live in their own files and are summed into one router:
-//! `tools.rs` (runtime_*, info, usage_stats). The memory and feedback tools
-//! of a later issue (memory_store, memory_query, memory_remove,
-//! memory_surface, agent_feedback, agent_feedback_query) go into a
-//! `memory_tools.rs` with `#[tool_router(router = memory_tools)]`, added to
-//! the sum in [`ConfineServer::new`].
+//! `tools.rs` (runtime_*, info, usage_stats), and `memory_tools.rs`
+//! (memory_store, memory_query, memory_remove, memory_surface,
+//! agent_feedback, agent_feedback_query), added by
+//! [`ConfineServer::with_memory`] when the server keeps memories (with a
+//! memory service, `info` also reports a repository's stale memories).
 
 use super::service::{RuntimeService, ServiceError};
 use super::usage::{CallRecord, SessionUsage};
@@ -35,6 +35,8 @@ pub struct ConfineServer {
     pub(crate) service: Arc<dyn RuntimeService>,
     pub(crate) usage: Arc<SessionUsage>,
     pub(crate) progress_interval: Duration,
+    /// The memory and feedback tools' service (`None`: those tools are not offered).
+    pub(crate) memory: Option<Arc<crate::store::memory::MemoryService>>,
     tool_router: ToolRouter<ConfineServer>,
 }
 
@@ -44,9 +46,19 @@ impl ConfineServer {
             service,
             usage: Arc::new(SessionUsage::default()),
             progress_interval: super::progress::PROGRESS_INTERVAL,
-            // Later issue: `+ Self::memory_tools()` (memory and feedback tools).
+            memory: None,
+            // `with_memory` adds `Self::memory_tools()`.
             tool_router: Self::runtime_tools() + Self::diagnostic_tools(),
         }
+    }
+
+    /// Offer the memory and feedback tools, backed by `memory`.
+    pub fn with_memory(mut self, memory: Arc<crate::store::memory::MemoryService>) -> Self {
+        if self.memory.is_none() {
+            self.tool_router.merge(Self::memory_tools());
+        }
+        self.memory = Some(memory);
+        self
     }
 
     /// The service behind the tools (to shut it down after the transports).

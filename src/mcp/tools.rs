@@ -159,7 +159,7 @@ impl ConfineServer {
         description = "What this confine server offers: version, isolation backend and the layers it enforces, \
 the runtimes available here, limits (timeoutMs range, output caps, env allowlist), the policy digest, and \
 warnings. Call it first to learn which runtimes and env keys you may use; repoId adds what is known of that \
-workspace.",
+workspace (and staleMemories: how many of its memories have linked files that changed).",
         input_schema = input::<InfoRequest>(),
         output_schema = schema_for_output::<Info>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -171,7 +171,11 @@ workspace.",
             Err(e) => return self.error(TOOL, &e),
         };
         match self.service.info(req.repo_id.as_deref()).await {
-            Ok(resp) => self.structured(TOOL, &resp, CallOutcome::default()),
+            Ok(resp) => {
+                // With a memory service and a repoId: `staleMemories` too.
+                let resp = self.info_with_memory(req.repo_id.as_deref(), &resp).await;
+                self.structured(TOOL, &resp, CallOutcome::default())
+            }
             Err(e) => self.error(TOOL, &e),
         }
     }

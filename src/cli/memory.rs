@@ -1,0 +1,409 @@
+//! `confine memory store | query | rm | surface | check | sync | log`: the
+//! memories of the repositories in confine.toml, from the shell. Each
+//! command is one [`MemoryService`] call; `--json` prints the MCP tool's
+//! result shape.
+//!
+//! Exit status: 0 success; 1 bad input, or an unknown memory or repository
+//! (nothing was written), or with `check --strict` stale memories; 125 the
+//! configuration or the store could not be opened or written.
+
+use crate::config::Config;
+use crate::store::memory::{
+    Memory, MemoryError, MemoryService, MemoryType, QueryRequest, RemoveRequest, SortBy, StoreRequest, SurfaceRequest,
+};
+use crate::store::Store;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Exit code of a refused call (bad input, unknown id) or stale memories under `check --strict`.
+pub const EXIT_REFUSED: i32 = 1;
+
+#[derive(Debug, Subcommand)]
+pub enum MemoryCommand {
+    /// Store a memory (or update one with --memory-id); a duplicate returns the existing id.
+    #[command(
+        after_help = "Examples:\n  confine memory store --type bugfix --title 'Race in authenticate()' \\\n    \
+--content 'The token refresh was not awaited.' --file src/auth.rs --tag auth --confidence 0.9\n  \
+git log -1 --format=%B | confine memory store --type decision --title 'Why sled' --content-file -"
+    )]
+    Store(StoreArgs),
+    /// Search memories: words ranked by relevance, and filters.
+    #[command(after_help = "Examples:\n  confine memory query 'token refresh'\n  \
+confine memory query --type bugfix --tag auth --sort-by confidence\n  confine memory query --stale-only")]
+    Query(QueryArgs),
+    /// Remove a memory (soft delete: the log keeps it); --delete-file also removes its .md.
+    Rm(RmArgs),
+    /// The memories that matter for some symbols and files, best first.
+    #[command(after_help = "Example:\n  confine memory surface --file src/auth.rs --symbol 'auth::refresh'")]
+    Surface(SurfaceArgs),
+    /// Re-hash linked files and flag the memories whose files changed or vanished.
+    Check(AllArgs),
+    /// Read .confine-memory/*.md files added or edited by hand back into the store.
+    Sync(AllArgs),
+    /// The log of memory operations, newest first (removed memories stay in it).
+    Log(LogArgs),
+}
+
+/// Which repository: `--repo-id`, or `--repo DIR` of a configured one, or the only one.
+#[derive(Debug, Args)]
+pub struct RepoArgs {
+    /// A repository of [[repos]] in confine.toml (default: the only one configured).
+    #[arg(long, value_name = "ID", conflicts_with = "repo")]
+    pub repo_id: Option<String>,
+    /// The configured repository whose root is DIR (e.g. `--repo .`).
+    #[arg(long, value_name = "DIR")]
+    pub repo: Option<PathBuf>,
+    /// Print the result as JSON (the MCP tool's shape).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// decision, bugfix or task_context.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub memory_type: String,
+    /// Short title, 1–120 characters.
+    #[arg(long)]
+    pub title: String,
+    /// The content (1–50,000 characters).
+    #[arg(long, conflicts_with = "content_file", required_unless_present = "content_file")]
+    pub content: Option<String>,
+    /// Read the content from FILE (`-`: standard input).
+    #[arg(long, value_name = "FILE")]
+    pub content_file: Option<PathBuf>,
+    /// A tag (repeatable, at most 20).
+    #[arg(long = "tag", value_name = "TAG")]
+    pub tags: Vec<String>,
+    /// 0–1: 0.9 for a verified fact, 0.7 for a hypothesis (default 0.5).
+    #[arg(long)]
+    pub confidence: Option<f64>,
+    /// A linked symbol id (repeatable).
+    #[arg(long = "symbol", value_name = "ID")]
+    pub symbols: Vec<String>,
+    /// A linked file, relative to the repository root (repeatable).
+    #[arg(long = "file", value_name = "PATH")]
+    pub files: Vec<String>,
+    /// Update this memory instead of creating one.
+    #[arg(long)]
+    pub memory_id: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Words to search for in titles and content.
+    pub text: Option<String>,
+    /// Only this type (repeatable).
+    #[arg(long = "type", value_name = "TYPE")]
+    pub types: Vec<String>,
+    /// Only memories with this tag (repeatable: any of them).
+    #[arg(long = "tag", value_name = "TAG")]
+    pub tags: Vec<String>,
+    /// Only memories linked to this symbol (repeatable: any of them).
+    #[arg(long = "symbol", value_name = "ID")]
+    pub symbols: Vec<String>,
+    /// Only stale memories (re-checks linked files first).
+    #[arg(long)]
+    pub stale_only: bool,
+    /// 1–100.
+    #[arg(long, default_value_t = 20)]
+    pub limit: u32,
+    /// recency or confidence (default: relevance with TEXT, else recency).
+    #[arg(long, value_parser = ["recency", "confidence"])]
+    pub sort_by: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    pub memory_id: String,
+    /// Also delete .confine-memory/<memoryId>.md.
+    #[arg(long)]
+    pub delete_file: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SurfaceArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// A symbol the task touches (repeatable).
+    #[arg(long = "symbol", value_name = "ID")]
+    pub symbols: Vec<String>,
+    /// A file the task touches, relative to the repository root (repeatable).
+    #[arg(long = "file", value_name = "PATH")]
+    pub files: Vec<String>,
+    /// Only memories of this type: decision, bugfix or task_context.
+    #[arg(long, value_name = "TYPE")]
+    pub task_type: Option<String>,
+    /// 1–50.
+    #[arg(long, default_value_t = 10)]
+    pub limit: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct AllArgs {
+    /// Only this repository (default: every configured one).
+    #[arg(long, value_name = "ID")]
+    pub repo_id: Option<String>,
+    /// Exit 1 when a memory is stale (check) or a file could not be read (sync).
+    #[arg(long)]
+    pub strict: bool,
+    /// Print the reports as JSON, one per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Only this memory's entries.
+    #[arg(long)]
+    pub memory_id: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+}
+
+/// A failure and its exit code.
+struct Failure(i32, String);
+
+impl From<MemoryError> for Failure {
+    fn from(e: MemoryError) -> Self {
+        let code = match e {
+            MemoryError::Invalid(_)
+            | MemoryError::NotFound { .. }
+            | MemoryError::UnknownRepo { .. }
+            | MemoryError::Conflict { .. } => EXIT_REFUSED,
+            _ => super::EXIT_CONFINE_FAILED,
+        };
+        Failure(code, e.to_string())
+    }
+}
+
+fn refused(msg: impl Into<String>) -> Failure {
+    Failure(EXIT_REFUSED, msg.into())
+}
+
+pub fn main(config: Option<&Path>, cmd: MemoryCommand) -> i32 {
+    match run(config, cmd) {
+        Ok(code) => code,
+        Err(Failure(code, msg)) => {
+            eprintln!("confine memory: {msg}");
+            code
+        }
+    }
+}
+
+fn run(config: Option<&Path>, cmd: MemoryCommand) -> Result<i32, Failure> {
+    let cfg = Config::load(config).map_err(|e| Failure(super::EXIT_CONFINE_FAILED, e.to_string()))?;
+    let store = Store::open(&cfg.store_path()).map_err(|e| Failure(super::EXIT_CONFINE_FAILED, e.to_string()))?;
+    let svc = MemoryService::open(&store, &cfg.repos)?;
+    match cmd {
+        MemoryCommand::Store(a) => store_cmd(&cfg, &svc, a),
+        MemoryCommand::Query(a) => query_cmd(&cfg, &svc, a),
+        MemoryCommand::Rm(a) => {
+            let req = RemoveRequest {
+                repo_id: repo_id(&cfg, &a.repo)?,
+                memory_id: a.memory_id,
+                delete_file: Some(a.delete_file),
+            };
+            let r = svc.remove(&req)?;
+            let deleted = if r.file_deleted { " and its file" } else { "" };
+            emit(a.repo.json, &r, || println!("removed {}{deleted}", r.memory_id))
+        }
+        MemoryCommand::Surface(a) => surface_cmd(&cfg, &svc, a),
+        MemoryCommand::Check(a) => each_repo(&cfg, &a, |id| {
+            let r = svc.check(id)?;
+            let newly = if r.newly_stale.is_empty() {
+                String::new()
+            } else {
+                format!(" (newly: {})", r.newly_stale.join(", "))
+            };
+            emit(a.json, &r, || println!("{id}: {} checked, {} stale{newly}", r.checked, r.stale))?;
+            Ok(a.strict && r.stale > 0)
+        }),
+        MemoryCommand::Sync(a) => each_repo(&cfg, &a, |id| {
+            let r = svc.sync(id)?;
+            emit(a.json, &r, || {
+                println!(
+                    "{id}: {} imported, {} updated, {} rewritten, {} unchanged, {} missing",
+                    r.imported.len(),
+                    r.updated.len(),
+                    r.rewritten.len(),
+                    r.unchanged,
+                    r.missing.len()
+                )
+            })?;
+            for p in &r.problems {
+                eprintln!("confine memory: {id}: {}: {}", p.file, p.message);
+            }
+            Ok(a.strict && !r.problems.is_empty())
+        }),
+        MemoryCommand::Log(a) => {
+            let entries = svc.log(&repo_id(&cfg, &a.repo)?, a.memory_id.as_deref(), a.limit)?;
+            for e in &entries {
+                if a.repo.json {
+                    println!("{}", serde_json::to_string(e).unwrap_or_default());
+                } else {
+                    let detail = e.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
+                    println!("{:>6}  {}  {:<16} {}  {}{detail}", e.seq, e.timestamp, e.op, e.memory_id, e.title);
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// The repository a command names: `--repo-id`, `--repo DIR` (a configured
+/// root), or the only configured repository.
+fn repo_id(cfg: &Config, a: &RepoArgs) -> Result<String, Failure> {
+    if let Some(id) = &a.repo_id {
+        return Ok(id.clone());
+    }
+    if let Some(dir) = &a.repo {
+        let want = std::fs::canonicalize(dir).map_err(|e| refused(format!("--repo {}: {e}", dir.display())))?;
+        return cfg
+            .repos
+            .iter()
+            .find(|r| std::fs::canonicalize(&r.root).is_ok_and(|root| root == want))
+            .map(|r| r.id.clone())
+            .ok_or_else(|| {
+                refused(format!(
+                    "--repo {}: no [[repos]] entry of confine.toml has this root (memories belong to a configured repository)",
+                    dir.display()
+                ))
+            });
+    }
+    match cfg.repos.as_slice() {
+        [only] => Ok(only.id.clone()),
+        [] => Err(refused("no [[repos]] in confine.toml: add one (id and root) to keep memories")),
+        many => Err(refused(format!(
+            "several repositories are configured ({}): pick one with --repo-id or --repo DIR",
+            many.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+fn memory_type(s: &str) -> Result<MemoryType, Failure> {
+    MemoryType::parse(s).ok_or_else(|| refused(format!("unknown type '{s}': use decision, bugfix or task_context")))
+}
+
+/// Print `value` as JSON, or run `human`.
+fn emit<T: Serialize>(json: bool, value: &T, human: impl FnOnce()) -> Result<i32, Failure> {
+    if json {
+        let text = serde_json::to_string(value).map_err(|e| Failure(super::EXIT_CONFINE_FAILED, e.to_string()))?;
+        println!("{text}");
+    } else {
+        human();
+    }
+    Ok(0)
+}
+
+fn store_cmd(cfg: &Config, svc: &MemoryService, a: StoreArgs) -> Result<i32, Failure> {
+    let content = match (a.content, &a.content_file) {
+        (Some(c), _) => c,
+        (None, Some(p)) if p.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).map_err(|e| refused(format!("reading standard input: {e}")))?;
+            s
+        }
+        (None, Some(p)) => {
+            std::fs::read_to_string(p).map_err(|e| refused(format!("--content-file {}: {e}", p.display())))?
+        }
+        (None, None) => return Err(refused("give --content or --content-file")),
+    };
+    let req = StoreRequest {
+        repo_id: repo_id(cfg, &a.repo)?,
+        memory_type: memory_type(&a.memory_type)?,
+        title: a.title,
+        content,
+        tags: a.tags,
+        confidence: a.confidence,
+        symbol_ids: a.symbols,
+        file_rel_paths: a.files,
+        memory_id: a.memory_id,
+    };
+    let r = svc.store(&req)?;
+    emit(a.repo.json, &r, || {
+        let what = match (r.created, r.deduplicated) {
+            (true, _) => "stored",
+            (false, true) => "already stored as",
+            (false, false) => "updated",
+        };
+        println!("{what} {}", r.memory_id);
+    })
+}
+
+fn query_cmd(cfg: &Config, svc: &MemoryService, a: QueryArgs) -> Result<i32, Failure> {
+    let types = a.types.iter().map(|t| memory_type(t)).collect::<Result<Vec<_>, _>>()?;
+    let req = QueryRequest {
+        repo_id: repo_id(cfg, &a.repo)?,
+        query: a.text,
+        types,
+        tags: a.tags,
+        symbol_ids: a.symbols,
+        stale_only: Some(a.stale_only),
+        limit: Some(a.limit),
+        sort_by: a.sort_by.as_deref().map(|s| if s == "confidence" { SortBy::Confidence } else { SortBy::Recency }),
+    };
+    let r = svc.query(&req)?;
+    emit(a.repo.json, &r, || {
+        for m in &r.memories {
+            println!("{}", line(m, None));
+        }
+        println!("{} of {} shown", r.memories.len(), r.total);
+    })
+}
+
+fn surface_cmd(cfg: &Config, svc: &MemoryService, a: SurfaceArgs) -> Result<i32, Failure> {
+    let req = SurfaceRequest {
+        repo_id: repo_id(cfg, &a.repo)?,
+        symbol_ids: a.symbols,
+        file_rel_paths: a.files,
+        task_type: a.task_type.as_deref().map(memory_type).transpose()?,
+        limit: Some(a.limit),
+    };
+    let r = svc.surface(&req)?;
+    emit(a.repo.json, &r, || {
+        for s in &r.memories {
+            let matched: Vec<&str> = s.matched_symbols.iter().chain(&s.matched_files).map(String::as_str).collect();
+            println!("{}  (matched: {})", line(&s.memory, Some(s.score)), matched.join(", "));
+        }
+    })
+}
+
+/// `mem_…  bugfix        0.90  2026-05-20T12:34:56.789Z  title [stale]`.
+fn line(m: &Memory, score: Option<f64>) -> String {
+    let score = score.map(|s| format!("{s:.3}  ")).unwrap_or_default();
+    let stale = if m.stale { " [stale]" } else { "" };
+    format!(
+        "{score}{}  {:<12}  {:.2}  {}  {}{stale}",
+        m.memory_id,
+        m.memory_type.as_str(),
+        m.confidence,
+        m.updated_at,
+        m.title
+    )
+}
+
+/// Run `f` on `--repo-id` or every configured repository; exit 1 if any
+/// run asked for it (`--strict`).
+fn each_repo(cfg: &Config, a: &AllArgs, mut f: impl FnMut(&str) -> Result<bool, Failure>) -> Result<i32, Failure> {
+    let ids: Vec<String> = match &a.repo_id {
+        Some(id) => vec![id.clone()],
+        None if cfg.repos.is_empty() => return Err(refused("no [[repos]] in confine.toml: nothing to do")),
+        None => cfg.repos.iter().map(|r| r.id.clone()).collect(),
+    };
+    let mut flagged = false;
+    for id in ids {
+        flagged |= f(&id)?;
+    }
+    Ok(if flagged { EXIT_REFUSED } else { 0 })
+}

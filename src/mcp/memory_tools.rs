@@ -1,0 +1,214 @@
+//! The memory and feedback tools: memory_store, memory_query,
+//! memory_remove, memory_surface, agent_feedback, agent_feedback_query
+//! (the SDL-MCP memory tools, same camelCase parameters). Each parses its
+//! arguments, runs the [`MemoryService`] call on a blocking thread (sled and
+//! file hashing block), and shapes the result; the rules live in
+//! `crate::store::memory`. Registered only when the server was given a
+//! memory service ([`ConfineServer::with_memory`]).
+
+use super::server::{parse_args, CallOutcome, ConfineServer};
+use super::service::ServiceError;
+use crate::store::feedback::{FeedbackQuery, FeedbackQueryResult, FeedbackRequest, FeedbackResult};
+use crate::store::memory::{
+    MemoryError, MemoryService, QueryRequest, QueryResult, RemoveRequest, RemoveResult, StoreRequest, StoreResult,
+    SurfaceRequest, SurfaceResult,
+};
+use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input};
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::model::{CallToolResult, JsonObject};
+use rmcp::{tool, tool_router};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Input schema of a request type (see `tools.rs`: an empty schema and a
+/// log line beat a panic in a server).
+fn input<T: JsonSchema + 'static>() -> Arc<JsonObject> {
+    schema_for_input::<T>().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "invalid input schema");
+        schema_for_empty_input()
+    })
+}
+
+/// The memory service `confine serve` offers, on the server's one store:
+/// `None` (no memory tools) when confine.toml has no `[[repos]]`, since
+/// every memory belongs to a repository. Before serving, hand edits of
+/// every repository's `.md` files are read back and stale memories
+/// flagged; a repository that fails is logged, not fatal.
+pub async fn serve_memory(
+    config: &crate::config::Config,
+    store: &crate::store::Store,
+) -> Result<Option<Arc<MemoryService>>, super::McpError> {
+    if config.repos.is_empty() {
+        tracing::info!("no [[repos]] in the configuration: the memory tools are not offered");
+        return Ok(None);
+    }
+    let memory = MemoryService::open(store, &config.repos).map_err(|e| super::McpError::Service(e.to_string()))?;
+    let memory = Arc::new(memory);
+    let m = memory.clone();
+    match tokio::task::spawn_blocking(move || m.startup()).await {
+        Ok(problems) => {
+            for p in problems {
+                tracing::warn!("memory: {p}");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "memory: the start-up sync and check failed"),
+    }
+    Ok(Some(memory))
+}
+
+/// A memory error as a tool error with a stable status.
+pub(crate) fn service_error(e: MemoryError) -> ServiceError {
+    match e {
+        MemoryError::Invalid(_) | MemoryError::Conflict { .. } => ServiceError::Invalid(e.to_string()),
+        MemoryError::NotFound { .. } | MemoryError::UnknownRepo { .. } => ServiceError::NotFound(e.to_string()),
+        MemoryError::Repo { .. } | MemoryError::File { .. } | MemoryError::Store(_) | MemoryError::Corrupt { .. } => {
+            ServiceError::Internal(e.to_string())
+        }
+    }
+}
+
+impl ConfineServer {
+    /// Parse `args`, run `call` on the memory service off the async
+    /// threads, and answer with its result or a one-line tool error.
+    async fn memory_call<Req, Resp>(
+        &self,
+        tool: &str,
+        args: JsonObject,
+        call: impl FnOnce(&MemoryService, &Req) -> Result<Resp, MemoryError> + Send + 'static,
+    ) -> CallToolResult
+    where
+        Req: DeserializeOwned + Send + 'static,
+        Resp: Serialize + Send + 'static,
+    {
+        let Some(memory) = self.memory.clone() else {
+            let e = ServiceError::Internal(
+                "memory is not configured on this server (add [[repos]] to confine.toml)".into(),
+            );
+            return self.error(tool, &e);
+        };
+        let req = match parse_args::<Req>(args) {
+            Ok(r) => r,
+            Err(e) => return self.error(tool, &e),
+        };
+        let joined = tokio::task::spawn_blocking(move || call(&memory, &req)).await;
+        match joined {
+            Ok(Ok(resp)) => self.structured(tool, &resp, CallOutcome::default()),
+            Ok(Err(e)) => self.error(tool, &service_error(e)),
+            Err(e) => self.error(tool, &ServiceError::Internal(format!("the memory call failed: {e}"))),
+        }
+    }
+
+    /// `info`'s answer with `staleMemories` (live memories of `repo_id`
+    /// whose linked files changed), when this server keeps memories.
+    pub(crate) async fn info_with_memory<T: Serialize>(&self, repo_id: Option<&str>, info: &T) -> serde_json::Value {
+        let mut value = serde_json::to_value(info).unwrap_or_default();
+        let (Some(memory), Some(repo_id)) = (self.memory.clone(), repo_id) else { return value };
+        let id = repo_id.to_string();
+        match tokio::task::spawn_blocking(move || memory.stale_count(&id)).await {
+            Ok(Ok(n)) => {
+                if let Some(obj) = value.as_object_mut() {
+                    obj.insert("staleMemories".into(), n.into());
+                }
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "info: no stale memory count"),
+            Err(e) => tracing::warn!(error = %e, "info: the stale memory count failed"),
+        }
+        value
+    }
+}
+
+#[tool_router(router = memory_tools, vis = "pub(crate)")]
+impl ConfineServer {
+    #[tool(
+        name = "memory_store",
+        description = "Store a memory about repository repoId so later sessions can find it: type decision | \
+bugfix | task_context, a short title (1-120 chars) and content (1-50,000 chars; include the why, not just the \
+what). Optional: tags (<= 20), confidence 0-1 (0.9 verified fact, 0.7 hypothesis; default 0.5), symbolIds \
+(<= 100) and fileRelPaths (<= 100, existing files relative to the repo root; their SHA-256 is recorded and the \
+memory is flagged stale when they change). The same repoId+type+title+content returns the existing memoryId \
+with deduplicated: true. Pass memoryId to update that memory (upsert). The memory is also written to \
+<repo>/.confine-memory/<memoryId>.md for review. Bad arguments are tool errors 'invalid: <reason>'.",
+        input_schema = input::<StoreRequest>(),
+        output_schema = schema_for_output::<StoreResult>(),
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn memory_store(&self, args: JsonObject) -> CallToolResult {
+        self.memory_call("memory_store", args, |m, r: &StoreRequest| m.store(r)).await
+    }
+
+    #[tool(
+        name = "memory_query",
+        description = "Search the memories of repoId. query: words matched against title and content, ranked by \
+relevance (BM25; words, not substrings). Filters (each matches any of its values): types, tags, symbolIds; \
+staleOnly: true re-checks linked files and returns only memories whose files changed or vanished. limit 1-100 \
+(default 20); sortBy recency | confidence (default: relevance with a query, else recency). Returns \
+{memories, total}, total counting all matches before limit. Removed memories are never returned.",
+        input_schema = input::<QueryRequest>(),
+        output_schema = schema_for_output::<QueryResult>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn memory_query(&self, args: JsonObject) -> CallToolResult {
+        self.memory_call("memory_query", args, |m, r: &QueryRequest| m.query(r)).await
+    }
+
+    #[tool(
+        name = "memory_remove",
+        description = "Remove memory memoryId of repoId (soft delete: query and surface no longer return it; the \
+operation log keeps it). Its .confine-memory/<memoryId>.md is kept, marked deleted: true, unless deleteFile: \
+true removes it. An unknown memoryId is a tool error 'not_found: ...'.",
+        input_schema = input::<RemoveRequest>(),
+        output_schema = schema_for_output::<RemoveResult>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn memory_remove(&self, args: JsonObject) -> CallToolResult {
+        self.memory_call("memory_remove", args, |m, r: &RemoveRequest| m.remove(r)).await
+    }
+
+    #[tool(
+        name = "memory_surface",
+        description = "Before working on code, ask which memories matter: give the symbolIds (<= 500) and/or \
+fileRelPaths (<= 100) your task touches, optionally taskType (decision | bugfix | task_context) to keep one \
+type, and limit 1-50 (default 10). Returns memories linked to any of them, best first, ranked by score = \
+confidence x recencyFactor x overlapFactor, where recencyFactor = max(0.1, 0.5^(ageDays/30)) and overlapFactor = \
+(matched/queried + matched/linked)/2. Each carries score, factors, matchedSymbols and matchedFiles, and stale \
+(its linked files changed since it was stored: verify before trusting it).",
+        input_schema = input::<SurfaceRequest>(),
+        output_schema = schema_for_output::<SurfaceResult>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn memory_surface(&self, args: JsonObject) -> CallToolResult {
+        self.memory_call("memory_surface", args, |m, r: &SurfaceRequest| m.surface(r)).await
+    }
+
+    #[tool(
+        name = "agent_feedback",
+        description = "After a task, record which symbols of a slice were useful (usefulSymbols, at least 1) and \
+which were expected but missing (missingSymbols), for offline tuning. Required: repoId, versionId, sliceHandle, \
+usefulSymbols; optional taskTags (<= 20), taskType (debug | review | implement | explain), taskText. Returns \
+feedbackId and symbolsRecorded (useful + missing).",
+        input_schema = input::<FeedbackRequest>(),
+        output_schema = schema_for_output::<FeedbackResult>(),
+        annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
+    )]
+    async fn agent_feedback(&self, args: JsonObject) -> CallToolResult {
+        self.memory_call("agent_feedback", args, |m, r: &FeedbackRequest| m.feedback(r)).await
+    }
+
+    #[tool(
+        name = "agent_feedback_query",
+        description = "Read the feedback recorded for repoId, newest first: optional versionId, since (ISO time, \
+e.g. 2026-05-20T00:00:00Z) and limit 1-1000 (default 50). Returns {feedback, aggregatedStats{totalFeedback, \
+topUsefulSymbols, topMissingSymbols}, hasMore}; the stats cover every matching record, not only the page.",
+        input_schema = input::<FeedbackQuery>(),
+        output_schema = schema_for_output::<FeedbackQueryResult>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn agent_feedback_query(&self, args: JsonObject) -> CallToolResult {
+        self.memory_call("agent_feedback_query", args, |m, r: &FeedbackQuery| m.feedback_query(r)).await
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,304 @@
+//! The markdown mirror of a memory: `<repo>/.confine-memory/<memoryId>.md`,
+//! YAML front matter between `---` lines, then the content as the body, so
+//! a team can version and review its memories.
+//!
+//! ```text
+//! ---
+//! memoryId: mem_3f2a…
+//! repoId: demo
+//! type: bugfix
+//! title: Race in authenticate()
+//! tags: [auth]
+//! confidence: 0.9
+//! symbolIds: []
+//! fileRelPaths: [src/auth.rs]
+//! fileHashes: {src/auth.rs: 9f86d0…}   # SHA-256 when stored: the staleness baseline
+//! createdAt: 2026-05-20T12:34:56.789Z
+//! updatedAt: 2026-05-20T12:34:56.789Z
+//! deleted: false
+//! ---
+//! The content, verbatim, then one newline.
+//! ```
+//!
+//! Reading is strict (unknown keys are errors) and bounded (1 MiB, no
+//! symlinks followed). Writing goes to a temp file in the same directory,
+//! fsync, rename, fsync the directory: a reader sees the old file or the
+//! new one. This module never writes outside `.confine-memory/`.
+
+use super::types::{Memory, MemoryType};
+use super::MemoryError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// The directory of the mirrors, under the repository root.
+pub const MEMORY_DIR: &str = ".confine-memory";
+/// Largest `.md` file read back.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// The front matter. `stale` is not in it: staleness is re-derived on each
+/// machine from `fileHashes`, so the file only changes when the memory does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct FrontMatter {
+    #[serde(default)]
+    pub memory_id: Option<String>,
+    /// Informational: on read the directory decides the repository.
+    #[serde(default)]
+    pub repo_id: Option<String>,
+    #[serde(rename = "type")]
+    pub memory_type: MemoryType,
+    pub title: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub confidence: Option<f64>,
+    #[serde(default)]
+    pub symbol_ids: Vec<String>,
+    #[serde(default)]
+    pub file_rel_paths: Vec<String>,
+    /// SHA-256 of each linked file when the memory was stored (null: absent).
+    #[serde(default)]
+    pub file_hashes: BTreeMap<String, Option<String>>,
+    #[serde(default)]
+    pub created_at: Option<String>,
+    #[serde(default)]
+    pub updated_at: Option<String>,
+    #[serde(default)]
+    pub deleted: bool,
+}
+
+/// A parsed file: its front matter and body.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Parsed {
+    pub front: FrontMatter,
+    pub content: String,
+}
+
+/// The directory of a repository's mirrors (not created).
+pub(crate) fn dir(root: &Path) -> PathBuf {
+    root.join(MEMORY_DIR)
+}
+
+/// `.confine-memory/<id>.md`, as error messages and reports name it.
+pub(crate) fn shown(id: &str) -> String {
+    format!("{MEMORY_DIR}/{id}.md")
+}
+
+/// The file text of a memory.
+pub(crate) fn render(m: &Memory, file_hashes: &BTreeMap<String, Option<String>>) -> Result<String, MemoryError> {
+    let front = FrontMatter {
+        memory_id: Some(m.memory_id.clone()),
+        repo_id: Some(m.repo_id.clone()),
+        memory_type: m.memory_type,
+        title: m.title.clone(),
+        tags: m.tags.clone(),
+        confidence: Some(m.confidence),
+        symbol_ids: m.symbol_ids.clone(),
+        file_rel_paths: m.file_rel_paths.clone(),
+        file_hashes: file_hashes.clone(),
+        created_at: Some(m.created_at.clone()),
+        updated_at: Some(m.updated_at.clone()),
+        deleted: m.deleted,
+    };
+    let yaml = serde_yaml_ng::to_string(&front)
+        .map_err(|e| MemoryError::File { path: shown(&m.memory_id), message: format!("cannot encode: {e}") })?;
+    let mut text = String::with_capacity(yaml.len() + m.content.len() + 16);
+    text.push_str("---\n");
+    text.push_str(&yaml);
+    if !yaml.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str("---\n");
+    text.push_str(&m.content);
+    text.push('\n');
+    Ok(text)
+}
+
+/// Split and parse a file's text. Errors say what to fix, in one line.
+pub(crate) fn parse(text: &str) -> Result<Parsed, String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let rest = text
+        .strip_prefix("---\n")
+        .or_else(|| text.strip_prefix("---\r\n"))
+        .ok_or("the file must start with a '---' line (YAML front matter)")?;
+    let mut offset = 0;
+    let mut close = None;
+    for line in rest.split_inclusive('\n') {
+        let bare = line.trim_end_matches('\n').trim_end_matches('\r');
+        if bare == "---" {
+            close = Some((offset, offset + line.len(), line.ends_with("\r\n")));
+            break;
+        }
+        offset += line.len();
+    }
+    let (yaml_end, body_start, crlf) = close.ok_or("the front matter has no closing '---' line")?;
+    let front: FrontMatter = serde_yaml_ng::from_str(&rest[..yaml_end]).map_err(|e| {
+        let msg = e.to_string();
+        let msg = first_line(&msg);
+        // serde_yaml counts lines from the first line after the opening '---'.
+        match e.location() {
+            Some(loc) => {
+                let msg = msg.rfind(" at line ").map_or(msg, |i| &msg[..i]);
+                format!("line {} of the file: {msg}", loc.line() + 1)
+            }
+            None => format!("front matter: {msg}"),
+        }
+    })?;
+    let body = &rest[body_start..];
+    let suffix = if crlf { "\r\n" } else { "\n" };
+    let content = body.strip_suffix(suffix).or_else(|| body.strip_suffix('\n')).unwrap_or(body);
+    Ok(Parsed { front, content: content.to_string() })
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+/// Make `.confine-memory/` if needed; refuse one that is a symlink or not a
+/// directory (it could send writes out of the repository).
+pub(crate) fn ensure_dir(root: &Path, repo_id: &str) -> Result<PathBuf, MemoryError> {
+    let d = dir(root);
+    let refuse = |what: &str| MemoryError::Repo {
+        repo: repo_id.to_string(),
+        message: format!("{MEMORY_DIR} is {what}; move it away so confine can keep its memory files there"),
+    };
+    match std::fs::symlink_metadata(&d) {
+        Ok(m) if m.file_type().is_symlink() => Err(refuse("a symlink")),
+        Ok(m) if m.is_dir() => Ok(d),
+        Ok(_) => Err(refuse("not a directory")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::create_dir(&d) {
+            Ok(()) => Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => ensure_dir(root, repo_id),
+            Err(e) => Err(MemoryError::File { path: MEMORY_DIR.into(), message: e.kind().to_string() }),
+        },
+        Err(e) => Err(MemoryError::File { path: MEMORY_DIR.into(), message: e.kind().to_string() }),
+    }
+}
+
+/// Replace `<dir>/<id>.md` with `bytes` atomically.
+pub(crate) fn write_atomic(dir: &Path, id: &str, bytes: &[u8]) -> Result<(), MemoryError> {
+    let err = |e: std::io::Error| MemoryError::File { path: shown(id), message: e.to_string() };
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let tmp = dir.join(format!(".{id}.md.{}.{nonce}.tmp", std::process::id()));
+    let result = (|| {
+        // create_new: never follow or reuse something planted at that name.
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join(format!("{id}.md")))?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
+/// Remove `<dir>/<id>.md`; `Ok(false)` when it was not there.
+pub(crate) fn remove(dir: &Path, id: &str) -> Result<bool, MemoryError> {
+    match std::fs::remove_file(dir.join(format!("{id}.md"))) {
+        Ok(()) => {
+            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(MemoryError::File { path: shown(id), message: e.to_string() }),
+    }
+}
+
+/// Read a mirror without following a symlink, at most [`MAX_FILE_BYTES`].
+/// `Ok(None)` when there is no such file.
+pub(crate) fn read(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.kind().to_string()),
+    };
+    if !meta.is_file() {
+        return Err("not a regular file (symlinks are not followed)".into());
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NOFOLLOW);
+    let f = opts.open(path).map_err(|e| e.kind().to_string())?;
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| e.kind().to_string())?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+    }
+    Ok(Some(bytes))
+}
+
+/// The modification time of a file, in ms since the epoch.
+pub(crate) fn mtime_ms(path: &Path) -> Option<i64> {
+    let m = std::fs::symlink_metadata(path).ok()?.modified().ok()?;
+    Some(m.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
+}
+
+/// A `memoryId` from a file name `<id>.md` (hidden and other files: `None`).
+pub(crate) fn id_of(file_name: &str) -> Option<&str> {
+    file_name.strip_suffix(".md").filter(|id| !id.starts_with('.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory() -> Memory {
+        Memory {
+            memory_id: "mem_1".into(),
+            repo_id: "demo".into(),
+            memory_type: MemoryType::Bugfix,
+            title: "Race: in authenticate() # not a comment".into(),
+            content: "line one\n---\nafter a rule\n".into(),
+            tags: vec!["auth".into(), "yes".into()],
+            confidence: 0.9,
+            symbol_ids: vec!["sym:1".into()],
+            file_rel_paths: vec!["src/a.rs".into()],
+            created_at: "2026-05-20T12:34:56.789Z".into(),
+            updated_at: "2026-05-20T12:34:56.789Z".into(),
+            deleted: false,
+            stale: false,
+            stale_files: vec![],
+        }
+    }
+
+    #[test]
+    fn render_then_parse_round_trips_tricky_text() {
+        let m = memory();
+        let hashes = BTreeMap::from([("src/a.rs".to_string(), Some("ab".repeat(32))), ("gone".into(), None)]);
+        let text = render(&m, &hashes).unwrap();
+        assert!(text.starts_with("---\nmemoryId: mem_1\n"), "{text}");
+        let p = parse(&text).unwrap();
+        assert_eq!(p.content, m.content);
+        assert_eq!(p.front.title, m.title);
+        assert_eq!(p.front.tags, m.tags);
+        assert_eq!(p.front.file_hashes, hashes);
+        assert_eq!(p.front.confidence, Some(0.9));
+    }
+
+    #[test]
+    fn hand_written_files_parse_and_crlf_is_accepted() {
+        let text = "---\r\ntype: decision\r\ntitle: Use sled\r\ntags:\r\n  - storage\r\n---\r\nBecause.\r\n";
+        let p = parse(text).unwrap();
+        assert_eq!(p.front.memory_type, MemoryType::Decision);
+        assert_eq!(p.front.tags, vec!["storage".to_string()]);
+        assert_eq!(p.content, "Because.");
+    }
+
+    #[test]
+    fn bad_files_are_named_precisely() {
+        assert!(parse("no front matter").unwrap_err().contains("must start with"));
+        assert!(parse("---\ntype: bugfix\ntitle: x\n").unwrap_err().contains("no closing"));
+        let e = parse("---\ntype: bugfix\ntitle: x\ncolour: red\n---\nbody\n").unwrap_err();
+        assert!(e.contains("unknown field `colour`"), "{e}");
+        let e = parse("---\ntype: opinion\ntitle: x\n---\nbody\n").unwrap_err();
+        assert_eq!(
+            e,
+            "line 2 of the file: type: unknown variant `opinion`, expected one of `decision`, `bugfix`, `task_context`"
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! The memory store and the file system: staleness of linked files, `.md`
+//! files edited or added by hand, and bad input that must leave sled and
+//! the `.confine-memory` directory exactly as they were.
+
+use super::tests::{fixture, query, req, Fixture};
+use super::*;
+use std::time::{Duration, SystemTime};
+
+fn linked(f: &Fixture, title: &str, files: &[&str]) -> String {
+    let mut r = req(title, "content of a linked memory");
+    r.file_rel_paths = files.iter().map(|s| s.to_string()).collect();
+    f.db.store(&f.repo, &r).unwrap().memory_id
+}
+
+fn stale_only(f: &Fixture) -> Vec<Memory> {
+    let q = QueryRequest { repo_id: "demo".into(), stale_only: Some(true), ..Default::default() };
+    f.db.query(&f.repo, &q).unwrap().memories
+}
+
+fn touch(path: &std::path::Path, offset_secs: i64) {
+    let t = if offset_secs >= 0 {
+        SystemTime::now() + Duration::from_secs(offset_secs as u64)
+    } else {
+        SystemTime::now() - Duration::from_secs(offset_secs.unsigned_abs())
+    };
+    std::fs::File::options().write(true).open(path).unwrap().set_modified(t).unwrap();
+}
+
+#[test]
+fn editing_a_linked_file_flags_the_memory_stale() {
+    let f = fixture();
+    let a = linked(&f, "auth note", &["src/auth.rs"]);
+    let b = linked(&f, "db note", &["src/db.rs"]);
+    assert!(stale_only(&f).is_empty());
+    std::fs::write(f.root().join("src/auth.rs"), "fn authenticate() { changed }\n").unwrap();
+    let report = f.db.check(&f.repo).unwrap();
+    assert_eq!((report.checked, report.stale, report.newly_stale.clone()), (2, 1, vec![a.clone()]));
+    let stale = stale_only(&f);
+    assert_eq!(stale.len(), 1);
+    assert_eq!(
+        (stale[0].memory_id.as_str(), stale[0].stale_files.as_slice()),
+        (a.as_str(), &["src/auth.rs".to_string()][..])
+    );
+    // A second check finds nothing new.
+    assert!(f.db.check(&f.repo).unwrap().newly_stale.is_empty());
+    // Restoring the file clears the flag; re-storing re-baselines.
+    std::fs::write(f.root().join("src/auth.rs"), "fn authenticate() {}\n").unwrap();
+    assert_eq!(f.db.check(&f.repo).unwrap().no_longer_stale, vec![a.clone()]);
+    let log = f.db.log("demo", Some(&a), 10).unwrap();
+    assert_eq!(log.iter().map(|e| e.op.as_str()).collect::<Vec<_>>(), ["fresh", "stale", "store"]);
+    assert!(!query(&f, None).memories.iter().any(|m| m.stale));
+    let _ = b;
+}
+
+#[test]
+fn deleting_a_linked_file_flags_the_memory_stale() {
+    let f = fixture();
+    let a = linked(&f, "db note", &["src/db.rs", "src/auth.rs"]);
+    std::fs::remove_file(f.root().join("src/db.rs")).unwrap();
+    // Surface re-checks by itself.
+    let s = SurfaceRequest { repo_id: "demo".into(), file_rel_paths: vec!["src/auth.rs".into()], ..Default::default() };
+    let got = f.db.surface(&f.repo, &s).unwrap().memories;
+    assert_eq!(got[0].memory.memory_id, a);
+    assert!(got[0].memory.stale);
+    assert_eq!(got[0].memory.stale_files, ["src/db.rs"]);
+    // A symlink swapped in that leads out counts as vanished, never read.
+    let outside = f.root().parent().unwrap().join("secret");
+    std::fs::write(&outside, "x").unwrap();
+    std::os::unix::fs::symlink(&outside, f.root().join("src/db.rs")).unwrap();
+    assert_eq!(f.db.check(&f.repo).unwrap().stale, 1);
+}
+
+#[test]
+fn a_hand_edit_of_the_markdown_is_picked_up_by_sync() {
+    let f = fixture();
+    let a = linked(&f, "Retry policy", &["src/auth.rs"]);
+    let path = f.md(&a);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited = text.replace("content of a linked memory", "Three retries with jitter, decided in review.");
+    let edited = edited.replace("confidence: 0.5", "confidence: 0.95");
+    std::fs::write(&path, &edited).unwrap();
+    touch(&path, 2);
+    let report = f.db.sync(&f.repo).unwrap();
+    assert_eq!((report.updated.clone(), report.unchanged, report.problems.clone()), (vec![a.clone()], 0, vec![]));
+    let m = query(&f, Some("jitter")).memories.remove(0);
+    assert_eq!((m.memory_id.as_str(), m.confidence), (a.as_str(), 0.95));
+    assert_eq!(query(&f, Some("linked")).total, 0, "the old text left the index");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), edited, "the hand-written file is kept as written");
+    // Nothing changed since: unchanged.
+    assert_eq!(f.db.sync(&f.repo).unwrap().unchanged, 1);
+    let log = f.db.log("demo", Some(&a), 1).unwrap();
+    assert_eq!(log[0].op, "update_from_file");
+}
+
+#[test]
+fn an_edit_older_than_the_store_is_overwritten_from_the_store() {
+    let f = fixture();
+    let a = linked(&f, "Store wins", &[]);
+    let path = f.md(&a);
+    let original = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, original.replace("content of a linked memory", "stale edit")).unwrap();
+    touch(&path, -3600);
+    let report = f.db.sync(&f.repo).unwrap();
+    assert_eq!(report.rewritten, vec![a.clone()]);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), original);
+    assert_eq!(f.db.sync(&f.repo).unwrap().unchanged, 1);
+}
+
+#[test]
+fn files_added_by_hand_are_imported_and_bad_ones_reported() {
+    let f = fixture();
+    let dir = f.root().join(MEMORY_DIR);
+    std::fs::create_dir_all(&dir).unwrap();
+    let hand = "---\ntype: decision\ntitle: Keep sled\ntags: [storage]\nfileRelPaths: [src/db.rs]\n\
+                fileHashes: {src/db.rs: deadbeef}\n---\nOne store per host, flushed before replies.\n";
+    std::fs::write(dir.join("team-decision-1.md"), hand).unwrap();
+    std::fs::write(dir.join("broken.md"), "---\ntype: opinion\ntitle: x\n---\nbody\n").unwrap();
+    std::fs::write(dir.join("bad name!.md"), "x").unwrap();
+    std::fs::write(dir.join("README.txt"), "not a memory").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", dir.join("passwd.md")).unwrap();
+    let report = f.db.sync(&f.repo).unwrap();
+    assert_eq!(report.imported, ["team-decision-1"]);
+    let problems: Vec<&str> = report.problems.iter().map(|p| p.file.as_str()).collect();
+    assert_eq!(problems, [".confine-memory/bad name!.md", ".confine-memory/broken.md", ".confine-memory/passwd.md"]);
+    assert!(
+        report.problems[1].message.starts_with("line 2 of the file: type: unknown variant `opinion`"),
+        "{:?}",
+        report.problems[1]
+    );
+    assert!(report.problems[2].message.contains("symlinks are not followed"), "{:?}", report.problems[2]);
+    let m = query(&f, Some("flushed")).memories.remove(0);
+    assert_eq!(
+        (m.memory_id.as_str(), m.memory_type, m.repo_id.as_str()),
+        ("team-decision-1", MemoryType::Decision, "demo")
+    );
+    // The recorded hash is the baseline: the file differs from it, so stale.
+    assert!(m.stale, "{m:?}");
+    // A duplicate of an imported memory under another name is refused.
+    std::fs::write(dir.join("copy.md"), hand).unwrap();
+    let report = f.db.sync(&f.repo).unwrap();
+    assert!(report.problems.iter().any(|p| p.file.ends_with("copy.md") && p.message.contains("team-decision-1")));
+    assert_eq!(report.unchanged, 1);
+    // Storing the same memory through the tools deduplicates onto the file's id.
+    let mut same = req("Keep sled", "One store per host, flushed before replies.");
+    same.memory_type = MemoryType::Decision;
+    assert_eq!(f.db.store(&f.repo, &same).unwrap().memory_id, "team-decision-1");
+}
+
+#[test]
+fn a_memory_file_removed_by_hand_is_reported_missing() {
+    let f = fixture();
+    let a = linked(&f, "gone", &[]);
+    std::fs::remove_file(f.md(&a)).unwrap();
+    let report = f.db.sync(&f.repo).unwrap();
+    assert_eq!(report.missing, vec![a.clone()]);
+    assert_eq!(query(&f, None).total, 1, "left as it is");
+}
+
+/// Each bad input: a clear error, and sled and the directory unchanged.
+#[test]
+fn bad_input_is_refused_and_nothing_is_written() {
+    let f = fixture();
+    let outside = f.root().parent().unwrap().join("secret.txt");
+    std::fs::write(&outside, "secret").unwrap();
+    std::os::unix::fs::symlink(&outside, f.root().join("src/link.rs")).unwrap();
+    let with = |edit: &dyn Fn(&mut StoreRequest)| {
+        let mut r = req("A title", "Some content");
+        edit(&mut r);
+        r
+    };
+    let cases: Vec<(StoreRequest, &str)> = vec![
+        (with(&|r| r.title = "t".repeat(121)), "title is 121 characters; at most 120"),
+        (with(&|r| r.title = String::new()), "title must not be empty"),
+        (with(&|r| r.content = "c".repeat(50_001)), "content is 50001 characters; at most 50000"),
+        (with(&|r| r.tags = (0..21).map(|i| format!("t{i}")).collect()), "at most 20 tags (got 21)"),
+        (with(&|r| r.confidence = Some(1.5)), "confidence must be between 0 and 1 (got 1.5)"),
+        (with(&|r| r.confidence = Some(-0.1)), "confidence must be between 0 and 1"),
+        (with(&|r| r.symbol_ids = vec!["s".into(); 101]), "at most 100 symbolIds"),
+        (
+            with(&|r| r.file_rel_paths = vec!["../../etc/passwd".into()]),
+            "fileRelPath '../../etc/passwd' contains '..'; give a path inside the repository",
+        ),
+        (with(&|r| r.file_rel_paths = vec!["/etc/passwd".into()]), "fileRelPath '/etc/passwd' is absolute"),
+        (
+            with(&|r| r.file_rel_paths = vec!["src/link.rs".into()]),
+            "fileRelPath 'src/link.rs' leads outside the repository",
+        ),
+        (with(&|r| r.file_rel_paths = vec!["src/nope.rs".into()]), "fileRelPath 'src/nope.rs' does not exist"),
+        (with(&|r| r.file_rel_paths = vec!["src".into()]), "fileRelPath 'src' is not a regular file"),
+        (with(&|r| r.memory_id = Some("mem_unknown".into())), "unknown memoryId 'mem_unknown' in repository 'demo'"),
+        (with(&|r| r.memory_id = Some("../x".into())), "memoryId '../x' is not a memory id"),
+    ];
+    // Once with no .confine-memory directory yet, once with one.
+    for round in 0..2 {
+        let before = f.snapshot();
+        for (r, want) in &cases {
+            let e = f.db.store(&f.repo, r).unwrap_err().to_string();
+            assert!(e.contains(want), "round {round}: wanted '{want}', got '{e}'");
+            assert!(!e.contains(f.root().to_str().unwrap()), "no host path: {e}");
+        }
+        let rm = RemoveRequest { repo_id: "demo".into(), memory_id: "mem_unknown".into(), delete_file: Some(true) };
+        assert!(f.db.remove(&f.repo, &rm).unwrap_err().to_string().starts_with("unknown memoryId 'mem_unknown'"));
+        assert_eq!(f.snapshot(), before, "round {round}: nothing written");
+        if round == 0 {
+            assert!(before.1.is_none(), "no directory was created");
+            f.db.store(&f.repo, &req("a real one", "so the directory exists")).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_symlinked_memory_directory_is_refused() {
+    let f = fixture();
+    let elsewhere = f.root().parent().unwrap().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, f.root().join(MEMORY_DIR)).unwrap();
+    let e = f.db.store(&f.repo, &req("t", "c")).unwrap_err();
+    assert!(e.to_string().contains(".confine-memory is a symlink"), "{e}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    assert!(f.db.sync(&f.repo).is_err());
+    assert_eq!(query(&f, None).total, 0);
+}
