@@ -77,7 +77,9 @@ fn main() {
     println!("|---|---:|---:|---:|---:|");
     for r in &rows {
         let p50 = r.pct(0.5);
-        let ratio = |b: Option<Duration>| b.map(|b| format!("{:.2}", p50.as_secs_f64() / b.as_secs_f64())).unwrap_or("–".into());
+        let ratio = |b: Option<Duration>| {
+            b.map(|b| format!("{:.2}", p50.as_secs_f64() / b.as_secs_f64())).unwrap_or("–".into())
+        };
         println!("| {} | {} | {} | {} | {} |", r.name, ms(p50), ms(r.pct(0.99)), ratio(plain_p50), ratio(bwrap_p50));
     }
 }

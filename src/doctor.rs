@@ -31,13 +31,7 @@ pub struct Report {
 }
 
 fn check(name: &str, ok: bool, detail: impl Into<String>, fix: &str, required: bool) -> Check {
-    Check {
-        name: name.into(),
-        ok,
-        detail: detail.into(),
-        fix: if ok { None } else { Some(fix.into()) },
-        required,
-    }
+    Check { name: name.into(), ok, detail: detail.into(), fix: if ok { None } else { Some(fix.into()) }, required }
 }
 
 fn read_trim(path: &str) -> Option<String> {
@@ -183,7 +177,9 @@ fn cgroup_checks(root: bool) -> Vec<Check> {
         .collect();
     if let Some(u) = layout.unified() {
         if let Some(own) = u.dir_of(&u.own) {
-            if let Some(list) = std::fs::read_to_string(own.join("cgroup.controllers")).ok().filter(|l| !l.trim().is_empty()) {
+            if let Some(list) =
+                std::fs::read_to_string(own.join("cgroup.controllers")).ok().filter(|l| !l.trim().is_empty())
+            {
                 controllers.extend(list.split_whitespace().map(|c| format!("{c} (v2)")));
             }
             if own.join("cgroup.kill").exists() {
@@ -195,7 +191,8 @@ fn cgroup_checks(root: bool) -> Vec<Check> {
     let have = |c: &str| {
         layout.v1(c).is_some()
             || layout.unified().and_then(|u| u.dir_of(&u.own)).is_some_and(|d| {
-                std::fs::read_to_string(d.join("cgroup.controllers")).is_ok_and(|l| l.split_whitespace().any(|x| x == c))
+                std::fs::read_to_string(d.join("cgroup.controllers"))
+                    .is_ok_and(|l| l.split_whitespace().any(|x| x == c))
             })
     };
     let missing: Vec<&str> = needed.iter().copied().filter(|c| !have(c)).collect();
@@ -251,7 +248,13 @@ pub fn render(report: &Report) -> String {
     let width = report.checks.iter().map(|c| c.name.chars().count()).max().unwrap_or(0);
     let mut out = String::new();
     for c in &report.checks {
-        let mark = if c.ok { "✓" } else if c.required { "✗" } else { "-" };
+        let mark = if c.ok {
+            "✓"
+        } else if c.required {
+            "✗"
+        } else {
+            "-"
+        };
         out.push_str(&format!("{mark} {:width$}  {}\n", c.name, c.detail));
         if let Some(fix) = &c.fix {
             out.push_str(&format!("  {:width$}  fix: {fix}\n", ""));

@@ -4,7 +4,15 @@
 //! supervisor → backend spawn → output capture → store → response.
 
 pub mod cli;
+pub mod config;
+#[cfg(target_os = "linux")]
+pub mod doctor;
 pub mod env;
 pub mod job;
+pub mod mcp;
+pub mod output;
+pub mod policy;
+pub mod runtimes;
 pub mod sandbox;
 pub mod store;
+pub mod supervisor;

@@ -7,5 +7,10 @@ fn main() {
     if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new("__init")) {
         confine::sandbox::linux::init::main();
     }
+    // The unix-fallback backend's stage: forks the job, reaps, kills the tree.
+    #[cfg(unix)]
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new("__fallback-init")) {
+        confine::sandbox::unix_fallback::stage::main();
+    }
     std::process::exit(confine::cli::main());
 }

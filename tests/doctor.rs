@@ -31,6 +31,9 @@ fn doctor_table_marks_each_check() {
     let out = Command::new(bin()).args(["doctor", "--no-smoke"]).output().unwrap();
     let text = stdout(&out);
     assert!(text.contains("✓ kernel"), "{text}");
-    assert!(text.lines().filter(|l| l.starts_with('✓') || l.starts_with('✗') || l.starts_with('-')).count() >= 6, "{text}");
+    assert!(
+        text.lines().filter(|l| l.starts_with('✓') || l.starts_with('✗') || l.starts_with('-')).count() >= 6,
+        "{text}"
+    );
     assert!(text.contains("full isolation"), "{text}");
 }

@@ -81,7 +81,12 @@ fn runtimes_present_on_this_host_run_code() {
         ("cpp", "c++", "#include <iostream>\nint main(){std::cout<<\"cpp-ok\"<<std::endl;}", "cpp-ok"),
         ("rust", "rustc", "fn main(){println!(\"rust-ok\");}", "rust-ok"),
         ("node", "node", "console.log('node-ok')", "node-ok"),
-        ("java", "javac", "public class Main{public static void main(String[] a){System.out.println(\"java-ok\");}}", "java-ok"),
+        (
+            "java",
+            "javac",
+            "public class Main{public static void main(String[] a){System.out.println(\"java-ok\");}}",
+            "java-ok",
+        ),
         ("ruby", "ruby", "puts 'ruby-ok'", "ruby-ok"),
         ("php", "php", "<?php echo \"php-ok\\n\";", "php-ok"),
         ("go", "go", "package main\nimport \"fmt\"\nfunc main(){fmt.Println(\"go-ok\")}", "go-ok"),
@@ -102,7 +107,8 @@ fn runtimes_present_on_this_host_run_code() {
         assert!(stderr(&out).contains("confine: success exit=0"), "{runtime}: {}", stderr(&out));
     }
     // Code mode writes its source into the sandbox's /tmp, never into the repo.
-    let mut names: Vec<String> = std::fs::read_dir(&env.repo).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(&env.repo).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
     names.sort();
     assert_eq!(names, ["data.txt"]);
 }
@@ -121,7 +127,11 @@ fn args_mode_runs_the_runtime_executable_in_the_repo() {
 #[test]
 fn the_gate_denies_everything_until_enabled() {
     let env = Env::new("");
-    std::fs::write(&env.config, std::fs::read_to_string(&env.config).unwrap().replace("enabled = true", "enabled = false")).unwrap();
+    std::fs::write(
+        &env.config,
+        std::fs::read_to_string(&env.config).unwrap().replace("enabled = true", "enabled = false"),
+    )
+    .unwrap();
     let v = env.json(&["--repo-id", "demo", "--runtime", "shell", "--code", "echo no"]);
     assert_eq!(v["status"], "denied");
     assert_eq!(v["error"], "runtime execution is disabled (set runtime.enabled = true)");
@@ -240,7 +250,16 @@ fn stdin_file_is_fed_to_the_job() {
     let env = Env::new("");
     let input = env.dir.path().join("in.txt");
     std::fs::write(&input, "from stdin\n").unwrap();
-    let out = env.exec(&["--repo-id", "demo", "--runtime", "python", "--stdin-file", input.to_str().unwrap(), "--code", "import sys; print(sys.stdin.read().upper(), end='')"]);
+    let out = env.exec(&[
+        "--repo-id",
+        "demo",
+        "--runtime",
+        "python",
+        "--stdin-file",
+        input.to_str().unwrap(),
+        "--code",
+        "import sys; print(sys.stdin.read().upper(), end='')",
+    ]);
     assert_eq!(stdout(&out), "FROM STDIN\n", "{}", stderr(&out));
 }
 
@@ -251,5 +270,3 @@ fn malformed_config_fails_naming_the_file() {
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("confine.toml") && stderr(&out).contains("runtime_typo"), "{}", stderr(&out));
 }
-
-

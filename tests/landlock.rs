@@ -73,7 +73,8 @@ fn host_network_allows_tcp() {
     }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let out = run(&["--net", "host", "--", "/bin/bash", "-c", &format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo sent")]);
+    let out =
+        run(&["--net", "host", "--", "/bin/bash", "-c", &format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo sent")]);
     assert_eq!(stdout(&out), "sent\n", "{}", stderr(&out));
 }
 
@@ -88,7 +89,11 @@ fn setuid_root_binary_does_not_elevate() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let src = dir.path().join("euid.c");
-    std::fs::write(&src, "#include <stdio.h>\n#include <unistd.h>\nint main(){printf(\"%d %d\\n\",getuid(),geteuid());return 0;}\n").unwrap();
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <unistd.h>\nint main(){printf(\"%d %d\\n\",getuid(),geteuid());return 0;}\n",
+    )
+    .unwrap();
     let bin = dir.path().join("euid");
     let cc = std::process::Command::new("cc").arg("-o").arg(&bin).arg(&src).status().unwrap();
     assert!(cc.success());

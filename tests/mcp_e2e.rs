@@ -184,7 +184,11 @@ impl HttpServer {
     fn start(token: Option<&str>) -> HttpServer {
         let (dir, config) = test_config();
         let mut cmd = Command::new(exe());
-        cmd.arg("--config").arg(&config).args(["serve", "--http", "127.0.0.1:0"]).env_remove("CONFINE_TOKEN").env("CONFINE_LOG", "info");
+        cmd.arg("--config")
+            .arg(&config)
+            .args(["serve", "--http", "127.0.0.1:0"])
+            .env_remove("CONFINE_TOKEN")
+            .env("CONFINE_LOG", "info");
         if let Some(t) = token {
             cmd.env("CONFINE_TOKEN", t);
         }
@@ -295,7 +299,11 @@ fn http_guard_answers_401_403_413() {
 fn non_loopback_bind_requires_a_token() {
     let (_dir, config) = test_config();
     let ran = run_for(
-        Command::new(exe()).arg("--config").arg(&config).args(["serve", "--http", "0.0.0.0:0"]).env_remove("CONFINE_TOKEN"),
+        Command::new(exe())
+            .arg("--config")
+            .arg(&config)
+            .args(["serve", "--http", "0.0.0.0:0"])
+            .env_remove("CONFINE_TOKEN"),
         Duration::from_secs(30),
     )
     .unwrap();

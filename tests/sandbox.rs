@@ -11,10 +11,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::{Command, Stdio};
 
 fn field<'a>(text: &'a str, key: &str) -> &'a str {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .map(str::trim)
-        .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
+    text.lines().find_map(|l| l.strip_prefix(key)).map(str::trim).unwrap_or_else(|| panic!("no {key} in:\n{text}"))
 }
 
 #[test]
@@ -52,7 +49,8 @@ echo "pids=$(ls /proc | grep -E '^[0-9]+$' | tr '\n' ,)"
     assert_ne!(map[1], 0, "job maps to host root: {text}");
     assert_eq!(map[2], 1);
     // Host pids are invisible: only the sandbox's few processes are listed.
-    let pids: Vec<u32> = field(&text, "pids=").split(',').filter(|p| !p.is_empty()).map(|p| p.parse().unwrap()).collect();
+    let pids: Vec<u32> =
+        field(&text, "pids=").split(',').filter(|p| !p.is_empty()).map(|p| p.parse().unwrap()).collect();
     // (each shell pipeline above took a few pids, so numbers reach the teens)
     assert!(pids.len() <= 6 && pids.iter().all(|p| *p < 100), "host pids visible: {pids:?}");
     assert!(!pids.contains(&std::process::id()));
@@ -222,7 +220,12 @@ fn dev_is_minimal() {
     if !sandbox_available() {
         return;
     }
-    let out = run(&["--", "/bin/sh", "-c", "ls /dev | tr '\\n' ' '; head -c 4 /dev/zero | wc -c; echo x > /dev/null && echo null-ok"]);
+    let out = run(&[
+        "--",
+        "/bin/sh",
+        "-c",
+        "ls /dev | tr '\\n' ' '; head -c 4 /dev/zero | wc -c; echo x > /dev/null && echo null-ok",
+    ]);
     let text = stdout(&out);
     for dev in ["full", "null", "random", "shm", "tty", "urandom", "zero"] {
         assert!(text.split_whitespace().any(|d| d == dev), "/dev/{dev} missing: {text}");

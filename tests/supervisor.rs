@@ -68,10 +68,8 @@ async fn cancel_kills_the_tree_and_is_audited() {
     let dir = tempfile::tempdir().unwrap();
     let sup = supervisor(dir.path(), 2, 4);
     let tok = token("cancel");
-    let req = ExecuteRequest {
-        code: Some(format!("setsid sh -c 'sleep 1000; : {tok}' & sleep 1000")),
-        ..sleep_req("0")
-    };
+    let req =
+        ExecuteRequest { code: Some(format!("setsid sh -c 'sleep 1000; : {tok}' & sleep 1000")), ..sleep_req("0") };
     let cancel = Box::pin(async { tokio::time::sleep(std::time::Duration::from_millis(500)).await });
     let started = std::time::Instant::now();
     let resp = sup.execute(req, ExecControl { cancel: Some(cancel), ..ExecControl::default() }).await;

@@ -13,6 +13,26 @@ pub struct DoctorArgs {
     pub no_smoke: bool,
 }
 
+/// Without the Linux sandbox there is nothing to probe: only the weaker
+/// backend, and what it lacks.
+#[cfg(not(target_os = "linux"))]
+pub fn main(args: DoctorArgs) -> i32 {
+    use crate::sandbox::{Backend, BackendKind};
+    let kind = BackendKind::strongest();
+    if args.json {
+        let report = serde_json::json!({"backend": kind.name(), "fullIsolation": false, "missing": kind.lost()});
+        println!("{report}");
+    } else {
+        println!(
+            "backend: {} (degraded; runs need --allow-degraded)\nmissing: {}\nfix: use a Linux host (or the Vagrant VMs in vagrant/) for full isolation",
+            kind.name(),
+            kind.lost().join(", ")
+        );
+    }
+    1
+}
+
+#[cfg(target_os = "linux")]
 pub fn main(args: DoctorArgs) -> i32 {
     let exe = std::env::current_exe().ok();
     let smoke = if args.no_smoke { None } else { exe.as_deref() };

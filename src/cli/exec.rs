@@ -179,7 +179,8 @@ fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
     } else if let (Some(_), Some(view)) = (args.output_mode, &resp.output) {
         print_view(view);
     }
-    let status = serde_json::to_value(resp.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    let status =
+        serde_json::to_value(resp.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
     let mut line = format!("confine: {status}");
     if let Some(c) = resp.exit_code {
         line.push_str(&format!(" exit={c}"));

@@ -1,7 +1,15 @@
 //! Command-line interface: one file per subcommand. Parsing and exit codes
 //! live here; everything else is a library call.
 
+pub mod artifacts;
+pub mod audit;
+pub mod doctor;
+#[cfg(target_os = "linux")]
+pub mod exec;
+pub mod memory;
+pub mod policy;
 pub mod run;
+pub mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -18,6 +26,10 @@ on a private read-only root, with landlock, seccomp, dropped capabilities and no
 Examples:\n  confine run -- python3 -c 'print(1)'\n  confine run --workspace . --rw -- make test\n  echo hi | confine run -- cat"
 )]
 pub struct Cli {
+    /// Read the configuration from FILE (else $CONFINE_CONFIG, else
+    /// $XDG_CONFIG_HOME/confine/config.toml, else the built-in defaults).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -26,6 +38,27 @@ pub struct Cli {
 pub enum Command {
     /// Run one command in a fresh sandbox and exit with its status.
     Run(run::RunArgs),
+    /// Run code or a command through the governed pipeline (gate, policy, queue, audit).
+    #[cfg(target_os = "linux")]
+    Exec(exec::ExecArgs),
+    /// Report what this host can enforce, with a fix for each gap (exit 1 if not everything).
+    Doctor(doctor::DoctorArgs),
+    /// Dry-run the policy for a request.
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
+    /// Inspect, verify and export the audit trail.
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
+    /// List, show, query and remove stored job output.
+    #[command(subcommand)]
+    Artifacts(artifacts::ArtifactsCommand),
+    /// Remove expired and incomplete artifacts, then the oldest past the size cap.
+    Gc(artifacts::GcArgs),
+    /// Serve the MCP tools (runtime_execute, …) over stdio, or streamable HTTP with --http.
+    Serve(serve::ServeArgs),
+    /// Store, search, surface and check the memories of the configured repositories.
+    #[command(subcommand)]
+    Memory(memory::MemoryCommand),
 }
 
 /// Parse the command line, run it, and return the process exit code.
@@ -33,5 +66,14 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::main(args),
+        Command::Doctor(args) => doctor::main(args),
+        #[cfg(target_os = "linux")]
+        Command::Exec(args) => exec::main(cli.config.as_deref(), args),
+        Command::Policy(cmd) => policy::main(cli.config.as_deref(), cmd),
+        Command::Audit(cmd) => audit::main(cli.config.as_deref(), cmd),
+        Command::Artifacts(cmd) => artifacts::main(cli.config.as_deref(), cmd),
+        Command::Gc(args) => artifacts::gc_main(cli.config.as_deref(), args),
+        Command::Serve(args) => serve::main(cli.config.as_deref(), args),
+        Command::Memory(cmd) => memory::main(cli.config.as_deref(), cmd),
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::env::{scrubbed, EnvArg};
 use crate::job::{Bind, JobSpec, Network, Outcome};
-use crate::sandbox::{SandboxError, StdioSpec};
+use crate::sandbox::{BackendKind, SandboxError, StdioSpec};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,6 +14,30 @@ pub enum NetArg {
     None,
     /// Share the host's network.
     Host,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The strongest backend of this build.
+    Auto,
+    /// Namespaces, landlock, seccomp, cgroups.
+    Linux,
+    /// Process group, session, rlimits, tree kill (weaker).
+    UnixFallback,
+    /// A Job Object (weaker).
+    Windows,
+}
+
+impl BackendArg {
+    /// `None` for auto.
+    pub fn kind(self) -> Option<BackendKind> {
+        match self {
+            BackendArg::Auto => None,
+            BackendArg::Linux => Some(BackendKind::Linux),
+            BackendArg::UnixFallback => Some(BackendKind::UnixFallback),
+            BackendArg::Windows => Some(BackendKind::Windows),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -49,9 +73,15 @@ pub struct RunArgs {
     /// Write the outcome as JSON to FILE when the job ends.
     #[arg(long, value_name = "FILE")]
     pub json_status: Option<PathBuf>,
-    /// Run even when an isolation layer can't be applied; the outcome names it.
+    /// Run even when an isolation layer can't be applied, or on a weaker
+    /// backend; the outcome names what is missing.
     #[arg(long)]
     pub allow_degraded: bool,
+    /// Sandbox backend: `auto` is the strongest this build has (linux on
+    /// Linux) and never silently a weaker one; `unix-fallback` and `windows`
+    /// need --allow-degraded.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendArg,
     /// seccomp profile in OCI/Docker JSON format (default: the embedded seccomp/default.json)
     #[arg(long, value_name = "FILE")]
     pub seccomp: Option<PathBuf>,
@@ -173,8 +203,58 @@ pub fn main(args: RunArgs) -> i32 {
     code
 }
 
-#[cfg(target_os = "linux")]
 async fn run(args: &RunArgs) -> Result<Outcome, SandboxError> {
+    match crate::sandbox::select(args.backend.kind(), args.allow_degraded)? {
+        #[cfg(target_os = "linux")]
+        BackendKind::Linux => run_linux(args).await,
+        #[cfg(unix)]
+        BackendKind::UnixFallback => run_fallback(args).await,
+        #[cfg(windows)]
+        BackendKind::Windows => {
+            let spec = job_spec(args)?;
+            crate::sandbox::windows::run(&spec, StdioSpec::inherit(), stop_request()).await
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(SandboxError::BackendUnavailable {
+            backend: crate::sandbox::Backend::name(&other),
+            reason: "not built for this platform".into(),
+        }),
+    }
+}
+
+/// The first stop request confine gets (SIGTERM, SIGINT, SIGHUP), as the
+/// signal to forward to the job.
+#[cfg(unix)]
+fn stop_request() -> Result<impl std::future::Future<Output = libc::c_int>, SandboxError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(SandboxError::Spawn)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(SandboxError::Spawn)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(SandboxError::Spawn)?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => libc::SIGTERM,
+            _ = int.recv() => libc::SIGINT,
+            _ = hup.recv() => libc::SIGHUP,
+        }
+    })
+}
+
+/// Ctrl-C or Ctrl-Break: Windows has no signals to forward, only the tree kill.
+#[cfg(windows)]
+async fn stop_request() {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(unix)]
+async fn run_fallback(args: &RunArgs) -> Result<Outcome, SandboxError> {
+    let spec = job_spec(args)?;
+    // Before the job starts: a stop request must reach the job, not end confine.
+    let cancel = stop_request()?;
+    crate::sandbox::unix_fallback::run(&spec, StdioSpec::inherit(), args.kill_grace, cancel).await
+}
+
+#[cfg(target_os = "linux")]
+async fn run_linux(args: &RunArgs) -> Result<Outcome, SandboxError> {
     use tokio::signal::unix::{signal, SignalKind};
     let spec = job_spec(args)?;
     // Compiled once, before the job: a profile that does not compile exactly
@@ -206,6 +286,12 @@ async fn run(args: &RunArgs) -> Result<Outcome, SandboxError> {
     Ok(job.supervise(args.kill_grace, cancel).await)
 }
 
+/// The signal of RLIMIT_CPU (Windows has none; no signal there matches).
+#[cfg(unix)]
+const SIGXCPU: i32 = libc::SIGXCPU;
+#[cfg(not(unix))]
+const SIGXCPU: i32 = -1;
+
 /// The one line that explains an exit status of 124 or 137.
 fn limit_message(o: &Outcome) -> Option<String> {
     use crate::job::Status;
@@ -214,7 +300,7 @@ fn limit_message(o: &Outcome) -> Option<String> {
         Status::Timeout => {
             let cpu_used = o.usage.cpu_user_ms + o.usage.cpu_sys_ms;
             Some(match (l.cpu_time_ms, l.timeout_ms) {
-                (Some(cpu), t) if cpu_used >= cpu || o.signal == Some(libc::SIGXCPU) || t.is_none() => {
+                (Some(cpu), t) if cpu_used >= cpu || o.signal == Some(SIGXCPU) || t.is_none() => {
                     format!("CPU time limit of {} reached; the job was killed", human_ms(cpu))
                 }
                 (_, Some(t)) => format!("timed out after {}; the job was stopped", human_ms(t)),
@@ -232,7 +318,7 @@ fn limit_message(o: &Outcome) -> Option<String> {
 }
 
 fn human_ms(ms: u64) -> String {
-    if ms % 1000 != 0 || ms < 1000 {
+    if !ms.is_multiple_of(1000) || ms < 1000 {
         if ms < 1000 {
             return format!("{ms}ms");
         }
@@ -243,7 +329,7 @@ fn human_ms(ms: u64) -> String {
 
 fn human_bytes(b: u64) -> String {
     for (unit, size) in [("G", 1u64 << 30), ("M", 1 << 20), ("K", 1 << 10)] {
-        if b >= size && b % size == 0 {
+        if b >= size && b.is_multiple_of(size) {
             return format!("{}{unit}", b / size);
         }
     }
@@ -370,9 +456,4 @@ mod limit_parsing_tests {
         assert_eq!(human_ms(250), "250ms");
         assert_eq!(human_bytes(64 << 20), "64M");
     }
-}
-
-#[cfg(not(target_os = "linux"))]
-async fn run(_args: &RunArgs) -> Result<Outcome, SandboxError> {
-    Err(SandboxError::Unavailable("no sandbox backend for this platform yet".into()))
 }

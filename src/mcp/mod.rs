@@ -12,6 +12,7 @@
 pub mod fake;
 pub mod http;
 pub mod http_guard;
+mod memory_tools;
 mod progress;
 #[cfg(target_os = "linux")]
 pub mod real;
@@ -20,7 +21,6 @@ pub mod service;
 mod tools;
 pub mod types;
 pub mod usage;
-mod memory_tools;
 
 pub use fake::FakeService;
 pub use memory_tools::serve_memory;

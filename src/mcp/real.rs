@@ -278,7 +278,12 @@ impl RuntimeService for SupervisorService {
             excerpts: r
                 .excerpts
                 .into_iter()
-                .map(|x| Excerpt { line_start: x.line_start, line_end: x.line_end, content: x.content, source: stream(x.source) })
+                .map(|x| Excerpt {
+                    line_start: x.line_start,
+                    line_end: x.line_end,
+                    content: x.content,
+                    source: stream(x.source),
+                })
                 .collect(),
             total_lines: r.total_lines,
             total_bytes: r.total_bytes,
@@ -302,7 +307,9 @@ impl RuntimeService for SupervisorService {
         }
         let mut output = None;
         if let Some(id) = &req.job_id {
-            let job = jobs.get(id).ok_or_else(|| ServiceError::NotFound(format!("job '{id}' not found (list jobs without a jobId)")))?;
+            let job = jobs
+                .get(id)
+                .ok_or_else(|| ServiceError::NotFound(format!("job '{id}' not found (list jobs without a jobId)")))?;
             let buf = job.mirror.lock().map_err(internal)?;
             let offset = req.offset.unwrap_or(0).min(buf.len() as u64);
             let slice = &buf[offset as usize..];
@@ -322,9 +329,9 @@ impl RuntimeService for SupervisorService {
     async fn kill(&self, job_id: &str) -> Result<ExecuteResponse, ServiceError> {
         let mut done = {
             let jobs = self.jobs.lock().map_err(internal)?;
-            let job = jobs
-                .get(job_id)
-                .ok_or_else(|| ServiceError::NotFound(format!("job '{job_id}' not found (list jobs with runtime_jobs)")))?;
+            let job = jobs.get(job_id).ok_or_else(|| {
+                ServiceError::NotFound(format!("job '{job_id}' not found (list jobs with runtime_jobs)"))
+            })?;
             job.cancel.cancel();
             job.done.clone()
         };
@@ -341,9 +348,23 @@ impl RuntimeService for SupervisorService {
         let host = crate::runtimes::toolchain::Host::from_env();
         let runtimes = crate::runtimes::NAMES
             .iter()
-            .map(|name| match crate::runtimes::lookup(name).and_then(|rt| crate::runtimes::toolchain::resolve(rt, None, true, &host)) {
-                Ok(r) => RuntimeInfo { name: name.to_string(), available: true, executable: Some(r.executable.display().to_string()), note: None },
-                Err(e) => RuntimeInfo { name: name.to_string(), available: false, executable: None, note: Some(e.to_string()) },
+            .map(|name| {
+                match crate::runtimes::lookup(name)
+                    .and_then(|rt| crate::runtimes::toolchain::resolve(rt, None, true, &host))
+                {
+                    Ok(r) => RuntimeInfo {
+                        name: name.to_string(),
+                        available: true,
+                        executable: Some(r.executable.display().to_string()),
+                        note: None,
+                    },
+                    Err(e) => RuntimeInfo {
+                        name: name.to_string(),
+                        available: false,
+                        executable: None,
+                        note: Some(e.to_string()),
+                    },
+                }
             })
             .collect();
         let report = tokio::task::spawn_blocking(|| crate::doctor::diagnose(None)).await.map_err(internal)?;
@@ -351,7 +372,13 @@ impl RuntimeService for SupervisorService {
             .checks
             .iter()
             .map(|c| Finding {
-                level: if c.ok { "ok".into() } else if c.required { "error".into() } else { "warning".into() },
+                level: if c.ok {
+                    "ok".into()
+                } else if c.required {
+                    "error".into()
+                } else {
+                    "warning".into()
+                },
                 message: format!("{}: {}", c.name, c.detail),
             })
             .collect();

@@ -35,6 +35,7 @@ impl RemoteEvaluator {
             .timeout_global(Some(timeout))
             .http_status_as_error(false)
             .max_redirects(0)
+            .tls_config(tls_config())
             .build()
             .into();
         RemoteEvaluator {
@@ -54,6 +55,16 @@ impl RemoteEvaluator {
     fn err(&self, message: impl Into<String>) -> PolicyError {
         PolicyError::Remote { evaluator: self.name.clone(), message: message.into() }
     }
+}
+
+/// rustls where it builds (Linux and other unixes); the system TLS on macOS
+/// and Windows (see Cargo.toml: ring's C code needs a cross compiler there).
+fn tls_config() -> ureq::tls::TlsConfig {
+    #[cfg(any(target_os = "macos", windows))]
+    let provider = ureq::tls::TlsProvider::NativeTls;
+    #[cfg(not(any(target_os = "macos", windows)))]
+    let provider = ureq::tls::TlsProvider::Rustls;
+    ureq::tls::TlsConfig::builder().provider(provider).build()
 }
 
 impl PolicyEvaluator for RemoteEvaluator {

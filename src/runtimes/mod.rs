@@ -141,8 +141,14 @@ impl Runtime {
 /// Find `name` on `path` (a PATH value): the first regular, executable file.
 /// An absolute `name` is taken as is when it is executable.
 pub fn find_on_path(name: &str, path: &std::ffi::OsStr) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    #[cfg(unix)]
+    let executable = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    // No execute bit on Windows: any regular file will do.
+    #[cfg(not(unix))]
+    let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
     if name.starts_with('/') {
         return Some(PathBuf::from(name)).filter(|p| executable(p));
     }

@@ -5,6 +5,11 @@
 //! Durability rule: anything a response refers to (an audit record, an
 //! artifact) is flushed before the response is returned.
 
+pub mod artifacts;
+pub mod audit;
+pub mod feedback;
+pub mod memory;
+
 use std::path::{Path, PathBuf};
 
 /// Errors of the store layer.

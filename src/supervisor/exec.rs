@@ -122,8 +122,6 @@ pub struct ExecControl {
     /// Receives the byte count and elapsed time every `progress_every`.
     pub progress: Option<tokio::sync::mpsc::UnboundedSender<Progress>>,
     pub progress_every: Option<Duration>,
-    /// Called with the job id once the job is admitted (background jobs).
-    pub on_start: Option<Box<dyn FnOnce(&str) + Send>>,
     /// Receives a copy of the output as it comes (stdout and stderr
     /// interleaved), up to [`MIRROR_CAP`] bytes: `runtime_jobs` reads it.
     pub mirror: Option<Mirror>,
@@ -269,11 +267,11 @@ impl Supervisor {
         limits.clamp_to(&decision.limits);
 
         // 3. executable validation and toolchain resolution.
-        let resolved = match runtimes::toolchain::resolve(runtime, req.executable.as_deref(), req.code.is_some(), &self.host)
-        {
-            Ok(r) => r,
-            Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e.to_string()),
-        };
+        let resolved =
+            match runtimes::toolchain::resolve(runtime, req.executable.as_deref(), req.code.is_some(), &self.host) {
+                Ok(r) => r,
+                Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e.to_string()),
+            };
         let exec_plan = match &req.code {
             Some(code) => plan::code_plan(&resolved, code),
             None => plan::args_plan(&resolved, &req.args),
@@ -317,9 +315,6 @@ impl Supervisor {
             Ok(slot) => slot,
             Err(e) => return self.reject(Rejection::Busy, job_id, &input, &decision, Status::Failure, e.to_string()),
         };
-        if let Some(f) = ctl.on_start.take() {
-            f(&job_id);
-        }
 
         // 7. the sandbox, with the timeout that is left after the wait.
         let mut spec = JobSpec::new(exec_plan.argv());
@@ -329,11 +324,8 @@ impl Supervisor {
         spec.cwd = jailed.in_sandbox(std::path::Path::new("/workspace"));
         spec.network = req.network;
         spec.allow_degraded = self.config.runtime.allow_degraded;
-        spec.binds = exec_plan
-            .ro_paths
-            .iter()
-            .map(|p| Bind { source: p.clone(), dest: p.clone(), writable: false })
-            .collect();
+        spec.binds =
+            exec_plan.ro_paths.iter().map(|p| Bind { source: p.clone(), dest: p.clone(), writable: false }).collect();
         if let Some(src) = &exec_plan.source {
             spec.files.push(JobFile { path: src.path.clone(), contents: src.contents.clone() });
         }
@@ -481,12 +473,20 @@ impl Supervisor {
     }
 
     /// Record a request that did not run, and answer it.
-    fn deny(&self, job_id: String, input: &PolicyInput, decision: &Decision, status: Status, error: String) -> ExecuteResponse {
+    fn deny(
+        &self,
+        job_id: String,
+        input: &PolicyInput,
+        decision: &Decision,
+        status: Status,
+        error: String,
+    ) -> ExecuteResponse {
         let mut entry = AuditEntry::decided(&job_id, input, decision);
         entry.status = status;
         let mut resp = not_run(job_id, status, decision, error);
         if let Err(e) = self.audit.append(entry) {
-            resp.error = Some(format!("{} (and the audit record was not written: {e})", resp.error.unwrap_or_default()));
+            resp.error =
+                Some(format!("{} (and the audit record was not written: {e})", resp.error.unwrap_or_default()));
         }
         resp
     }

@@ -36,6 +36,9 @@ pub enum SupervisorError {
 }
 
 /// Everything a governed execution needs, built once.
+// Off Linux there is no governed execution yet (no `exec`): the queue,
+// audit and host are built but unread.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub struct Supervisor {
     pub config: Config,
     pub store: Store,
@@ -62,8 +65,9 @@ impl Supervisor {
         let audit = AuditLog::open(&store)?;
         let artifacts = Artifacts::open(&store)?;
         #[cfg(target_os = "linux")]
-        let seccomp =
-            Some(crate::sandbox::linux::seccomp::compile_default().map_err(|e| SupervisorError::Seccomp(e.to_string()))?);
+        let seccomp = Some(
+            crate::sandbox::linux::seccomp::compile_default().map_err(|e| SupervisorError::Seccomp(e.to_string()))?,
+        );
         Ok(Supervisor {
             queue: queue::JobQueue::new(config.max_concurrent_jobs(), config.runtime.max_queued),
             host: Host::from_env(),

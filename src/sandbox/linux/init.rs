@@ -88,8 +88,12 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     for procs in &spec.cgroup_procs {
         if procs.file_name().is_some_and(|n| n == "cgroup.procs") && v2_dir.is_none() {
             if let Some(dir) = procs.parent() {
-                let fd = nix::fcntl::open(dir, nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
-                    .map_err(|e| SysError::path("open cgroup", dir, e))?;
+                let fd = nix::fcntl::open(
+                    dir,
+                    nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .map_err(|e| SysError::path("open cgroup", dir, e))?;
                 v2_dir = Some((fd, procs));
                 continue;
             }

@@ -51,7 +51,7 @@ pub fn kill(dir: &JobDir) -> Result<(), CgroupError> {
     }
     dir.set("cgroup.freeze", "1")?;
     let start = Instant::now();
-    while !dir.read_flat("cgroup.events").get("frozen").is_some_and(|v| *v == 1) && start.elapsed() < FREEZE_WAIT {
+    while dir.read_flat("cgroup.events").get("frozen").is_none_or(|v| *v != 1) && start.elapsed() < FREEZE_WAIT {
         std::thread::sleep(Duration::from_micros(200));
     }
     let killed = v1::kill_members(dir);

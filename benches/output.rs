@@ -1,0 +1,274 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Output capture and query: drain rate of an output flood through the
+//! whole capture path (redaction, SHA-256, gzip, sled), the process's peak
+//! RSS while draining, and query time over 10 MB and 100 MB artifacts.
+//!
+//! `cargo bench --bench output` (release build). Targets (issue 6): drain
+//! at least 500 MB/s with RSS < 64 MiB; 3-term query <= 50 ms over 10 MB and
+//! ≤ 300 ms over 100 MB. `OUTPUT_BENCH_GIB=N` sets the flood size (1).
+
+use confine::output::query::query_output;
+use confine::output::{capture, Capture, OutputConfig, QueryRequest};
+use confine::store::artifacts::{ArtifactBackend, ArtifactError, ArtifactMeta, Artifacts, JobInfo, StreamName};
+use confine::store::Store;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+
+/// Reset the peak RSS counter (Linux: `5` to clear_refs).
+fn reset_hwm() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    if std::env::var_os("OUTPUT_BENCH_VERBOSE").is_some() {
+        println!("    (RSS before the next row: {:.1} MiB)", status_kib("VmRSS:") as f64 / 1024.0);
+    }
+}
+
+fn vm_hwm_kib() -> u64 {
+    status_kib("VmHWM:")
+}
+
+fn status_kib(key: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Make the child's stdout pipe `bytes` big (Linux; best effort).
+#[cfg(target_os = "linux")]
+fn grow_pipe(out: &tokio::process::ChildStdout, bytes: i32) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_SETPIPE_SZ on a pipe fd we own; the kernel validates the size.
+    unsafe { libc::fcntl(out.as_raw_fd(), libc::F_SETPIPE_SZ, bytes) };
+}
+
+/// Spawn `script`, capture `limit` bytes of its stdout (and its stderr),
+/// and return bytes drained and elapsed time.
+async fn drain(
+    artifacts: Option<&Artifacts>,
+    cfg: &OutputConfig,
+    script: &str,
+    limit: u64,
+    pipe: i32,
+) -> (u64, Duration, bool) {
+    let mut child = tokio::process::Command::new("sh")
+        .args(["-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    #[cfg(target_os = "linux")]
+    if pipe > 0 {
+        grow_pipe(&out, pipe);
+    }
+    let t0 = Instant::now();
+    let cap = Capture::start(artifacts, "bench", cfg, cfg.redactor(|_| None), artifacts.is_some());
+    let (o, e) = tokio::join!(
+        capture(out.take(limit), cap.sink(StreamName::Stdout)),
+        capture(err, cap.sink(StreamName::Stderr))
+    );
+    let elapsed = t0.elapsed();
+    let _ = child.kill().await;
+    let total = o.meta.total_bytes;
+    let c = cap.finish(JobInfo::default(), o, e);
+    (total, elapsed, c.artifact.is_some())
+}
+
+/// Plain pipe reading, nothing else: the ceiling for the numbers above.
+async fn baseline(script: &str, limit: u64) -> (u64, Duration) {
+    let mut child = tokio::process::Command::new("sh")
+        .args(["-c", script])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap().take(limit);
+    let mut buf = vec![0u8; 128 << 10];
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    loop {
+        let k = out.read(&mut buf).await.unwrap();
+        if k == 0 {
+            break;
+        }
+        n += k as u64;
+    }
+    (n, t0.elapsed())
+}
+
+/// Keeps metadata, drops chunks: the capture path without sled, to tell
+/// the two apart in time and memory.
+#[derive(Default)]
+#[allow(dead_code)] // kept for comparing against a store that keeps nothing
+struct NullBackend(std::sync::Mutex<std::collections::HashMap<String, ArtifactMeta>>);
+
+impl ArtifactBackend for NullBackend {
+    fn put_meta(&self, m: &ArtifactMeta) -> Result<(), ArtifactError> {
+        self.0.lock().unwrap().insert(m.handle.clone(), m.clone());
+        Ok(())
+    }
+    fn get_meta(&self, h: &str) -> Result<Option<ArtifactMeta>, ArtifactError> {
+        Ok(self.0.lock().unwrap().get(h).cloned())
+    }
+    fn list_meta(&self) -> Result<Vec<ArtifactMeta>, ArtifactError> {
+        Ok(self.0.lock().unwrap().values().cloned().collect())
+    }
+    fn put_chunk(&self, _: &str, _: StreamName, _: u32, _: &[u8]) -> Result<(), ArtifactError> {
+        Ok(())
+    }
+    fn get_chunk(&self, _: &str, _: StreamName, _: u32) -> Result<Option<Vec<u8>>, ArtifactError> {
+        Ok(None)
+    }
+    fn remove(&self, h: &str) -> Result<(), ArtifactError> {
+        self.0.lock().unwrap().remove(h);
+        Ok(())
+    }
+    fn chunk_handles(&self) -> Result<std::collections::BTreeSet<String>, ArtifactError> {
+        Ok(Default::default())
+    }
+    fn flush(&self) -> Result<(), ArtifactError> {
+        Ok(())
+    }
+}
+
+fn mbps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / 1e6 / d.as_secs_f64()
+}
+
+/// Build-log-like text: ~67 bytes a line, a few rare words to find.
+fn log_text(bytes: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(bytes + 100);
+    let mut i = 0u64;
+    while v.len() < bytes {
+        let line = match i % 5000 {
+            17 => format!("error[E0308]: mismatched types in module_{} at src/m{}.rs:{}\n", i % 97, i % 13, i % 1000),
+            2500 => format!("test suite::case_{i} ... FAILED (timeout after {} ms)\n", i % 9000),
+            _ => format!("test suite::case_{i} ... ok (elapsed {} ms) checked {} items\n", i * 7 % 1000, i % 4096),
+        };
+        v.extend_from_slice(line.as_bytes());
+        i += 1;
+    }
+    v
+}
+
+async fn stored_log(a: &Artifacts, bytes: usize) -> String {
+    let text = log_text(bytes);
+    let cfg = OutputConfig { stdout_stored_bytes: 1 << 30, ..OutputConfig::default() };
+    let cap = Capture::start(Some(a), "bench", &cfg, None, true);
+    let o = capture(&text[..], cap.sink(StreamName::Stdout)).await;
+    let e = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+    let c = cap.finish(JobInfo::default(), o, e);
+    c.artifact.unwrap().handle
+}
+
+fn time_query(a: &Artifacts, handle: &str) -> (Duration, Duration, u64) {
+    let req = QueryRequest {
+        artifact_handle: handle.into(),
+        query_terms: vec!["error[E0308]".into(), "FAILED".into(), "timeout".into()],
+        ..QueryRequest::default()
+    };
+    let mut times = Vec::new();
+    let mut matched = 0;
+    for _ in 0..7 {
+        let t0 = Instant::now();
+        let r = query_output(a, &req).unwrap();
+        times.push(t0.elapsed());
+        matched = r.matched_lines;
+    }
+    times.sort();
+    (times[times.len() / 2], times[times.len() - 1], matched)
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let gib: u64 = std::env::var("OUTPUT_BENCH_GIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let parts = std::env::var("OUTPUT_BENCH_PARTS").unwrap_or_else(|_| "memory,drain,query".into());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
+    let g = gib << 30;
+    let yes = format!("yes | head -c {g}");
+    let zero = "cat /dev/zero";
+    let full = OutputConfig { stdout_stored_bytes: 4 << 30, ..OutputConfig::default() };
+    let default = OutputConfig::default();
+
+    if parts.contains("memory") {
+        println!("capture alone, from memory (the worker's ceiling)");
+        rt.block_on(async {
+            for (name, byte) in [("y\\n", b'y'), ("zeros", 0u8)] {
+                let data: Vec<u8> = if byte == 0 { vec![0; 1 << 30] } else { b"y\n".repeat(1 << 29) };
+                let cap = Capture::start(Some(&artifacts), "bench", &full, full.redactor(|_| None), true);
+                let t0 = Instant::now();
+                let o = capture(&data[..], cap.sink(StreamName::Stdout)).await;
+                let d = t0.elapsed();
+                let e = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+                cap.finish(JobInfo::default(), o, e);
+                println!("  {name:<16} stored                     {:>7.0} MB/s", mbps(1 << 30, d));
+            }
+        });
+    }
+    if parts.contains("drain") {
+        println!(
+            "drain, {gib} GiB per run (MB/s; 'stored' = every byte redacted, hashed, gzipped and written to sled)"
+        );
+        rt.block_on(async {
+            for (name, script, limit) in [("yes | head -c", yes.as_str(), g), ("cat /dev/zero", zero, g)] {
+                let (n, d) = baseline(script, limit).await;
+                println!("  {name:<16} pipe read only              {:>7.0} MB/s", mbps(n, d));
+                for (label, pipe) in [("64 KiB pipe", 0), ("1 MiB pipe ", 1 << 20)] {
+                    reset_hwm();
+                    let (n, d, ok) = drain(Some(&artifacts), &full, script, limit, pipe).await;
+                    assert!(ok);
+                    println!(
+                        "  {name:<16} stored, {label}       {:>7.0} MB/s  ({:.2} s, peak RSS {:.1} MiB)",
+                        mbps(n, d),
+                        d.as_secs_f64(),
+                        vm_hwm_kib() as f64 / 1024.0
+                    );
+                }
+                reset_hwm();
+                let null = Artifacts::new(std::sync::Arc::new(NullBackend::default()));
+                let (n, d, _) = drain(Some(&null), &full, script, limit, 1 << 20).await;
+                println!(
+                    "  {name:<16} no sled, 1 MiB pipe         {:>7.0} MB/s  (peak RSS {:.1} MiB)",
+                    mbps(n, d),
+                    vm_hwm_kib() as f64 / 1024.0
+                );
+                reset_hwm();
+                let (n, d, _) = drain(Some(&artifacts), &default, script, limit, 0).await;
+                println!(
+                    "  {name:<16} default caps (64 MiB kept)  {:>7.0} MB/s  (peak RSS {:.1} MiB)",
+                    mbps(n, d),
+                    vm_hwm_kib() as f64 / 1024.0
+                );
+                let (n, d, _) = drain(None, &default, script, limit, 0).await;
+                println!("  {name:<16} persistOutput: false        {:>7.0} MB/s", mbps(n, d));
+            }
+        });
+    }
+    if !parts.contains("query") {
+        return;
+    }
+    println!("query, 3 terms (median / max of 7)");
+    rt.block_on(async {
+        for mb in [10usize, 100] {
+            let handle = stored_log(&artifacts, mb * 1_000_000).await;
+            let meta = artifacts.get(&handle).unwrap();
+            let (p50, max, matched) = time_query(&artifacts, &handle);
+            println!(
+                "  {mb:>3} MB, {:>8} lines, {:>5} chunks ({:.1} MB stored): {:>6.1} ms / {:>6.1} ms, {matched} matching lines",
+                meta.stdout.stored_lines,
+                meta.stdout.chunks.len(),
+                meta.stdout.compressed_bytes as f64 / 1e6,
+                p50.as_secs_f64() * 1e3,
+                max.as_secs_f64() * 1e3
+            );
+        }
+    });
+}

@@ -1,0 +1,194 @@
+//! Streaming capture of a job's stdout and stderr.
+//!
+//! The async side only reads the pipe and hands buffers over a small
+//! bounded channel to the blocking workers ([`super::worker`]): one redacts,
+//! hashes (SHA-256), counts lines and keeps a bounded head and tail inline;
+//! the other writes gzip chunks of about 1 MiB to the artifact store as
+//! they fill. Memory per stream is a few MiB
+//! whatever the output size. Past the stored cap the stream is still read
+//! to its end and counted, so the job never blocks on a full pipe; a store
+//! failure does not stop the draining either, it only leaves the artifact
+//! incomplete.
+
+use super::redact::{RedactStream, Redactor};
+use super::worker::{Pool, Processor};
+use super::{OutputConfig, StreamLimits};
+use crate::store::artifacts::{ArtifactMeta, ArtifactWriter, Artifacts, ChunkSink, JobInfo, StreamMeta, StreamName};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Bytes asked of one pipe read.
+const READ_BYTES: usize = 128 << 10;
+/// Reads in flight between the reader and the worker.
+const QUEUE: usize = 16;
+
+/// Where one stream goes: its caps, its chunk writer (none when output is
+/// not persisted), its redaction state.
+pub struct StreamSink {
+    pub(crate) stream: StreamName,
+    pub(crate) limits: StreamLimits,
+    pub(crate) chunks: Option<ChunkSink>,
+    pub(crate) redact: Option<RedactStream>,
+}
+
+impl StreamSink {
+    pub fn new(
+        stream: StreamName,
+        limits: StreamLimits,
+        chunks: Option<ChunkSink>,
+        redactor: Option<&Redactor>,
+    ) -> Self {
+        StreamSink { stream, limits, chunks, redact: redactor.map(Redactor::stream) }
+    }
+}
+
+/// What capture learned of one stream.
+#[derive(Debug, Clone)]
+pub struct StreamSummary {
+    pub stream: StreamName,
+    /// Counts, hash and chunk index (chunks empty when nothing was stored).
+    pub meta: StreamMeta,
+    /// The first bytes of the (redacted) output, at most half the inline cap.
+    pub head: Vec<u8>,
+    /// The last bytes, at most the other half; they follow `head` after
+    /// `gap_bytes` bytes that are not inline.
+    pub tail: Vec<u8>,
+    pub gap_bytes: u64,
+    /// Why the stream was not fully read or stored, if it wasn't.
+    pub error: Option<String>,
+}
+
+/// Read `reader` to its end into `sink`.
+pub async fn capture<R: AsyncRead + Unpin>(mut reader: R, sink: StreamSink) -> StreamSummary {
+    let stream = sink.stream;
+    let pool = Arc::new(Pool::default());
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(QUEUE);
+    let worker_pool = pool.clone();
+    let worker = tokio::task::spawn_blocking(move || {
+        let mut p = Processor::new(sink, worker_pool);
+        while let Some(buf) = rx.blocking_recv() {
+            p.feed(buf);
+        }
+        p.finish()
+    });
+    let mut error = None;
+    let mut lost = 0u64;
+    loop {
+        let mut buf = pool.get(READ_BYTES);
+        match reader.read_buf(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => {
+                if tx.is_closed() || tx.send(buf).await.is_err() {
+                    // The worker is gone (a bug): keep draining so the job can't block.
+                    lost += n as u64;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                error = Some(format!("reading {stream}: {e}"));
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let mut summary = match worker.await {
+        Ok(s) => s,
+        Err(e) => StreamSummary {
+            stream,
+            meta: StreamMeta::default(),
+            head: Vec::new(),
+            tail: Vec::new(),
+            gap_bytes: 0,
+            error: Some(format!("{stream} capture failed: {e}")),
+        },
+    };
+    summary.meta.total_bytes += lost;
+    if summary.error.is_none() {
+        summary.error = error;
+    }
+    summary
+}
+
+/// One job's capture: both streams, and the artifact they go to.
+pub struct Capture {
+    writer: Option<ArtifactWriter>,
+    config: OutputConfig,
+    redactor: Option<Redactor>,
+    notes: Vec<String>,
+}
+
+/// The result of a capture: what the response modes render.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    /// The stored artifact, complete; `None` when nothing was persisted.
+    pub artifact: Option<ArtifactMeta>,
+    pub stdout: StreamSummary,
+    pub stderr: StreamSummary,
+    /// Why output was not stored, when it should have been.
+    pub notes: Vec<String>,
+}
+
+impl Captured {
+    pub fn handle(&self) -> Option<&str> {
+        self.artifact.as_ref().map(|a| a.handle.as_str())
+    }
+}
+
+impl Capture {
+    /// Start capturing. With `artifacts` absent or `persist` false nothing is
+    /// stored (`persistOutput: false`). A store that can't start an artifact
+    /// doesn't fail the job: output is still drained, and a note says why
+    /// there is no handle.
+    pub fn start(
+        artifacts: Option<&Artifacts>,
+        repo_id: &str,
+        config: &OutputConfig,
+        redactor: Option<Redactor>,
+        persist: bool,
+    ) -> Capture {
+        let mut notes = Vec::new();
+        let writer = match artifacts.filter(|_| persist).map(|a| a.begin(repo_id, config.ttl_ms())) {
+            Some(Ok(w)) => Some(w),
+            Some(Err(e)) => {
+                notes.push(format!("output was not stored: {e}"));
+                None
+            }
+            None => None,
+        };
+        Capture { writer, config: config.clone(), redactor, notes }
+    }
+
+    /// The handle the artifact will have once finished.
+    pub fn handle(&self) -> Option<&str> {
+        self.writer.as_ref().map(ArtifactWriter::handle)
+    }
+
+    /// The sink of one stream, to hand to [`capture`]. Take each once.
+    pub fn sink(&self, stream: StreamName) -> StreamSink {
+        let chunks = self.writer.as_ref().map(|w| w.chunk_sink(stream));
+        StreamSink::new(stream, self.config.limits(stream), chunks, self.redactor.as_ref())
+    }
+
+    /// Seal the artifact (metadata last, `complete: true`, flushed). A stream
+    /// that failed to store leaves it incomplete: never served, and `gc`
+    /// removes it.
+    pub fn finish(mut self, job: JobInfo, stdout: StreamSummary, stderr: StreamSummary) -> Captured {
+        let mut artifact = None;
+        if let Some(writer) = self.writer.take() {
+            let failed: Vec<&str> = [&stdout, &stderr].iter().filter_map(|s| s.error.as_deref()).collect();
+            if failed.is_empty() {
+                match writer.finish(job, stdout.meta.clone(), stderr.meta.clone()) {
+                    Ok(meta) => artifact = Some(meta),
+                    Err(e) => self.notes.push(format!("output was not stored: {e}")),
+                }
+            } else {
+                self.notes.push(format!("output was not stored: {}", failed.join("; ")));
+            }
+        }
+        Captured { artifact, stdout, stderr, notes: self.notes }
+    }
+}
+
+#[cfg(test)]
+#[path = "capture_tests.rs"]
+mod tests;

@@ -1,0 +1,168 @@
+use super::*;
+use crate::store::artifacts::{ArtifactBackend, ArtifactError, SledBackend, CHUNK_BYTES};
+use crate::store::Store;
+use sha2::{Digest, Sha256};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::ReadBuf;
+
+/// A reader that hands out at most `step` bytes a read.
+struct Trickle {
+    data: Vec<u8>,
+    at: usize,
+    step: usize,
+}
+
+impl AsyncRead for Trickle {
+    fn poll_read(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let n = self.step.min(self.data.len() - self.at).min(buf.remaining());
+        let at = self.at;
+        buf.put_slice(&self.data[at..at + n]);
+        self.at += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+fn limits(inline_bytes: usize, stored_bytes: u64) -> StreamLimits {
+    StreamLimits { inline_bytes, stored_bytes }
+}
+
+fn sha(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+#[tokio::test]
+async fn counts_hashes_and_keeps_head_and_tail() {
+    let data: Vec<u8> = (1..=1000).flat_map(|i| format!("line {i}\n").into_bytes()).collect();
+    let sink = StreamSink::new(StreamName::Stdout, limits(100, 1 << 20), None, None);
+    let s = capture(&data[..], sink).await;
+    assert_eq!(s.meta.total_bytes, data.len() as u64);
+    assert_eq!((s.meta.total_lines, s.meta.stored_lines), (1000, 1000));
+    assert_eq!(s.meta.sha256, sha(&data));
+    assert!(!s.meta.truncated && s.meta.chunks.is_empty());
+    assert_eq!(s.head, &data[..50]);
+    assert_eq!(s.tail, &data[data.len() - 50..]);
+    assert_eq!(s.gap_bytes, data.len() as u64 - 100);
+}
+
+#[tokio::test]
+async fn past_the_stored_cap_output_is_drained_and_counted() {
+    let data = b"0123456789\n".repeat(1000);
+    let sink = StreamSink::new(StreamName::Stderr, limits(64, 105), None, None);
+    let s = capture(Trickle { data: data.clone(), at: 0, step: 7 }, sink).await;
+    assert!(s.meta.truncated);
+    assert_eq!((s.meta.total_bytes, s.meta.stored_bytes), (11_000, 105));
+    assert_eq!((s.meta.total_lines, s.meta.stored_lines), (1000, 10));
+    assert_eq!(s.meta.sha256, sha(&data[..105]));
+    assert_eq!(s.tail, &data[data.len() - 32..]);
+}
+
+#[tokio::test]
+async fn stored_chunks_reproduce_the_output_and_end_at_newlines() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
+    let cfg = OutputConfig::default();
+    let cap = Capture::start(Some(&artifacts), "r", &cfg, None, true);
+    let data: Vec<u8> =
+        (0..200_000u32).flat_map(|i| format!("{i} {}\n", "x".repeat(i as usize % 40)).into_bytes()).collect();
+    let out = capture(&data[..], cap.sink(StreamName::Stdout)).await;
+    let err = capture(&b"oops"[..], cap.sink(StreamName::Stderr)).await;
+    let captured = cap.finish(JobInfo::default(), out, err);
+    let meta = artifacts.get(captured.handle().unwrap()).unwrap();
+    assert!(meta.stdout.chunks.len() > 3);
+    for c in &meta.stdout.chunks[..meta.stdout.chunks.len() - 1] {
+        assert!(c.ends_with_newline && c.raw_len as usize <= CHUNK_BYTES);
+    }
+    assert_eq!(meta.stderr.stored_lines, 1);
+    let mut back = Vec::new();
+    artifacts.copy_stream(&meta, StreamName::Stdout, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(meta.stdout.sha256, sha(&data));
+    assert!(meta.stdout.compressed_bytes < data.len() as u64 / 3);
+}
+
+#[tokio::test]
+async fn secrets_are_redacted_before_storage_even_when_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
+    let cfg = OutputConfig { redact_env: vec!["TOKEN".into()], ..OutputConfig::default() };
+    let redactor = cfg.redactor(|k| (k == "TOKEN").then(|| "s3cr3t-value".to_string()));
+    let cap = Capture::start(Some(&artifacts), "r", &cfg, redactor, true);
+    let data = b"key AKIAIOSFODNN7EXAMPLE and s3cr3t-value\n".repeat(50);
+    let out = capture(Trickle { data, at: 0, step: 5 }, cap.sink(StreamName::Stdout)).await;
+    let err = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+    let captured = cap.finish(JobInfo::default(), out, err);
+    let meta = captured.artifact.unwrap();
+    let mut back = Vec::new();
+    artifacts.copy_stream(&meta, StreamName::Stdout, &mut back).unwrap();
+    assert_eq!(back, b"key [REDACTED] and [REDACTED]\n".repeat(50));
+    assert_eq!(meta.stdout.redactions, 100);
+    assert_eq!(meta.stdout.sha256, sha(&back));
+    assert!(!captured.stdout.head.windows(6).any(|w| w == b"s3cr3t"));
+}
+
+#[tokio::test]
+async fn persist_false_keeps_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
+    let cap = Capture::start(Some(&artifacts), "r", &OutputConfig::default(), None, false);
+    assert!(cap.handle().is_none());
+    let out = capture(&b"hello\n"[..], cap.sink(StreamName::Stdout)).await;
+    let err = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+    let captured = cap.finish(JobInfo::default(), out, err);
+    assert!(captured.artifact.is_none() && captured.notes.is_empty());
+    assert_eq!(captured.stdout.head, b"hello\n");
+    assert!(artifacts.list().unwrap().is_empty());
+}
+
+/// A store whose chunk writes fail after the first one.
+struct Failing(SledBackend, std::sync::atomic::AtomicU32);
+
+impl ArtifactBackend for Failing {
+    fn put_meta(&self, m: &ArtifactMeta) -> Result<(), ArtifactError> {
+        self.0.put_meta(m)
+    }
+    fn get_meta(&self, h: &str) -> Result<Option<ArtifactMeta>, ArtifactError> {
+        self.0.get_meta(h)
+    }
+    fn list_meta(&self) -> Result<Vec<ArtifactMeta>, ArtifactError> {
+        self.0.list_meta()
+    }
+    fn put_chunk(&self, h: &str, s: StreamName, i: u32, b: &[u8]) -> Result<(), ArtifactError> {
+        if self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            return Err(ArtifactError::Incomplete("disk full".into()));
+        }
+        self.0.put_chunk(h, s, i, b)
+    }
+    fn get_chunk(&self, h: &str, s: StreamName, i: u32) -> Result<Option<Vec<u8>>, ArtifactError> {
+        self.0.get_chunk(h, s, i)
+    }
+    fn remove(&self, h: &str) -> Result<(), ArtifactError> {
+        self.0.remove(h)
+    }
+    fn chunk_handles(&self) -> Result<std::collections::BTreeSet<String>, ArtifactError> {
+        self.0.chunk_handles()
+    }
+    fn flush(&self) -> Result<(), ArtifactError> {
+        self.0.flush()
+    }
+}
+
+#[tokio::test]
+async fn a_store_failure_still_drains_and_leaves_the_artifact_incomplete() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Failing(SledBackend::open(&Store::open(dir.path()).unwrap()).unwrap(), 0.into());
+    let artifacts = Artifacts::new(Arc::new(backend));
+    let cap = Capture::start(Some(&artifacts), "r", &OutputConfig::default(), None, true);
+    let handle = cap.handle().unwrap().to_string();
+    let data = vec![b'y'; 5 << 20];
+    let out = capture(&data[..], cap.sink(StreamName::Stdout)).await;
+    assert_eq!(out.meta.total_bytes, 5 << 20);
+    assert!(out.error.as_deref().unwrap().contains("storing stdout"));
+    let err = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+    let captured = cap.finish(JobInfo::default(), out, err);
+    assert!(captured.artifact.is_none());
+    assert!(captured.notes[0].starts_with("output was not stored"), "{:?}", captured.notes);
+    assert!(matches!(artifacts.get(&handle), Err(ArtifactError::Incomplete(_))));
+}

@@ -1,0 +1,216 @@
+//! Digest mode: one line of counts, then the lines that look like errors or
+//! warnings, deduplicated with counts (`error[E0308]: mismatched types ×12`).
+//!
+//! Lines are grouped by a key that ignores indentation and numbers (line
+//! numbers, durations, counts), but keeps numbers glued to a letter, so
+//! `error[E0308]` and `error[E0599]` stay apart.
+
+use super::lines::LineSource;
+use super::{cap_line, OutputError};
+use crate::store::artifacts::StreamName;
+use aho_corasick::packed::{Config as PackedConfig, MatchKind as PackedKind, Searcher};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+const MAX_DISTINCT: usize = 5000;
+const MAX_KEY_BYTES: usize = 300;
+const ERROR_WORDS: &[&str] =
+    &["error", "fail", "panic", "fatal", "exception", "traceback", "segmentation fault", "aborted", "denied"];
+const WARNING_WORDS: &[&str] = &["warn"];
+
+/// What digest mode returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Digest {
+    /// e.g. `stdout 1204 lines 56.2 KiB; stderr 31 lines 2.1 KiB; 14 error lines (3 distinct), 5 warning lines (2 distinct)`
+    pub counts: String,
+    /// `source:line: text ×count`, errors first, each group in order of first appearance.
+    pub lines: Vec<String>,
+    pub error_lines: u64,
+    pub warning_lines: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Severity {
+    Error,
+    Warning,
+}
+
+struct Group {
+    severity: Severity,
+    source: StreamName,
+    first: u64,
+    text: String,
+    count: u64,
+}
+
+/// The word list as one searcher; `None` leaves the fallback (memmem).
+fn searcher() -> Option<Searcher> {
+    PackedConfig::new()
+        .match_kind(PackedKind::LeftmostFirst)
+        .builder()
+        .extend(ERROR_WORDS.iter().chain(WARNING_WORDS))
+        .build()
+}
+
+/// The severity of a lowercased line. A hit right after `0 ` or `no ` is a
+/// count of nothing (`0 failed`, `no errors`) and doesn't count.
+fn classify(lower: &[u8], words: &Option<Searcher>) -> Option<Severity> {
+    let mut best = None;
+    let mut hits: Vec<(usize, usize)> = Vec::new();
+    match words {
+        Some(s) => hits.extend(s.find_iter(lower).map(|m| (m.start(), m.pattern().as_usize()))),
+        None => {
+            for (i, w) in ERROR_WORDS.iter().chain(WARNING_WORDS).enumerate() {
+                hits.extend(memchr::memmem::find_iter(lower, w.as_bytes()).map(|at| (at, i)));
+            }
+        }
+    }
+    for (at, pattern) in hits {
+        let before = &lower[..at];
+        if before.ends_with(b"0 ") || before.ends_with(b"no ") {
+            continue;
+        }
+        let sev = if pattern < ERROR_WORDS.len() { Severity::Error } else { Severity::Warning };
+        best = Some(best.map_or(sev, |b: Severity| b.min(sev)));
+    }
+    best
+}
+
+/// Trimmed; digit runs not glued to a letter become `#`.
+fn key(line: &[u8]) -> Vec<u8> {
+    let t = line.trim_ascii();
+    let mut k = Vec::with_capacity(t.len().min(MAX_KEY_BYTES));
+    let mut glued = false;
+    for &b in t {
+        if k.len() >= MAX_KEY_BYTES {
+            break;
+        }
+        if !b.is_ascii_digit() {
+            glued = b.is_ascii_alphabetic();
+            k.push(b);
+        } else if glued {
+            k.push(b);
+        } else if k.last() != Some(&b'#') {
+            k.push(b'#');
+        }
+    }
+    k
+}
+
+fn size(bytes: u64) -> String {
+    match bytes {
+        b if b < 1024 => format!("{b} B"),
+        b if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{:.1} MiB", b as f64 / f64::from(1 << 20)),
+    }
+}
+
+/// Digest `sources`, keeping at most `max_lines` groups.
+pub fn digest(sources: &[&dyn LineSource], max_lines: usize) -> Result<Digest, OutputError> {
+    let words = searcher();
+    let mut groups: Vec<Group> = Vec::new();
+    let mut index: HashMap<Vec<u8>, usize> = HashMap::new();
+    let (mut errors, mut warnings) = (0u64, 0u64);
+    let mut lower = Vec::new();
+    for src in sources {
+        src.scan(&mut |l| {
+            lower.clear();
+            lower.extend(l.text.iter().map(u8::to_ascii_lowercase));
+            let Some(severity) = classify(&lower, &words) else { return true };
+            match severity {
+                Severity::Error => errors += 1,
+                Severity::Warning => warnings += 1,
+            }
+            let k = key(&l.text);
+            if let Some(&g) = index.get(&k) {
+                groups[g].count += 1;
+            } else if groups.len() < MAX_DISTINCT {
+                index.insert(k, groups.len());
+                let text = cap_line(l.text.trim_ascii(), l.cut);
+                groups.push(Group { severity, source: src.stream(), first: l.no, text, count: 1 });
+            }
+            true
+        })?;
+    }
+    let distinct = |s: Severity| groups.iter().filter(|g| g.severity == s).count();
+    let mut counts: Vec<String> = sources
+        .iter()
+        .map(|s| format!("{} {} lines {}", s.stream(), s.meta().total_lines, size(s.meta().total_bytes)))
+        .collect();
+    counts.push(format!(
+        "{errors} error lines ({} distinct), {warnings} warning lines ({} distinct)",
+        distinct(Severity::Error),
+        distinct(Severity::Warning)
+    ));
+    groups.sort_by_key(|g| g.severity);
+    let lines = groups
+        .iter()
+        .take(max_lines)
+        .map(|g| {
+            let times = if g.count > 1 { format!(" ×{}", g.count) } else { String::new() };
+            format!("{}:{}: {}{times}", g.source, g.first, g.text)
+        })
+        .collect();
+    Ok(Digest { counts: counts.join("; "), lines, error_lines: errors, warning_lines: warnings })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::lines::InlineLines;
+    use crate::output::StreamSummary;
+    use crate::store::artifacts::StreamMeta;
+
+    fn inline(stream: StreamName, text: &str) -> StreamSummary {
+        StreamSummary {
+            stream,
+            meta: StreamMeta {
+                total_lines: text.lines().count() as u64,
+                total_bytes: text.len() as u64,
+                ..Default::default()
+            },
+            head: text.as_bytes().to_vec(),
+            tail: Vec::new(),
+            gap_bytes: 0,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn errors_and_warnings_are_deduplicated_with_counts() {
+        let mut err = String::new();
+        for i in 0..12 {
+            err.push_str(&format!("error[E0308]: mismatched types\n  --> src/lib.rs:{i}:5\n"));
+        }
+        err.push_str("error[E0599]: no method named `foo`\n");
+        for i in 0..3 {
+            err.push_str(&format!("warning: unused variable at line {}\n", 10 + i));
+        }
+        let out = "running 4 tests\ntest result: ok. 4 passed; 0 failed\nno errors found\nFAILED tests::b\n";
+        let (o, e) = (inline(StreamName::Stdout, out), inline(StreamName::Stderr, &err));
+        let (o, e) = (InlineLines::new(&o), InlineLines::new(&e));
+        let d = digest(&[&o, &e], 100).unwrap();
+        assert_eq!(
+            d.lines,
+            vec![
+                "stdout:4: FAILED tests::b",
+                "stderr:1: error[E0308]: mismatched types ×12",
+                "stderr:25: error[E0599]: no method named `foo`",
+                "stderr:26: warning: unused variable at line 10 ×3",
+            ]
+        );
+        assert_eq!((d.error_lines, d.warning_lines), (14, 3));
+        assert!(d.counts.starts_with("stdout 4 lines 84 B; stderr 28 lines 770 B; "), "{}", d.counts);
+        assert!(d.counts.ends_with("14 error lines (3 distinct), 3 warning lines (1 distinct)"), "{}", d.counts);
+        let d = digest(&[&o, &e], 2).unwrap();
+        assert_eq!(d.lines.len(), 2);
+    }
+
+    #[test]
+    fn keys_ignore_numbers_not_codes() {
+        assert_eq!(key(b"  took 12ms at line 40"), b"took #ms at line #");
+        assert_eq!(key(b"error[E0308]: x"), b"error[E0308]: x");
+        assert_ne!(key(b"error[E0308]"), key(b"error[E0599]"));
+    }
+}

@@ -1,0 +1,236 @@
+//! The response of `confine exec --output-mode` and MCP `runtime_execute`:
+//! one [`OutputView`] shape whose optional parts depend on the mode.
+//!
+//! - `minimal`: status, exit code, signal, duration, handle, line and byte
+//!   counts (about 50 tokens; `truncation` only when something was cut).
+//! - `summary`: + head and tail of stdout (`maxResponseLines`, 10–1000,
+//!   default 100), tail of stderr, excerpts matching `queryTerms`.
+//! - `intent`: excerpts, and for large output the BM25-ranked sections.
+//! - `digest`: counts, and error and warning lines deduplicated with counts.
+//!
+//! Every line shown is capped at 500 characters (`[truncated]`).
+
+use super::capture::Captured;
+use super::chunked::ArtifactLines;
+use super::digest::{digest, Digest};
+use super::lines::{InlineLines, LineSource, Terms};
+use super::query::{query_sources, Excerpt, QueryRequest};
+use super::sections::{rank, Section};
+use super::{cap_line, OutputError, OutputMode};
+use crate::job::Status;
+use crate::store::artifacts::{ArtifactMeta, Artifacts, JobInfo, StreamName};
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_RESPONSE_LINES: u32 = 100;
+/// Output above this many bytes gets ranked sections in intent mode.
+pub const INTENT_SECTIONS_ABOVE: u64 = 5 * 1024;
+/// Intent mode without terms looks for failures.
+pub const DEFAULT_INTENT_TERMS: &[&str] = &["error", "fail", "panic", "exception", "traceback", "warning"];
+const SUMMARY_CONTEXT: u32 = 2;
+const MAX_SECTIONS: usize = 10;
+
+/// What the caller asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenderOptions {
+    #[serde(default)]
+    pub output_mode: OutputMode,
+    pub max_response_lines: Option<u32>,
+    #[serde(default)]
+    pub query_terms: Vec<String>,
+}
+
+/// Whether a stream was cut at its stored cap, and its real size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Truncation {
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub total_stdout_bytes: u64,
+    pub total_stderr_bytes: u64,
+}
+
+/// The output part of a job's response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputView {
+    pub status: Option<Status>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration_ms: u64,
+    pub artifact_handle: Option<String>,
+    /// Lines of stdout and stderr together.
+    pub output_lines: u64,
+    /// Bytes of stdout and stderr together, as the job wrote them.
+    pub output_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncation: Option<Truncation>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub excerpts: Option<Vec<Excerpt>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sections: Option<Vec<Section>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<Digest>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// Everything a render reads. `full` is the whole output (stored, or only
+/// inline when it was not persisted); `ends` gives the head and tail (the
+/// inline buffers when there are any: past the stored cap they still hold
+/// the real end of the output).
+pub struct RenderInput<'a> {
+    pub job: &'a JobInfo,
+    pub handle: Option<&'a str>,
+    pub full: [&'a dyn LineSource; 2],
+    pub ends: [&'a dyn LineSource; 2],
+    pub notes: &'a [String],
+}
+
+/// Render a fresh capture.
+pub fn render(
+    captured: &Captured,
+    artifacts: Option<&Artifacts>,
+    job: &JobInfo,
+    opts: &RenderOptions,
+) -> Result<OutputView, OutputError> {
+    let inline = [InlineLines::new(&captured.stdout), InlineLines::new(&captured.stderr)];
+    let ends: [&dyn LineSource; 2] = [&inline[0], &inline[1]];
+    match (artifacts, &captured.artifact) {
+        (Some(a), Some(meta)) => {
+            let stored = StreamName::BOTH.map(|s| ArtifactLines::new(a, meta, s));
+            let full: [&dyn LineSource; 2] = [&stored[0], &stored[1]];
+            render_input(&RenderInput { job, handle: Some(&meta.handle), full, ends, notes: &captured.notes }, opts)
+        }
+        _ => render_input(&RenderInput { job, handle: None, full: ends, ends, notes: &captured.notes }, opts),
+    }
+}
+
+/// Render a stored artifact again (`confine artifacts view`).
+pub fn render_stored(
+    artifacts: &Artifacts,
+    meta: &ArtifactMeta,
+    opts: &RenderOptions,
+) -> Result<OutputView, OutputError> {
+    let stored = StreamName::BOTH.map(|s| ArtifactLines::new(artifacts, meta, s));
+    let full: [&dyn LineSource; 2] = [&stored[0], &stored[1]];
+    render_input(&RenderInput { job: &meta.job, handle: Some(&meta.handle), full, ends: full, notes: &[] }, opts)
+}
+
+pub fn render_input(input: &RenderInput, opts: &RenderOptions) -> Result<OutputView, OutputError> {
+    let [out, err] = input.full;
+    let (om, em) = (out.meta(), err.meta());
+    let truncation = Truncation {
+        stdout_truncated: om.truncated,
+        stderr_truncated: em.truncated,
+        total_stdout_bytes: om.total_bytes,
+        total_stderr_bytes: em.total_bytes,
+    };
+    let mode = opts.output_mode;
+    let mut view = OutputView {
+        status: input.job.status,
+        exit_code: input.job.exit_code,
+        signal: input.job.signal,
+        duration_ms: input.job.duration_ms,
+        artifact_handle: input.handle.map(str::to_string),
+        output_lines: om.total_lines + em.total_lines,
+        output_bytes: om.total_bytes + em.total_bytes,
+        truncation: (mode != OutputMode::Minimal || om.truncated || em.truncated).then_some(truncation),
+        stdout_summary: None,
+        stderr_summary: None,
+        excerpts: None,
+        sections: None,
+        digest: None,
+        notes: input.notes.to_vec(),
+    };
+    let asked = opts.max_response_lines.unwrap_or(DEFAULT_RESPONSE_LINES);
+    let n = asked.clamp(10, 1000);
+    if n != asked && mode != OutputMode::Minimal {
+        view.notes.push(format!("maxResponseLines {asked} is outside 10..1000; {n} was used"));
+    }
+    let mut terms = opts.query_terms.clone();
+    match mode {
+        OutputMode::Minimal => {}
+        OutputMode::Summary => {
+            view.stdout_summary = Some(head_and_tail(input.ends[0], u64::from(n))?);
+            view.stderr_summary = Some(tail(input.ends[1], u64::from(n / 2))?);
+            view.excerpts = excerpts(input, &terms, &mut view.notes)?;
+        }
+        OutputMode::Intent => {
+            if Terms::new(&terms).is_empty() {
+                terms = DEFAULT_INTENT_TERMS.iter().map(|t| t.to_string()).collect();
+                view.notes.push(format!("no queryTerms: looked for {}", terms.join(", ")));
+            }
+            view.excerpts = excerpts(input, &terms, &mut view.notes)?;
+            if view.output_bytes > INTENT_SECTIONS_ABOVE {
+                let (sections, notes) = rank(&input.full, &Terms::new(&terms), MAX_SECTIONS)?;
+                view.sections = Some(sections);
+                view.notes.extend(notes);
+            }
+        }
+        OutputMode::Digest => view.digest = Some(digest(&input.full, n as usize)?),
+    }
+    if mode != OutputMode::Minimal && !out.complete() {
+        view.notes.push("output was not stored: only its inline head and tail were read".into());
+    }
+    Ok(view)
+}
+
+fn excerpts(
+    input: &RenderInput,
+    terms: &[String],
+    notes: &mut Vec<String>,
+) -> Result<Option<Vec<Excerpt>>, OutputError> {
+    if Terms::new(terms).is_empty() {
+        return Ok(None);
+    }
+    let req = QueryRequest {
+        artifact_handle: input.handle.unwrap_or_default().to_string(),
+        query_terms: terms.to_vec(),
+        context_lines: Some(SUMMARY_CONTEXT),
+        ..QueryRequest::default()
+    };
+    let r = query_sources(&req.artifact_handle, &input.full, &req)?;
+    for n in r.notes {
+        if !notes.contains(&n) && !n.contains("was not stored") {
+            notes.push(n);
+        }
+    }
+    if r.more_excerpts {
+        notes.push(format!("{} lines matched; more excerpts with runtime_query_output", r.matched_lines));
+    }
+    Ok(Some(r.excerpts))
+}
+
+fn join(lines: &[super::lines::Line]) -> Vec<String> {
+    lines.iter().map(|l| cap_line(&l.text, l.cut)).collect()
+}
+
+/// At most `n` lines: the first half and the last half, and a marker line
+/// for what is between.
+fn head_and_tail(src: &dyn LineSource, n: u64) -> Result<String, OutputError> {
+    let total = src.total_lines();
+    if total <= n {
+        return Ok(join(&src.lines(1, total)?).join("\n"));
+    }
+    let head = src.lines(1, n / 2)?;
+    let tail = src.lines(total - (n - n / 2) + 1, total)?;
+    let omitted = total - head.len() as u64 - tail.len() as u64;
+    let mut out = join(&head);
+    out.push(format!("… {omitted} lines omitted …"));
+    out.extend(join(&tail));
+    Ok(out.join("\n"))
+}
+
+fn tail(src: &dyn LineSource, n: u64) -> Result<String, OutputError> {
+    let total = src.total_lines();
+    Ok(join(&src.lines(total.saturating_sub(n) + 1, total)?).join("\n"))
+}
+
+#[cfg(test)]
+#[path = "modes_tests.rs"]
+mod tests;

@@ -1,0 +1,241 @@
+//! The blocking half of capture, in two stages so that hashing and
+//! compression run at the same time on two cores:
+//!
+//! 1. [`Processor`] (a tokio blocking thread): redaction, line counts, the
+//!    inline head and tail, the stored cap, SHA-256;
+//! 2. the store thread: cuts ~1 MiB chunks at newlines, gzips them, writes
+//!    them to the artifact store.
+//!
+//! Buffers travel reader → stage 1 → stage 2 and back through a small
+//! shared [`Pool`], so a flood allocates nothing once it runs. Both stages
+//! keep draining after a store failure: the job must never block on a full
+//! pipe because of us.
+
+use super::capture::{StreamSink, StreamSummary};
+use crate::store::artifacts::{ChunkSink, StreamMeta, CHUNK_BYTES};
+use sha2::{Digest, Sha256};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex};
+
+/// Buffers kept for reuse (beyond that they are freed).
+const POOL_BUFFERS: usize = 32;
+/// Buffers in flight between stage 1 and the store thread.
+const STORE_QUEUE: usize = 8;
+
+/// Reusable byte buffers, shared by the reader and both stages.
+#[derive(Default)]
+pub(crate) struct Pool {
+    bufs: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Pool {
+    pub(crate) fn get(&self, capacity: usize) -> Vec<u8> {
+        let mut v = self.bufs.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+        v.clear();
+        v.reserve(capacity);
+        v
+    }
+
+    pub(crate) fn put(&self, v: Vec<u8>) {
+        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        if bufs.len() < POOL_BUFFERS {
+            bufs.push(v);
+        }
+    }
+}
+
+/// Stage 2: the chunk writer on its own thread.
+struct Storer {
+    tx: SyncSender<Vec<u8>>,
+    thread: std::thread::JoinHandle<(ChunkSink, Option<String>)>,
+}
+
+impl Storer {
+    fn spawn(mut sink: ChunkSink, pool: Arc<Pool>, name: &'static str) -> std::io::Result<Storer> {
+        let (tx, rx) = sync_channel::<Vec<u8>>(STORE_QUEUE);
+        let thread = std::thread::Builder::new().name(format!("confine-store-{name}")).spawn(move || {
+            let mut pending: Vec<u8> = Vec::with_capacity(CHUNK_BYTES + (256 << 10));
+            let mut error: Option<String> = None;
+            let write = |sink: &mut ChunkSink, bytes: &[u8], error: &mut Option<String>| {
+                if error.is_none() {
+                    if let Err(e) = sink.write_chunk(bytes) {
+                        *error = Some(format!("storing {name}: {e}"));
+                    }
+                }
+            };
+            while let Ok(buf) = rx.recv() {
+                pending.extend_from_slice(&buf);
+                pool.put(buf);
+                // Cut at the last newline, so lines rarely straddle chunks.
+                let mut start = 0;
+                while pending.len() - start >= CHUNK_BYTES {
+                    let window = &pending[start..start + CHUNK_BYTES];
+                    let cut = memchr::memrchr(b'\n', window).map_or(CHUNK_BYTES, |i| i + 1);
+                    write(&mut sink, &pending[start..start + cut], &mut error);
+                    start += cut;
+                }
+                pending.drain(..start);
+            }
+            if !pending.is_empty() {
+                write(&mut sink, &pending, &mut error);
+            }
+            (sink, error)
+        })?;
+        Ok(Storer { tx, thread })
+    }
+}
+
+/// Stage 1.
+pub(crate) struct Processor {
+    sink: StreamSink,
+    pool: Arc<Pool>,
+    storer: Option<Storer>,
+    hasher: Sha256,
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    seen: u64,
+    total_bytes: u64,
+    total_lines: u64,
+    last_byte: Option<u8>,
+    stored_bytes: u64,
+    stored_lines: u64,
+    stored_last: Option<u8>,
+    truncated: bool,
+    error: Option<String>,
+}
+
+impl Processor {
+    pub(crate) fn new(mut sink: StreamSink, pool: Arc<Pool>) -> Self {
+        let mut error = None;
+        let storer = sink.chunks.take().and_then(|c| {
+            Storer::spawn(c, pool.clone(), sink.stream.as_str())
+                .map_err(|e| error = Some(format!("storing {}: cannot start a thread: {e}", sink.stream)))
+                .ok()
+        });
+        Processor {
+            sink,
+            pool,
+            storer,
+            hasher: Sha256::new(),
+            head: Vec::new(),
+            tail: Vec::new(),
+            seen: 0,
+            total_bytes: 0,
+            total_lines: 0,
+            last_byte: None,
+            stored_bytes: 0,
+            stored_lines: 0,
+            stored_last: None,
+            truncated: false,
+            error,
+        }
+    }
+
+    /// Bytes as read from the pipe.
+    pub(crate) fn feed(&mut self, data: Vec<u8>) {
+        self.total_bytes += data.len() as u64;
+        if let Some(r) = self.sink.redact.as_mut() {
+            let mut out = self.pool.get(data.len() + 64);
+            r.push(&data, &mut out);
+            self.pool.put(data);
+            self.take(out);
+        } else {
+            self.take(data);
+        }
+    }
+
+    /// Redacted bytes: count, keep inline, store up to the cap.
+    fn take(&mut self, mut bytes: Vec<u8>) {
+        let Some(&last) = bytes.last() else { return self.pool.put(bytes) };
+        self.last_byte = Some(last);
+        self.seen += bytes.len() as u64;
+        self.keep_inline(&bytes);
+        let room = self.sink.limits.stored_bytes.saturating_sub(self.stored_bytes);
+        let kept = bytes.len().min(room.try_into().unwrap_or(usize::MAX));
+        let kept_lines = memchr::memchr_iter(b'\n', &bytes[..kept]).count() as u64;
+        self.total_lines += kept_lines;
+        if kept < bytes.len() {
+            self.truncated = true;
+            self.total_lines += memchr::memchr_iter(b'\n', &bytes[kept..]).count() as u64;
+            bytes.truncate(kept);
+        }
+        let Some(&l) = bytes.last() else { return self.pool.put(bytes) };
+        self.hasher.update(&bytes);
+        self.stored_bytes += bytes.len() as u64;
+        self.stored_lines += kept_lines;
+        self.stored_last = Some(l);
+        match &self.storer {
+            Some(s) => {
+                if s.tx.send(bytes).is_err() {
+                    self.error.get_or_insert_with(|| format!("storing {}: the store thread stopped", self.sink.stream));
+                    self.storer = None;
+                }
+            }
+            None => self.pool.put(bytes),
+        }
+    }
+
+    fn keep_inline(&mut self, mut bytes: &[u8]) {
+        let head_cap = self.sink.limits.inline_bytes / 2;
+        let tail_cap = self.sink.limits.inline_bytes - head_cap;
+        if self.head.len() < head_cap {
+            let n = (head_cap - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+        }
+        if bytes.len() >= tail_cap {
+            self.tail.clear();
+            self.tail.extend_from_slice(&bytes[bytes.len() - tail_cap..]);
+        } else {
+            self.tail.extend_from_slice(bytes);
+            // Trim in bulk: amortised O(1) a byte.
+            if self.tail.len() > 2 * tail_cap.max(4096) {
+                self.tail.drain(..self.tail.len() - tail_cap);
+            }
+        }
+    }
+
+    pub(crate) fn finish(mut self) -> StreamSummary {
+        if let Some(mut r) = self.sink.redact.take() {
+            let mut out = Vec::new();
+            r.finish(&mut out);
+            self.take(out);
+            self.sink.redact = Some(r);
+        }
+        let mut chunks = Vec::new();
+        let mut compressed_bytes = 0;
+        if let Some(Storer { tx, thread }) = self.storer.take() {
+            drop(tx);
+            match thread.join() {
+                Ok((sink, error)) => {
+                    (chunks, compressed_bytes) = sink.into_parts();
+                    if self.error.is_none() {
+                        self.error = error;
+                    }
+                }
+                Err(_) => {
+                    self.error
+                        .get_or_insert_with(|| format!("storing {}: the store thread panicked", self.sink.stream));
+                }
+            }
+        }
+        let unterminated = |b: Option<u8>| u64::from(b.is_some_and(|b| b != b'\n'));
+        let tail_cap = self.sink.limits.inline_bytes - self.sink.limits.inline_bytes / 2;
+        if self.tail.len() > tail_cap {
+            self.tail.drain(..self.tail.len() - tail_cap);
+        }
+        let meta = StreamMeta {
+            total_bytes: self.total_bytes,
+            total_lines: self.total_lines + unterminated(self.last_byte),
+            stored_bytes: self.stored_bytes,
+            stored_lines: self.stored_lines + unterminated(self.stored_last),
+            compressed_bytes,
+            sha256: hex::encode(self.hasher.finalize()),
+            truncated: self.truncated,
+            redactions: self.sink.redact.as_ref().map_or(0, |r| r.redactions),
+            chunks,
+        };
+        let gap_bytes = self.seen - self.head.len() as u64 - self.tail.len() as u64;
+        StreamSummary { stream: self.sink.stream, meta, head: self.head, tail: self.tail, gap_bytes, error: self.error }
+    }
+}

@@ -1,0 +1,112 @@
+//! Sandbox paths on the host, for the fallback backends that have no mount
+//! namespace: `/workspace` is the workspace directory itself and `/tmp` a
+//! private per-job directory, removed when the job ends.
+//!
+//! Pure path arithmetic plus the creation of that one directory. It never
+//! resolves a path that leaves the workspace or the private directory.
+
+use crate::job::JobFile;
+use std::path::{Component, Path, PathBuf};
+
+/// Where the sandbox's two writable roots are on the host.
+#[derive(Debug, Clone)]
+pub struct HostLayout {
+    /// The private directory that stands in for `/tmp` (and `HOME`).
+    pub tmp: PathBuf,
+    /// The workspace directory, standing in for `/workspace`.
+    pub workspace: Option<PathBuf>,
+}
+
+/// A job id unique on this host: time, pid and a counter.
+pub fn job_id() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("job-{now}-{:x}{n:02x}", std::process::id())
+}
+
+/// Create the private `/tmp` of a job, readable by its owner only.
+pub fn private_tmp(job_id: &str) -> std::io::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("confine-{job_id}"));
+    #[cfg_attr(not(unix), allow(unused_mut))]
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(&dir)?;
+    Ok(dir)
+}
+
+impl HostLayout {
+    /// The host path of `path`, a path inside the sandbox. Only paths under
+    /// `/workspace` (with a workspace) and `/tmp` have one.
+    pub fn host_path(&self, path: &Path) -> Result<PathBuf, String> {
+        if !path.has_root() || path.components().any(|c| matches!(c, Component::ParentDir)) {
+            return Err(format!("{}: use an absolute path without '..'", path.display()));
+        }
+        if let (Some(ws), Ok(rest)) = (&self.workspace, path.strip_prefix("/workspace")) {
+            return Ok(if rest.as_os_str().is_empty() { ws.clone() } else { ws.join(rest) });
+        }
+        if let Ok(rest) = path.strip_prefix("/tmp") {
+            return Ok(if rest.as_os_str().is_empty() { self.tmp.clone() } else { self.tmp.join(rest) });
+        }
+        Err(format!(
+            "{}: without a mount namespace only /tmp and /workspace exist for the job; use a directory under them",
+            path.display()
+        ))
+    }
+
+    /// The job's environment with sandbox paths (`HOME=/tmp`, …) made host paths.
+    pub fn host_env(&self, env: &[(String, String)]) -> Vec<(String, String)> {
+        env.iter()
+            .map(|(k, v)| {
+                let mapped = if v.starts_with("/tmp") || v.starts_with("/workspace") {
+                    self.host_path(Path::new(v)).ok().map(|p| p.to_string_lossy().into_owned())
+                } else {
+                    None
+                };
+                (k.clone(), mapped.unwrap_or_else(|| v.clone()))
+            })
+            .collect()
+    }
+
+    /// Write the job's files into the private `/tmp`.
+    pub fn write_files(&self, files: &[JobFile]) -> Result<(), String> {
+        for f in files {
+            let path = self.host_path(&f.path)?;
+            if !path.starts_with(&self.tmp) {
+                return Err(format!("{}: job files must be under /tmp", f.path.display()));
+            }
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", f.path.display()))?;
+            }
+            std::fs::write(&path, &f.contents).map_err(|e| format!("{}: {e}", f.path.display()))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_paths_map_to_the_two_roots_only() {
+        let l = HostLayout { tmp: "/var/tmp/confine-x".into(), workspace: Some("/home/u/proj".into()) };
+        assert_eq!(l.host_path(Path::new("/workspace/src")).unwrap(), PathBuf::from("/home/u/proj/src"));
+        assert_eq!(l.host_path(Path::new("/tmp")).unwrap(), PathBuf::from("/var/tmp/confine-x"));
+        assert!(l.host_path(Path::new("/etc")).is_err());
+        assert!(l.host_path(Path::new("/tmp/../etc")).is_err());
+        assert!(l.host_path(Path::new("/tmpfoo")).is_err());
+        let env = l.host_env(&[("HOME".into(), "/tmp".into()), ("PATH".into(), "/usr/bin".into())]);
+        assert_eq!(env[0].1, "/var/tmp/confine-x");
+        assert_eq!(env[1].1, "/usr/bin");
+        let no_ws = HostLayout { workspace: None, ..l };
+        assert!(no_ws.host_path(Path::new("/workspace")).is_err());
+    }
+
+    #[test]
+    fn job_ids_differ() {
+        assert_ne!(job_id(), job_id());
+    }
+}

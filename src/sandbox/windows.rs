@@ -1,0 +1,323 @@
+//! The `windows` backend: the job and all its descendants in one Job
+//! Object — kill on close (confine's death kills the tree), a memory cap,
+//! a hard CPU-rate cap, a CPU-time cap, a process-count cap, and no
+//! breakaway (the BREAKAWAY_OK flags are never set). The process starts
+//! suspended, is assigned to the job, then resumed, so it never runs a
+//! single instruction outside it. The tree kill is `TerminateJobObject`.
+//!
+//! Much weaker than the Linux sandbox: the host's filesystem, network and
+//! user account are the job's. It only runs with `--allow-degraded`.
+//! Written from the Win32 documentation and checked with
+//! `cargo check --target x86_64-pc-windows-gnu`; not yet run on Windows.
+
+use super::host_paths::{self, HostLayout};
+use super::{Backend, BackendKind, SandboxError, StdioSpec};
+use crate::job::{JobSpec, LandlockLayer, Layers, Limits, Outcome, Status, Usage};
+use std::ffi::c_void;
+use std::future::Future;
+use std::time::Duration;
+use tokio::time::{sleep_until, Instant};
+use windows_sys::Win32::Foundation::{CloseHandle, HANDLE, INVALID_HANDLE_VALUE};
+use windows_sys::Win32::System::Diagnostics::ToolHelp::{
+    CreateToolhelp32Snapshot, Thread32First, Thread32Next, TH32CS_SNAPTHREAD, THREADENTRY32,
+};
+use windows_sys::Win32::System::JobObjects::{
+    AssignProcessToJobObject, CreateJobObjectW, JobObjectBasicAccountingInformation,
+    JobObjectCpuRateControlInformation, JobObjectExtendedLimitInformation, QueryInformationJobObject,
+    SetInformationJobObject, TerminateJobObject, JOBOBJECTINFOCLASS, JOBOBJECT_BASIC_ACCOUNTING_INFORMATION,
+    JOBOBJECT_CPU_RATE_CONTROL_INFORMATION, JOBOBJECT_EXTENDED_LIMIT_INFORMATION, JOB_OBJECT_CPU_RATE_CONTROL_ENABLE,
+    JOB_OBJECT_CPU_RATE_CONTROL_HARD_CAP, JOB_OBJECT_LIMIT_ACTIVE_PROCESS, JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION,
+    JOB_OBJECT_LIMIT_JOB_MEMORY, JOB_OBJECT_LIMIT_JOB_TIME, JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE,
+};
+use windows_sys::Win32::System::Threading::{OpenThread, ResumeThread, CREATE_SUSPENDED, THREAD_SUSPEND_RESUME};
+
+/// Exit code of processes ended by `TerminateJobObject`.
+const KILLED_EXIT_CODE: u32 = 1;
+/// 100-nanosecond ticks per millisecond (Windows times).
+const TICKS_PER_MS: i64 = 10_000;
+
+/// An owned kernel handle, closed on drop. Closing the job handle kills
+/// the tree (KILL_ON_JOB_CLOSE).
+struct Handle(HANDLE);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: we own this handle and close it once.
+        unsafe { CloseHandle(self.0) };
+    }
+}
+
+fn os_error(what: &str) -> SandboxError {
+    let e = std::io::Error::last_os_error();
+    SandboxError::Spawn(std::io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+fn set_info<T>(job: &Handle, class: JOBOBJECTINFOCLASS, info: &T, what: &str) -> Result<(), SandboxError> {
+    // SAFETY: `info` points to a live T of the size we pass, the layout
+    // the information class expects.
+    let ok =
+        unsafe { SetInformationJobObject(job.0, class, (info as *const T).cast::<c_void>(), size_of::<T>() as u32) };
+    if ok == 0 {
+        return Err(os_error(what));
+    }
+    Ok(())
+}
+
+fn query_info<T: Default>(job: &Handle, class: JOBOBJECTINFOCLASS) -> Option<T> {
+    let mut info = T::default();
+    // SAFETY: `info` is a writable T of the size we pass.
+    let ok = unsafe {
+        QueryInformationJobObject(
+            job.0,
+            class,
+            (&mut info as *mut T).cast::<c_void>(),
+            size_of::<T>() as u32,
+            std::ptr::null_mut(),
+        )
+    };
+    (ok != 0).then_some(info)
+}
+
+/// The CPU-rate cap in 1/100 of a percent of all processors.
+fn cpu_rate(cpus: f64) -> u32 {
+    let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+    (cpus / online * 10_000.0).round().clamp(1.0, 10_000.0) as u32
+}
+
+/// An anonymous Job Object with the job's limits.
+fn job_object(limits: &Limits) -> Result<Handle, SandboxError> {
+    // SAFETY: null attributes and name: an anonymous job, not inheritable.
+    let raw = unsafe { CreateJobObjectW(std::ptr::null(), std::ptr::null()) };
+    if raw.is_null() {
+        return Err(os_error("CreateJobObjectW"));
+    }
+    let job = Handle(raw);
+    let mut info = JOBOBJECT_EXTENDED_LIMIT_INFORMATION::default();
+    let basic = &mut info.BasicLimitInformation;
+    basic.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE | JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION;
+    if let Some(bytes) = limits.memory_bytes {
+        basic.LimitFlags |= JOB_OBJECT_LIMIT_JOB_MEMORY;
+        info.JobMemoryLimit = usize::try_from(bytes).unwrap_or(usize::MAX);
+    }
+    let basic = &mut info.BasicLimitInformation;
+    if let Some(n) = limits.pids {
+        basic.LimitFlags |= JOB_OBJECT_LIMIT_ACTIVE_PROCESS;
+        basic.ActiveProcessLimit = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(ms) = limits.cpu_time_ms {
+        basic.LimitFlags |= JOB_OBJECT_LIMIT_JOB_TIME;
+        basic.PerJobUserTimeLimit = i64::try_from(ms).unwrap_or(i64::MAX / TICKS_PER_MS) * TICKS_PER_MS;
+    }
+    set_info(&job, JobObjectExtendedLimitInformation, &info, "job object limits")?;
+    if let Some(cpus) = limits.cpus {
+        let mut rate = JOBOBJECT_CPU_RATE_CONTROL_INFORMATION {
+            ControlFlags: JOB_OBJECT_CPU_RATE_CONTROL_ENABLE | JOB_OBJECT_CPU_RATE_CONTROL_HARD_CAP,
+            ..Default::default()
+        };
+        rate.Anonymous.CpuRate = cpu_rate(cpus);
+        set_info(&job, JobObjectCpuRateControlInformation, &rate, "job object CPU rate")?;
+    }
+    Ok(job)
+}
+
+/// Resume the threads of a process created suspended (its main thread).
+fn resume(pid: u32) -> Result<(), SandboxError> {
+    // SAFETY: a snapshot of all threads; the handle is checked below.
+    let snap = unsafe { CreateToolhelp32Snapshot(TH32CS_SNAPTHREAD, 0) };
+    if snap == INVALID_HANDLE_VALUE {
+        return Err(os_error("CreateToolhelp32Snapshot"));
+    }
+    let snap = Handle(snap);
+    let mut entry = THREADENTRY32 { dwSize: size_of::<THREADENTRY32>() as u32, ..Default::default() };
+    let mut resumed = 0;
+    // SAFETY: entry is a THREADENTRY32 with dwSize set, as the API requires.
+    let mut more = unsafe { Thread32First(snap.0, &mut entry) } != 0;
+    while more {
+        if entry.th32OwnerProcessID == pid {
+            // SAFETY: opening a thread of our own suspended child by id.
+            let thread = unsafe { OpenThread(THREAD_SUSPEND_RESUME, 0, entry.th32ThreadID) };
+            if !thread.is_null() {
+                let thread = Handle(thread);
+                // SAFETY: a valid thread handle with THREAD_SUSPEND_RESUME.
+                if unsafe { ResumeThread(thread.0) } != u32::MAX {
+                    resumed += 1;
+                }
+            }
+        }
+        // SAFETY: as for Thread32First.
+        more = unsafe { Thread32Next(snap.0, &mut entry) } != 0;
+    }
+    if resumed == 0 {
+        return Err(os_error("ResumeThread"));
+    }
+    Ok(())
+}
+
+fn terminate(job: &Handle) {
+    // SAFETY: a valid job handle; ends every process in it.
+    unsafe { TerminateJobObject(job.0, KILLED_EXIT_CODE) };
+}
+
+/// Run `spec` in a Job Object to its end. `cancel` resolving (Ctrl-C)
+/// kills the tree (status `cancelled`); so does the timeout (`timeout`).
+pub async fn run<C>(spec: &JobSpec, stdio: StdioSpec, cancel: C) -> Result<Outcome, SandboxError>
+where
+    C: Future<Output = ()>,
+{
+    let program = spec.argv.first().ok_or(SandboxError::NoCommand)?;
+    if let Some(ws) = &spec.workspace {
+        if !ws.is_dir() {
+            return Err(SandboxError::Workspace { path: ws.clone(), reason: "not a directory".into() });
+        }
+    }
+    let job_id = host_paths::job_id();
+    let tmp = host_paths::private_tmp(&job_id).map_err(SandboxError::Spawn)?;
+    let _cleanup = TmpDir(tmp.clone());
+    let layout = HostLayout { tmp, workspace: spec.workspace.clone() };
+    layout.write_files(&spec.files).map_err(SandboxError::Unavailable)?;
+    let cwd = layout.host_path(&spec.cwd).map_err(|e| SandboxError::Unavailable(format!("--cwd {e}")))?;
+    let job = job_object(&spec.limits)?;
+
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(layout.host_env(&spec.env))
+        .current_dir(cwd)
+        .stdin(stdio.stdin)
+        .stdout(stdio.stdout)
+        .stderr(stdio.stderr)
+        .creation_flags(CREATE_SUSPENDED)
+        .kill_on_drop(true);
+    let started = std::time::Instant::now();
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+            let mut o = outcome(spec, job_id, started, Some(code), None);
+            o.error = Some(format!("{program}: cannot execute ({e})"));
+            return Ok(o);
+        }
+    };
+    let process = child.raw_handle().ok_or_else(|| os_error("process handle"))?;
+    // SAFETY: both handles are valid; the child is still suspended.
+    if unsafe { AssignProcessToJobObject(job.0, process as HANDLE) } == 0 {
+        let err = os_error("AssignProcessToJobObject");
+        let _ = child.start_kill();
+        return Err(err);
+    }
+    if let Some(pid) = child.id() {
+        if let Err(e) = resume(pid) {
+            terminate(&job);
+            return Err(e);
+        }
+    }
+
+    let deadline = spec.limits.timeout_ms.map(|ms| Instant::from_std(started) + Duration::from_millis(ms));
+    let never = Instant::now() + Duration::from_secs(100 * 365 * 86400);
+    let mut ending = None;
+    let status = {
+        let exit = child.wait();
+        tokio::pin!(exit);
+        tokio::pin!(cancel);
+        loop {
+            tokio::select! {
+                status = &mut exit => break status,
+                _ = sleep_until(deadline.unwrap_or(never)), if deadline.is_some() && ending.is_none() => {
+                    ending = Some(Status::Timeout);
+                    terminate(&job);
+                }
+                _ = &mut cancel, if ending.is_none() => {
+                    ending = Some(Status::Cancelled);
+                    terminate(&job);
+                }
+            }
+        }
+    };
+    // The main process is gone: so is everything it started.
+    terminate(&job);
+    let code = status.as_ref().ok().and_then(|s| s.code());
+    let mut o = outcome(spec, job_id, started, code, ending);
+    if let Err(e) = status {
+        o.error = Some(format!("waiting for the job failed: {e}"));
+    }
+    account(&job, spec, &mut o);
+    Ok(o)
+}
+
+/// Usage from the job's accounting, and a CPU-time or memory ending the
+/// exit code alone does not tell.
+fn account(job: &Handle, spec: &JobSpec, o: &mut Outcome) {
+    if let Some(acct) = query_info::<JOBOBJECT_BASIC_ACCOUNTING_INFORMATION>(job, JobObjectBasicAccountingInformation) {
+        o.usage.cpu_user_ms = (acct.TotalUserTime / TICKS_PER_MS).max(0) as u64;
+        o.usage.cpu_sys_ms = (acct.TotalKernelTime / TICKS_PER_MS).max(0) as u64;
+        o.usage.pids_peak = u64::from(acct.TotalProcesses);
+    }
+    if let Some(ext) = query_info::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>(job, JobObjectExtendedLimitInformation) {
+        o.usage.peak_memory_bytes = ext.PeakJobMemoryUsed as u64;
+    }
+    if o.status == Status::Failure {
+        if spec.limits.cpu_time_ms.is_some_and(|ms| o.usage.cpu_user_ms >= ms) {
+            o.status = Status::Timeout;
+        } else if spec.limits.memory_bytes.is_some_and(|m| o.usage.peak_memory_bytes + (1 << 20) >= m) {
+            o.status = Status::Oom;
+        }
+    }
+}
+
+fn outcome(
+    spec: &JobSpec,
+    job_id: String,
+    started: std::time::Instant,
+    code: Option<i32>,
+    ending: Option<Status>,
+) -> Outcome {
+    let mut missing: Vec<String> = BackendKind::Windows.lost().iter().map(|s| s.to_string()).collect();
+    missing.extend(["capsDropped".to_string(), "noNewPrivs".to_string()]);
+    if !spec.binds.is_empty() {
+        missing.push("binds".into());
+    }
+    if spec.workspace.is_some() && !spec.workspace_rw {
+        missing.push("readOnlyWorkspace".into());
+    }
+    Outcome {
+        job_id,
+        status: match (ending, code) {
+            (Some(s), _) => s,
+            (None, Some(0)) => Status::Success,
+            _ => Status::Failure,
+        },
+        exit_code: code,
+        signal: None,
+        duration_ms: started.elapsed().as_millis() as u64,
+        queued_ms: 0,
+        usage: Usage::default(),
+        backend: BackendKind::Windows.name().into(),
+        layers: Layers {
+            landlock: LandlockLayer { abi: 0, status: "off".into(), skipped: Vec::new() },
+            missing,
+            ..Layers::default()
+        },
+        limits: spec.limits.clone(),
+        error: None,
+    }
+}
+
+/// The private /tmp, removed when the run ends.
+struct TmpDir(std::path::PathBuf);
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_rate_is_a_share_of_all_processors() {
+        assert!(cpu_rate(0.0001) >= 1);
+        assert!(cpu_rate(1_000.0) <= 10_000);
+    }
+}

@@ -1,0 +1,517 @@
+//! Output artifacts: the stored stdout and stderr of a job, cut into chunks
+//! of about 1 MiB (each one gzip member, or raw when it doesn't compress),
+//! with their metadata, TTL and garbage collection.
+//!
+//! Crash rule: chunks are written first and the metadata last, with
+//! `complete: true`, then flushed. An artifact whose metadata is missing or
+//! says `complete: false` is never served as output; `gc` removes it.
+//!
+//! This module owns the layout and never interprets output (that is
+//! [`crate::output`]). It reaches sled only through [`ArtifactBackend`], so an
+//! object store can take its place on a fleet (DESIGN.md, "Beyond one machine").
+
+mod gc;
+mod sled_backend;
+#[cfg(test)]
+mod tests;
+
+pub use gc::GcReport;
+pub use sled_backend::SledBackend;
+
+use super::{Store, StoreError};
+use crate::job::Status;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+
+/// Raw bytes per chunk. A chunk ends at its last newline when it has one, so
+/// lines rarely straddle chunks.
+pub const CHUNK_BYTES: usize = 1 << 20;
+/// Default time to live of an artifact: 24 hours.
+pub const DEFAULT_TTL_MS: u64 = 24 * 3600 * 1000;
+/// Default cap on the artifacts' total stored size: 1 GiB.
+pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 1 << 30;
+/// A chunk whose first 32 KiB shrink by less than 10% at gzip level 1 is
+/// stored raw: such output (base64, compressed data) would otherwise cost
+/// about 90 MB/s of compression for nothing, far below the drain target.
+const PROBE_BYTES: usize = 32 << 10;
+
+/// Errors of the artifact store.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    /// Unknown, expired, or malformed handle. The text is part of the MCP contract.
+    #[error("artifact '{0}' not found (expired or never stored)")]
+    NotFound(String),
+    /// The writer stopped before the end (crash, kill, store failure).
+    #[error(
+        "artifact '{0}' is incomplete: its capture stopped before the end (crash or kill); `confine gc` removes it"
+    )]
+    Incomplete(String),
+    /// A chunk is missing or does not decode.
+    #[error("artifact '{handle}' is damaged ({reason}); remove it with `confine artifacts rm {handle}`")]
+    Corrupt { handle: String, reason: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Writing decompressed output to the caller failed.
+    #[error("cannot write the output: {0}")]
+    Write(#[source] std::io::Error),
+}
+
+impl From<sled::Error> for ArtifactError {
+    fn from(e: sled::Error) -> Self {
+        ArtifactError::Store(StoreError::Db(e))
+    }
+}
+
+/// One of the two captured streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamName {
+    Stdout,
+    Stderr,
+}
+
+impl StreamName {
+    pub const BOTH: [StreamName; 2] = [StreamName::Stdout, StreamName::Stderr];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamName::Stdout => "stdout",
+            StreamName::Stderr => "stderr",
+        }
+    }
+}
+
+impl std::fmt::Display for StreamName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a chunk's bytes are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// One gzip member (RFC 1952).
+    Gzip,
+    /// The bytes as they are (they did not compress).
+    Raw,
+}
+
+/// Where one chunk sits in its stream: the per-chunk line index that lets a
+/// query or a line range touch only the chunks it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChunkInfo {
+    /// Newlines in the stream before this chunk's first byte.
+    pub first_line: u64,
+    /// Newlines in this chunk.
+    pub newlines: u32,
+    pub raw_len: u32,
+    pub stored_len: u32,
+    pub encoding: Encoding,
+    pub ends_with_newline: bool,
+}
+
+/// One stream of an artifact.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamMeta {
+    /// Bytes the job wrote, including those past the stored cap.
+    pub total_bytes: u64,
+    /// Lines of the whole (redacted) output, counted past the stored cap too.
+    pub total_lines: u64,
+    /// Bytes stored: the redacted output up to the stored cap.
+    pub stored_bytes: u64,
+    /// Lines stored (a last line without a newline counts).
+    pub stored_lines: u64,
+    /// Bytes the chunks take in the store.
+    pub compressed_bytes: u64,
+    /// SHA-256 (hex) of the stored bytes, exactly what `confine artifacts
+    /// show` prints. Hashing the redacted rather than the raw output is
+    /// deliberate: a hash of raw output that held a secret would let anyone
+    /// with the handle confirm a guess of that secret. With nothing redacted
+    /// and nothing truncated it equals `sha256sum` of the raw output.
+    pub sha256: String,
+    /// Output went past the stored cap: it was drained and counted, not kept.
+    pub truncated: bool,
+    /// Secrets replaced by `[REDACTED]`.
+    pub redactions: u64,
+    pub chunks: Vec<ChunkInfo>,
+}
+
+/// The job an artifact belongs to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobInfo {
+    pub runtime: Option<String>,
+    pub status: Option<Status>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration_ms: u64,
+}
+
+/// The metadata record of an artifact: written at the start with
+/// `complete: false`, rewritten at the end with `complete: true`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactMeta {
+    pub handle: String,
+    pub repo_id: String,
+    pub created_ms: u64,
+    pub expires_ms: u64,
+    pub complete: bool,
+    #[serde(default)]
+    pub job: JobInfo,
+    #[serde(default)]
+    pub stdout: StreamMeta,
+    #[serde(default)]
+    pub stderr: StreamMeta,
+}
+
+impl ArtifactMeta {
+    pub fn stream(&self, s: StreamName) -> &StreamMeta {
+        match s {
+            StreamName::Stdout => &self.stdout,
+            StreamName::Stderr => &self.stderr,
+        }
+    }
+
+    /// Bytes the artifact takes in the store (what the size cap counts).
+    pub fn compressed_bytes(&self) -> u64 {
+        self.stdout.compressed_bytes + self.stderr.compressed_bytes
+    }
+}
+
+/// Where artifacts are kept: sled today ([`SledBackend`]), an object store
+/// later. Keys are plain (handle, stream, chunk index) so both fit.
+pub trait ArtifactBackend: Send + Sync {
+    fn put_meta(&self, meta: &ArtifactMeta) -> Result<(), ArtifactError>;
+    fn get_meta(&self, handle: &str) -> Result<Option<ArtifactMeta>, ArtifactError>;
+    /// Every metadata record, complete or not. A record that does not parse
+    /// comes back as an incomplete one, so `gc` removes it.
+    fn list_meta(&self) -> Result<Vec<ArtifactMeta>, ArtifactError>;
+    fn put_chunk(&self, handle: &str, stream: StreamName, index: u32, bytes: &[u8]) -> Result<(), ArtifactError>;
+    fn get_chunk(&self, handle: &str, stream: StreamName, index: u32) -> Result<Option<Vec<u8>>, ArtifactError>;
+    /// Remove the metadata, then the chunks (a crash in between leaves
+    /// orphan chunks, which `gc` sweeps, never a record without its data).
+    fn remove(&self, handle: &str) -> Result<(), ArtifactError>;
+    /// Handles that own chunks, with or without metadata.
+    fn chunk_handles(&self) -> Result<BTreeSet<String>, ArtifactError>;
+    fn flush(&self) -> Result<(), ArtifactError>;
+}
+
+/// Handles being written by this process; `gc` leaves them alone. (sled
+/// locks its directory, so no other process can write the same store.)
+static ACTIVE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+fn active_set() -> std::sync::MutexGuard<'static, BTreeSet<String>> {
+    ACTIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The artifact store: capture writes through it, queries read through it.
+#[derive(Clone)]
+pub struct Artifacts {
+    backend: Arc<dyn ArtifactBackend>,
+}
+
+impl Artifacts {
+    pub fn new(backend: Arc<dyn ArtifactBackend>) -> Self {
+        Artifacts { backend }
+    }
+
+    /// Artifacts in the sled store.
+    pub fn open(store: &Store) -> Result<Self, ArtifactError> {
+        Ok(Artifacts::new(Arc::new(SledBackend::open(store)?)))
+    }
+
+    /// Start an artifact: a fresh handle and an incomplete metadata record.
+    pub fn begin(&self, repo_id: &str, ttl_ms: u64) -> Result<ArtifactWriter, ArtifactError> {
+        let created_ms = now_ms();
+        let handle = new_handle(repo_id, created_ms);
+        let meta = ArtifactMeta {
+            handle: handle.clone(),
+            repo_id: repo_id.to_string(),
+            created_ms,
+            expires_ms: created_ms.saturating_add(ttl_ms),
+            complete: false,
+            job: JobInfo::default(),
+            stdout: StreamMeta::default(),
+            stderr: StreamMeta::default(),
+        };
+        active_set().insert(handle.clone());
+        let writer = ArtifactWriter { artifacts: self.clone(), meta };
+        self.backend.put_meta(&writer.meta)?;
+        Ok(writer)
+    }
+
+    /// A complete, unexpired artifact.
+    pub fn get(&self, handle: &str) -> Result<ArtifactMeta, ArtifactError> {
+        let not_found = || ArtifactError::NotFound(handle.to_string());
+        if handle.is_empty() || handle.len() > 200 || handle.contains('\0') {
+            return Err(not_found());
+        }
+        let meta = self.backend.get_meta(handle)?.ok_or_else(not_found)?;
+        if meta.expires_ms <= now_ms() {
+            return Err(not_found());
+        }
+        if !meta.complete {
+            return Err(ArtifactError::Incomplete(handle.to_string()));
+        }
+        Ok(meta)
+    }
+
+    /// Every artifact, incomplete and expired ones included, oldest first.
+    pub fn list(&self) -> Result<Vec<ArtifactMeta>, ArtifactError> {
+        let mut all = self.backend.list_meta()?;
+        all.sort_by(|a, b| (a.created_ms, &a.handle).cmp(&(b.created_ms, &b.handle)));
+        Ok(all)
+    }
+
+    /// Remove an artifact; `false` when there was none.
+    pub fn remove(&self, handle: &str) -> Result<bool, ArtifactError> {
+        let existed = self.backend.get_meta(handle)?.is_some();
+        self.backend.remove(handle)?;
+        self.backend.flush()?;
+        Ok(existed)
+    }
+
+    /// Decode chunk `index` of a stream into `out` (cleared first).
+    pub fn read_chunk(
+        &self,
+        meta: &ArtifactMeta,
+        stream: StreamName,
+        index: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ArtifactError> {
+        let corrupt = |reason: String| ArtifactError::Corrupt { handle: meta.handle.clone(), reason };
+        let info = meta
+            .stream(stream)
+            .chunks
+            .get(index)
+            .ok_or_else(|| corrupt(format!("{stream} chunk {index} out of range")))?;
+        let bytes = self
+            .backend
+            .get_chunk(&meta.handle, stream, index as u32)?
+            .ok_or_else(|| corrupt(format!("{stream} chunk {index} is missing")))?;
+        out.clear();
+        match info.encoding {
+            Encoding::Raw => out.extend_from_slice(&bytes),
+            Encoding::Gzip => {
+                out.reserve(info.raw_len as usize);
+                flate2::read::GzDecoder::new(&bytes[..])
+                    .read_to_end(out)
+                    .map_err(|e| corrupt(format!("{stream} chunk {index}: {e}")))?;
+            }
+        }
+        if out.len() != info.raw_len as usize {
+            return Err(corrupt(format!("{stream} chunk {index} has {} bytes, expected {}", out.len(), info.raw_len)));
+        }
+        Ok(())
+    }
+
+    /// Write a stream's stored bytes to `out`, one chunk in memory at a time.
+    pub fn copy_stream(
+        &self,
+        meta: &ArtifactMeta,
+        stream: StreamName,
+        out: &mut dyn Write,
+    ) -> Result<u64, ArtifactError> {
+        let mut buf = Vec::new();
+        let mut written = 0u64;
+        for index in 0..meta.stream(stream).chunks.len() {
+            self.read_chunk(meta, stream, index, &mut buf)?;
+            out.write_all(&buf).map_err(ArtifactError::Write)?;
+            written += buf.len() as u64;
+        }
+        out.flush().map_err(ArtifactError::Write)?;
+        Ok(written)
+    }
+
+    /// Remove expired and incomplete artifacts, then the oldest ones until
+    /// the rest take at most `max_total_bytes`.
+    pub fn gc(&self, max_total_bytes: u64) -> Result<GcReport, ArtifactError> {
+        gc::run(self.backend.as_ref(), max_total_bytes, now_ms(), &active_set().clone())
+    }
+}
+
+/// An artifact being written. Dropped without [`ArtifactWriter::finish`], it
+/// stays incomplete and is never served.
+pub struct ArtifactWriter {
+    artifacts: Artifacts,
+    meta: ArtifactMeta,
+}
+
+impl ArtifactWriter {
+    pub fn handle(&self) -> &str {
+        &self.meta.handle
+    }
+
+    /// The chunk writer of one stream. Call once per stream.
+    pub fn chunk_sink(&self, stream: StreamName) -> ChunkSink {
+        ChunkSink {
+            backend: self.artifacts.backend.clone(),
+            handle: self.meta.handle.clone(),
+            stream,
+            chunks: Vec::new(),
+            lines: 0,
+            compressed: 0,
+            encoder: ChunkEncoder::new(),
+        }
+    }
+
+    /// Write the final metadata (`complete: true`) and flush: from here on
+    /// the artifact is served.
+    pub fn finish(
+        mut self,
+        job: JobInfo,
+        stdout: StreamMeta,
+        stderr: StreamMeta,
+    ) -> Result<ArtifactMeta, ArtifactError> {
+        self.meta.job = job;
+        self.meta.stdout = stdout;
+        self.meta.stderr = stderr;
+        self.meta.complete = true;
+        self.artifacts.backend.put_meta(&self.meta)?;
+        self.artifacts.backend.flush()?;
+        Ok(self.meta.clone())
+    }
+}
+
+impl Drop for ArtifactWriter {
+    fn drop(&mut self) {
+        active_set().remove(&self.meta.handle);
+    }
+}
+
+/// Encodes and stores one stream's chunks, and keeps their line index.
+pub struct ChunkSink {
+    backend: Arc<dyn ArtifactBackend>,
+    handle: String,
+    stream: StreamName,
+    chunks: Vec<ChunkInfo>,
+    lines: u64,
+    compressed: u64,
+    encoder: ChunkEncoder,
+}
+
+impl ChunkSink {
+    /// Encode and store the next chunk (at most [`CHUNK_BYTES`] raw bytes).
+    pub fn write_chunk(&mut self, raw: &[u8]) -> Result<(), ArtifactError> {
+        let encoding = self.encoder.encode(raw);
+        let bytes = if encoding == Encoding::Gzip { &self.encoder.out[..] } else { raw };
+        let index = self.chunks.len() as u32;
+        self.backend.put_chunk(&self.handle, self.stream, index, bytes)?;
+        let newlines = memchr::memchr_iter(b'\n', raw).count() as u32;
+        self.chunks.push(ChunkInfo {
+            first_line: self.lines,
+            newlines,
+            raw_len: raw.len() as u32,
+            stored_len: bytes.len() as u32,
+            encoding,
+            ends_with_newline: raw.last() == Some(&b'\n'),
+        });
+        self.lines += u64::from(newlines);
+        self.compressed += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// The chunk index and the bytes the chunks take.
+    pub fn into_parts(self) -> (Vec<ChunkInfo>, u64) {
+        (self.chunks, self.compressed)
+    }
+}
+
+/// Gzip at level 1 (measured: about 1 GB/s on build logs with zlib-rs),
+/// one member per chunk. One deflate state is reused for every chunk of a
+/// stream: a fresh encoder per chunk would allocate and free ~300 KiB each
+/// time, which fragments the heap and shows up in the supervisor's RSS.
+struct ChunkEncoder {
+    z: flate2::Compress,
+    out: Vec<u8>,
+}
+
+/// Gzip header: deflate, no name, no mtime, unknown OS.
+const GZIP_HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+
+impl ChunkEncoder {
+    fn new() -> Self {
+        ChunkEncoder { z: flate2::Compress::new(flate2::Compression::fast(), false), out: Vec::new() }
+    }
+
+    /// `raw` as one gzip member in `self.out`.
+    fn gzip(&mut self, raw: &[u8]) -> Result<(), flate2::CompressError> {
+        self.z.reset();
+        self.out.clear();
+        self.out.extend_from_slice(&GZIP_HEADER);
+        let mut done = 0;
+        loop {
+            if self.out.capacity() - self.out.len() < 4096 {
+                self.out.reserve((raw.len() - done) / 4 + 4096);
+            }
+            let before = self.z.total_in();
+            let status = self.z.compress_vec(&raw[done..], &mut self.out, flate2::FlushCompress::Finish)?;
+            done += (self.z.total_in() - before) as usize;
+            if status == flate2::Status::StreamEnd {
+                break;
+            }
+        }
+        let mut crc = flate2::Crc::new();
+        crc.update(raw);
+        self.out.extend_from_slice(&crc.sum().to_le_bytes());
+        self.out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+        Ok(())
+    }
+
+    /// Gzip, or raw when that saves less than 10%. `Gzip` leaves the bytes
+    /// in `self.out`.
+    fn encode(&mut self, raw: &[u8]) -> Encoding {
+        if raw.len() > 2 * PROBE_BYTES {
+            let probe = &raw[..PROBE_BYTES];
+            if self.gzip(probe).is_err() || self.out.len() * 10 > probe.len() * 9 {
+                return Encoding::Raw;
+            }
+        }
+        match self.gzip(raw) {
+            Ok(()) if self.out.len() < raw.len() => Encoding::Gzip,
+            _ => Encoding::Raw,
+        }
+    }
+}
+
+/// `run-<repoId>-<unix-ms>-<16 hex>`; the repo id is reduced to
+/// `[A-Za-z0-9._-]` (at most 64 characters) so a handle is safe in keys,
+/// paths and shells.
+fn new_handle(repo_id: &str, now_ms: u64) -> String {
+    let mut repo: String = repo_id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .take(64)
+        .collect();
+    if repo.is_empty() {
+        repo.push_str("local");
+    }
+    format!("run-{repo}-{now_ms}-{}", hex::encode(random_bytes()))
+}
+
+/// Handles must be unique, not secret: the kernel's random bytes when
+/// readable, else a randomly keyed hash of the time and a counter.
+fn random_bytes() -> [u8; 8] {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_ok() {
+        return b;
+    }
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(now_ms());
+    h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.finish().to_le_bytes()
+}
