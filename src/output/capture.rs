@@ -75,7 +75,9 @@ pub async fn capture<R: AsyncRead + Unpin>(mut reader: R, sink: StreamSink) -> S
     let mut lost = 0u64;
     loop {
         let mut buf = pool.get(READ_BYTES);
-        match reader.read_buf(&mut buf).await {
+        // At most READ_BYTES a read, whatever the buffer's capacity: a large
+        // pipe must not make buffers (and memory) grow.
+        match (&mut reader).take(READ_BYTES as u64).read_buf(&mut buf).await {
             Ok(0) => break,
             Ok(n) => {
                 if tx.is_closed() || tx.send(buf).await.is_err() {

@@ -19,6 +19,9 @@ use std::sync::{Arc, Mutex};
 
 /// Buffers kept for reuse (beyond that they are freed).
 const POOL_BUFFERS: usize = 32;
+/// Room left in a fresh buffer, so redaction output (input plus a small
+/// carry) usually fits without growing it.
+const SLACK: usize = 4096;
 /// Buffers in flight between stage 1 and the store thread.
 const STORE_QUEUE: usize = 8;
 
@@ -29,11 +32,19 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn get(&self, capacity: usize) -> Vec<u8> {
-        let mut v = self.bufs.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
-        v.clear();
-        v.reserve(capacity);
-        v
+    /// A buffer of at least `want` bytes of capacity. Buffers travel between
+    /// roles (read buffer, redaction output), so one that grew far past the
+    /// request is dropped: otherwise capacities would ratchet up with every
+    /// trip and a flood would end up holding tens of MiB.
+    pub(crate) fn get(&self, want: usize) -> Vec<u8> {
+        let popped = self.bufs.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match popped {
+            Some(mut v) if v.capacity() >= want && v.capacity() <= 2 * want + SLACK => {
+                v.clear();
+                v
+            }
+            _ => Vec::with_capacity(want + SLACK),
+        }
     }
 
     pub(crate) fn put(&self, v: Vec<u8>) {
@@ -135,7 +146,7 @@ impl Processor {
     pub(crate) fn feed(&mut self, data: Vec<u8>) {
         self.total_bytes += data.len() as u64;
         if let Some(r) = self.sink.redact.as_mut() {
-            let mut out = self.pool.get(data.len() + 64);
+            let mut out = self.pool.get(data.len());
             r.push(&data, &mut out);
             self.pool.put(data);
             self.take(out);

@@ -47,6 +47,7 @@ impl Store {
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         let db = sled::Config::new()
             .path(path)
+            .cache_capacity(16 << 20)
             .open()
             .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
         Ok(Store { db })
