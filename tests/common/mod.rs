@@ -63,3 +63,4 @@ pub fn host_pids_with(token: &str) -> Vec<u32> {
 pub fn token(name: &str) -> String {
     format!("confinetest-{name}-{}", std::process::id())
 }
+pub mod mcp;
