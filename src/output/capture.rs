@@ -11,14 +11,12 @@
 //! incomplete.
 
 use super::redact::{RedactStream, Redactor};
-use super::worker::{Pool, Processor};
+use super::worker::{Pool, Processor, READ_BYTES};
 use super::{OutputConfig, StreamLimits};
 use crate::store::artifacts::{ArtifactMeta, ArtifactWriter, Artifacts, ChunkSink, JobInfo, StreamMeta, StreamName};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// Bytes asked of one pipe read.
-const READ_BYTES: usize = 128 << 10;
 /// Reads in flight between the reader and the worker.
 const QUEUE: usize = 16;
 
@@ -74,7 +72,7 @@ pub async fn capture<R: AsyncRead + Unpin>(mut reader: R, sink: StreamSink) -> S
     let mut error = None;
     let mut lost = 0u64;
     loop {
-        let mut buf = pool.get(READ_BYTES);
+        let mut buf = pool.get();
         // At most READ_BYTES a read, whatever the buffer's capacity: a large
         // pipe must not make buffers (and memory) grow.
         match (&mut reader).take(READ_BYTES as u64).read_buf(&mut buf).await {

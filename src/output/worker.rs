@@ -17,40 +17,36 @@ use sha2::{Digest, Sha256};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 
-/// Buffers kept for reuse (beyond that they are freed).
-const POOL_BUFFERS: usize = 32;
-/// Room left in a fresh buffer, so redaction output (input plus a small
-/// carry) usually fits without growing it.
-const SLACK: usize = 4096;
+/// Bytes asked of one pipe read.
+pub(crate) const READ_BYTES: usize = 128 << 10;
+/// Capacity of every buffer: a read, plus room for redaction output (the
+/// input plus a small carry) to fit without growing.
+const BUFFER_BYTES: usize = READ_BYTES + (4 << 10);
 /// Buffers in flight between stage 1 and the store thread.
 const STORE_QUEUE: usize = 8;
 
-/// Reusable byte buffers, shared by the reader and both stages.
+/// Reusable byte buffers, shared by the reader and both stages. All have
+/// the same size, so a flood allocates only as many as are in flight
+/// (bounded by the queues) and then recycles them: no allocator churn,
+/// which on glibc would otherwise leave tens of MiB of freed buffers
+/// resident in per-thread arenas.
 #[derive(Default)]
 pub(crate) struct Pool {
     bufs: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Pool {
-    /// A buffer of at least `want` bytes of capacity. Buffers travel between
-    /// roles (read buffer, redaction output), so one that grew far past the
-    /// request is dropped: otherwise capacities would ratchet up with every
-    /// trip and a flood would end up holding tens of MiB.
-    pub(crate) fn get(&self, want: usize) -> Vec<u8> {
+    /// An empty buffer of [`BUFFER_BYTES`] capacity.
+    pub(crate) fn get(&self) -> Vec<u8> {
         let popped = self.bufs.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        match popped {
-            Some(mut v) if v.capacity() >= want && v.capacity() <= 2 * want + SLACK => {
-                v.clear();
-                v
-            }
-            _ => Vec::with_capacity(want + SLACK),
-        }
+        popped.unwrap_or_else(|| Vec::with_capacity(BUFFER_BYTES))
     }
 
-    pub(crate) fn put(&self, v: Vec<u8>) {
-        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        if bufs.len() < POOL_BUFFERS {
-            bufs.push(v);
+    pub(crate) fn put(&self, mut v: Vec<u8>) {
+        // One that grew (redaction output with a long carry) is let go.
+        if v.capacity() <= 2 * BUFFER_BYTES {
+            v.clear();
+            self.bufs.lock().unwrap_or_else(|p| p.into_inner()).push(v);
         }
     }
 }
@@ -146,7 +142,7 @@ impl Processor {
     pub(crate) fn feed(&mut self, data: Vec<u8>) {
         self.total_bytes += data.len() as u64;
         if let Some(r) = self.sink.redact.as_mut() {
-            let mut out = self.pool.get(data.len());
+            let mut out = self.pool.get();
             r.push(&data, &mut out);
             self.pool.put(data);
             self.take(out);

@@ -10,11 +10,13 @@
 //! [`crate::output`]). It reaches sled only through [`ArtifactBackend`], so an
 //! object store can take its place on a fleet (DESIGN.md, "Beyond one machine").
 
+mod chunks;
 mod gc;
 mod sled_backend;
 #[cfg(test)]
 mod tests;
 
+pub use chunks::ChunkSink;
 pub use gc::GcReport;
 pub use sled_backend::SledBackend;
 
@@ -32,10 +34,6 @@ pub const CHUNK_BYTES: usize = 1 << 20;
 pub const DEFAULT_TTL_MS: u64 = 24 * 3600 * 1000;
 /// Default cap on the artifacts' total stored size: 1 GiB.
 pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 1 << 30;
-/// A chunk whose first 32 KiB shrink by less than 10% at gzip level 1 is
-/// stored raw: such output (base64, compressed data) would otherwise cost
-/// about 90 MB/s of compression for nothing, far below the drain target.
-const PROBE_BYTES: usize = 32 << 10;
 
 /// Errors of the artifact store.
 #[derive(Debug, thiserror::Error)]
@@ -355,15 +353,7 @@ impl ArtifactWriter {
 
     /// The chunk writer of one stream. Call once per stream.
     pub fn chunk_sink(&self, stream: StreamName) -> ChunkSink {
-        ChunkSink {
-            backend: self.artifacts.backend.clone(),
-            handle: self.meta.handle.clone(),
-            stream,
-            chunks: Vec::new(),
-            lines: 0,
-            compressed: 0,
-            encoder: ChunkEncoder::new(),
-        }
+        ChunkSink::new(self.artifacts.backend.clone(), self.meta.handle.clone(), stream)
     }
 
     /// Write the final metadata (`complete: true`) and flush: from here on
@@ -387,101 +377,6 @@ impl ArtifactWriter {
 impl Drop for ArtifactWriter {
     fn drop(&mut self) {
         active_set().remove(&self.meta.handle);
-    }
-}
-
-/// Encodes and stores one stream's chunks, and keeps their line index.
-pub struct ChunkSink {
-    backend: Arc<dyn ArtifactBackend>,
-    handle: String,
-    stream: StreamName,
-    chunks: Vec<ChunkInfo>,
-    lines: u64,
-    compressed: u64,
-    encoder: ChunkEncoder,
-}
-
-impl ChunkSink {
-    /// Encode and store the next chunk (at most [`CHUNK_BYTES`] raw bytes).
-    pub fn write_chunk(&mut self, raw: &[u8]) -> Result<(), ArtifactError> {
-        let encoding = self.encoder.encode(raw);
-        let bytes = if encoding == Encoding::Gzip { &self.encoder.out[..] } else { raw };
-        let index = self.chunks.len() as u32;
-        self.backend.put_chunk(&self.handle, self.stream, index, bytes)?;
-        let newlines = memchr::memchr_iter(b'\n', raw).count() as u32;
-        self.chunks.push(ChunkInfo {
-            first_line: self.lines,
-            newlines,
-            raw_len: raw.len() as u32,
-            stored_len: bytes.len() as u32,
-            encoding,
-            ends_with_newline: raw.last() == Some(&b'\n'),
-        });
-        self.lines += u64::from(newlines);
-        self.compressed += bytes.len() as u64;
-        Ok(())
-    }
-
-    /// The chunk index and the bytes the chunks take.
-    pub fn into_parts(self) -> (Vec<ChunkInfo>, u64) {
-        (self.chunks, self.compressed)
-    }
-}
-
-/// Gzip at level 1 (measured: about 1 GB/s on build logs with zlib-rs),
-/// one member per chunk. One deflate state is reused for every chunk of a
-/// stream: a fresh encoder per chunk would allocate and free ~300 KiB each
-/// time, which fragments the heap and shows up in the supervisor's RSS.
-struct ChunkEncoder {
-    z: flate2::Compress,
-    out: Vec<u8>,
-}
-
-/// Gzip header: deflate, no name, no mtime, unknown OS.
-const GZIP_HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
-
-impl ChunkEncoder {
-    fn new() -> Self {
-        ChunkEncoder { z: flate2::Compress::new(flate2::Compression::fast(), false), out: Vec::new() }
-    }
-
-    /// `raw` as one gzip member in `self.out`.
-    fn gzip(&mut self, raw: &[u8]) -> Result<(), flate2::CompressError> {
-        self.z.reset();
-        self.out.clear();
-        self.out.extend_from_slice(&GZIP_HEADER);
-        let mut done = 0;
-        loop {
-            if self.out.capacity() - self.out.len() < 4096 {
-                self.out.reserve((raw.len() - done) / 4 + 4096);
-            }
-            let before = self.z.total_in();
-            let status = self.z.compress_vec(&raw[done..], &mut self.out, flate2::FlushCompress::Finish)?;
-            done += (self.z.total_in() - before) as usize;
-            if status == flate2::Status::StreamEnd {
-                break;
-            }
-        }
-        let mut crc = flate2::Crc::new();
-        crc.update(raw);
-        self.out.extend_from_slice(&crc.sum().to_le_bytes());
-        self.out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
-        Ok(())
-    }
-
-    /// Gzip, or raw when that saves less than 10%. `Gzip` leaves the bytes
-    /// in `self.out`.
-    fn encode(&mut self, raw: &[u8]) -> Encoding {
-        if raw.len() > 2 * PROBE_BYTES {
-            let probe = &raw[..PROBE_BYTES];
-            if self.gzip(probe).is_err() || self.out.len() * 10 > probe.len() * 9 {
-                return Encoding::Raw;
-            }
-        }
-        match self.gzip(raw) {
-            Ok(()) if self.out.len() < raw.len() => Encoding::Gzip,
-            _ => Encoding::Raw,
-        }
     }
 }
 

@@ -1,7 +1,14 @@
 //! The sled layout of artifacts: tree `artifacts.meta` maps a handle to its
-//! JSON metadata; tree `artifacts.chunks` maps `handle 0x00 stream index`
-//! (index big-endian, so a prefix scan returns chunks in order) to the
-//! chunk's bytes. Handles never contain 0x00, so prefixes can't collide.
+//! JSON metadata; tree `artifacts.chunks` maps `handle 0x00 stream index
+//! piece` (numbers big-endian, so a prefix scan returns bytes in order) to
+//! pieces of at most 4 KiB of a chunk. Handles never contain 0x00, so
+//! prefixes can't collide.
+//!
+//! Why pieces: sled 0.34 keeps large values resident whatever its cache
+//! size. Measured (1 GiB written, values of 1 MiB / 64 KiB / 16 KiB / 4 KiB,
+//! cache 16 MiB): RSS 1032 / 333 / 116 / 37 MiB. With 4 KiB values and the
+//! store's 16 MiB cache it stays flat; with sled's default 1 GiB cache it
+//! still grows (642 MiB). A chunk's pieces go in one batch: all or none.
 
 use super::{ArtifactBackend, ArtifactError, ArtifactMeta, StreamName};
 use crate::store::{Store, StoreError};
@@ -37,10 +44,20 @@ fn prefix(handle: &str) -> Vec<u8> {
     k
 }
 
+/// Bytes per sled value (see the module doc).
+const PIECE_BYTES: usize = 4096;
+
 fn chunk_key(handle: &str, stream: StreamName, index: u32) -> Vec<u8> {
     let mut k = prefix(handle);
     k.push(tag(stream));
     k.extend_from_slice(&index.to_be_bytes());
+    k
+}
+
+fn piece_key(chunk: &[u8], piece: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(chunk.len() + 4);
+    k.extend_from_slice(chunk);
+    k.extend_from_slice(&piece.to_be_bytes());
     k
 }
 
@@ -80,12 +97,21 @@ impl ArtifactBackend for SledBackend {
     }
 
     fn put_chunk(&self, handle: &str, stream: StreamName, index: u32, bytes: &[u8]) -> Result<(), ArtifactError> {
-        self.chunks.insert(chunk_key(handle, stream, index), bytes)?;
+        let chunk = chunk_key(handle, stream, index);
+        let mut batch = sled::Batch::default();
+        for (i, piece) in bytes.chunks(PIECE_BYTES).enumerate() {
+            batch.insert(piece_key(&chunk, i as u32), piece);
+        }
+        self.chunks.apply_batch(batch)?;
         Ok(())
     }
 
     fn get_chunk(&self, handle: &str, stream: StreamName, index: u32) -> Result<Option<Vec<u8>>, ArtifactError> {
-        Ok(self.chunks.get(chunk_key(handle, stream, index))?.map(|v| v.to_vec()))
+        let mut out: Option<Vec<u8>> = None;
+        for piece in self.chunks.scan_prefix(chunk_key(handle, stream, index)).values() {
+            out.get_or_insert_with(Vec::new).extend_from_slice(&piece?);
+        }
+        Ok(out)
     }
 
     fn remove(&self, handle: &str) -> Result<(), ArtifactError> {
@@ -99,15 +125,15 @@ impl ArtifactBackend for SledBackend {
     }
 
     fn chunk_handles(&self) -> Result<BTreeSet<String>, ArtifactError> {
+        // One seek per handle: the keys of handle `h` all sort before `h 0x01`.
         let mut out = BTreeSet::new();
-        let mut last: Option<Vec<u8>> = None;
-        for k in self.chunks.iter().keys() {
-            let k = k?;
+        let mut from: Vec<u8> = Vec::new();
+        while let Some(kv) = self.chunks.range(from.clone()..).next() {
+            let (k, _) = kv?;
             let h = k.split(|&b| b == 0).next().unwrap_or(&[]);
-            if last.as_deref() != Some(h) {
-                out.insert(String::from_utf8_lossy(h).into_owned());
-                last = Some(h.to_vec());
-            }
+            out.insert(String::from_utf8_lossy(h).into_owned());
+            from = h.to_vec();
+            from.push(1);
         }
         Ok(out)
     }

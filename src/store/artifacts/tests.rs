@@ -1,3 +1,4 @@
+use super::chunks::ChunkEncoder;
 use super::*;
 
 fn open(dir: &std::path::Path) -> Artifacts {
@@ -169,4 +170,29 @@ fn remove_reports_whether_it_existed() {
     assert!(a.remove(&m.handle).unwrap());
     assert!(!a.remove(&m.handle).unwrap());
     assert!(a.backend.chunk_handles().unwrap().is_empty());
+}
+
+#[test]
+fn gzip_chunks_are_plain_gzip_members() {
+    let raw = b"a gzip member that any gunzip reads\n".repeat(3000);
+    let mut enc = ChunkEncoder::new();
+    assert_eq!(enc.encode(&raw), Encoding::Gzip);
+    let mut back = Vec::new();
+    flate2::read::GzDecoder::new(&enc.out[..]).read_to_end(&mut back).unwrap();
+    assert_eq!(back, raw);
+    // The reused deflate state starts clean for the next chunk.
+    assert_eq!(enc.encode(b"second chunk, short\n"), Encoding::Raw);
+    let small = b"x".repeat(100_000);
+    assert_eq!(enc.encode(&small), Encoding::Gzip);
+    let mut back = Vec::new();
+    flate2::read::GzDecoder::new(&enc.out[..]).read_to_end(&mut back).unwrap();
+    assert_eq!(back, small);
+    // The system's gzip agrees, when there is one.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("c.gz");
+    std::fs::write(&f, &enc.out).unwrap();
+    if let Ok(out) = std::process::Command::new("gzip").arg("-dc").arg(&f).output() {
+        assert!(out.status.success());
+        assert_eq!(out.stdout, small);
+    }
 }
