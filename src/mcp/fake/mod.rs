@@ -29,24 +29,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// The runtime table's names.
-const KNOWN: &[&str] = &[
-    "node",
-    "typescript",
-    "python",
-    "shell",
-    "go",
-    "java",
-    "kotlin",
-    "rust",
-    "c",
-    "cpp",
-    "csharp",
-    "ruby",
-    "php",
-    "perl",
-    "r",
-    "elixir",
-];
+const KNOWN: &[&str] = &crate::runtimes::NAMES;
 /// Runtimes the fake interprets, with the executables it accepts.
 const AVAILABLE: &[(&str, &[&str])] = &[("shell", &["bash", "sh", "dash"]), ("python", &["python3", "python"])];
 const ENV_ALLOW: &[&str] = &["CI", "LANG", "LC_ALL", "NO_COLOR", "TERM", "TZ"];
