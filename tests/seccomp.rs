@@ -578,3 +578,57 @@ fn measure_profile_compile() {
         println!("docker fixture: {docker_insns} BPF instructions, compiled in {med:?} (median of 50; min {min:?})");
     }
 }
+
+/// The compiled program is cached (as root) and a damaged cache entry never
+/// weakens the filter: the next run compiles again and replaces it.
+#[test]
+fn the_compiled_profile_is_cached_and_a_damaged_entry_is_replaced() {
+    if !is_root() {
+        skip("the seccomp cache is used only by a root supervisor");
+        return;
+    }
+    if !sandbox_available() {
+        skip("no sandbox on this host");
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let run_cached = || {
+        Command::new(bin())
+            .env("CONFINE_CACHE_DIR", cache.path())
+            .args(["run", "--", "/bin/sh", "-c", "grep -E '^Seccomp(_filters)?:' /proc/self/status"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let want = "Seccomp:\t2\nSeccomp_filters:\t1\n";
+    let first = run_cached();
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(stdout(&first), want);
+    let dir = cache.path().join("seccomp");
+    let entries: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(entries.len(), 1, "one entry for the default profile: {entries:?}");
+    let meta = std::fs::metadata(&dir).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+
+    // Served from the cache: same filter.
+    let second = run_cached();
+    assert_eq!(stdout(&second), want, "{}", stderr(&second));
+
+    // Damage the entry: the job still gets the full filter, and the entry is rewritten.
+    let damaged = std::fs::read(&entries[0]).unwrap();
+    let mut bytes = damaged.clone();
+    let n = bytes.len();
+    bytes[n - 3] ^= 0xff;
+    std::fs::write(&entries[0], &bytes).unwrap();
+    let third = run_cached();
+    assert_eq!(stdout(&third), want, "{}", stderr(&third));
+    assert_eq!(std::fs::read(&entries[0]).unwrap(), damaged, "the damaged entry is replaced by a fresh compile");
+    // Still the real filter: a namespace can't be made.
+    let probe = Command::new(bin())
+        .env("CONFINE_CACHE_DIR", cache.path())
+        .args(["run", "--", "/usr/bin/unshare", "-U", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!probe.status.success(), "unshare -U must fail under the cached filter");
+}

@@ -13,6 +13,7 @@
 //! Nothing here may fall back to a weaker filter: a profile that can't be
 //! compiled exactly as written is an error, and the job does not run.
 
+pub mod cache;
 pub mod compile;
 pub mod profile;
 
@@ -21,6 +22,7 @@ use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use std::fs::File;
+use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -92,18 +94,39 @@ impl CompiledProfile {
     }
 }
 
-/// Compile the embedded `seccomp/default.json` for this host.
+/// Compile the embedded `seccomp/default.json` for this host (or load it
+/// from the [`cache`]).
 pub fn compile_default() -> Result<CompiledProfile, SeccompError> {
-    compile_str(DEFAULT_NAME, DEFAULT_PROFILE, &profile::HostFacts::current()?)
+    compile_cached(DEFAULT_NAME, DEFAULT_PROFILE, &profile::HostFacts::current()?)
 }
 
-/// Compile the profile at `path` for this host. It is reported under its
-/// file name.
+/// Compile the profile at `path` for this host (or load it from the
+/// [`cache`]). It is reported under its file name.
 pub fn compile_file(path: &Path) -> Result<CompiledProfile, SeccompError> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
     let text = std::fs::read_to_string(path)
         .map_err(|source| SeccompError::Read { file: path.display().to_string(), source })?;
-    compile_str(&name, &text, &profile::HostFacts::current()?)
+    compile_cached(&name, &text, &profile::HostFacts::current()?)
+}
+
+/// [`compile_str`], through the on-disk cache when this process may trust
+/// one. Only programs that compiled are ever stored, so a bad profile is
+/// an error on every run.
+pub fn compile_cached(name: &str, text: &str, host: &profile::HostFacts) -> Result<CompiledProfile, SeccompError> {
+    let Some(cache) = cache::Cache::open() else { return compile_str(name, text, host) };
+    let key = cache::Cache::key(name, text, &format!("{host:?}"));
+    if let Some(program) = cache.load(&key) {
+        return sealed(name, |fd| {
+            fd.try_clone()
+                .and_then(|fd| File::from(fd).write_all(&program))
+                .map_err(|e| SeccompError::Memfd { step: "write", source: io_errno(e) })
+        });
+    }
+    let compiled = compile_str(name, text, host)?;
+    if let Ok(program) = compiled.bpf() {
+        cache.store(&key, &program);
+    }
+    Ok(compiled)
 }
 
 /// Compile profile text named `name` for `host`.
@@ -111,18 +134,25 @@ pub fn compile_str(name: &str, text: &str, host: &profile::HostFacts) -> Result<
     let parsed = profile::parse(name, text)?;
     let plan = profile::plan(name, &parsed, host)?;
     let ctx = compile::filter(name, &plan)?;
+    sealed(name, |fd| compile::export(name, &ctx, fd))
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// A sealed memfd holding the program that `fill` writes into it, checked
+/// to be a whole number of instructions within the kernel's limit.
+fn sealed(
+    name: &str,
+    fill: impl FnOnce(&OwnedFd) -> Result<(), SeccompError>,
+) -> Result<CompiledProfile, SeccompError> {
     let memfd = |step| move |source| SeccompError::Memfd { step, source };
     let fd = memfd_create(c"confine-seccomp", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
         .map_err(memfd("memfd_create"))?;
-    compile::export(name, &ctx, &fd)?;
+    fill(&fd)?;
     let file = File::from(fd);
-    let len = file
-        .metadata()
-        .map_err(|e| SeccompError::Memfd {
-            step: "measure",
-            source: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-        })?
-        .len() as usize;
+    let len = file.metadata().map_err(|e| SeccompError::Memfd { step: "measure", source: io_errno(e) })?.len() as usize;
     if len == 0 || !len.is_multiple_of(INSN) {
         return Err(SeccompError::Memfd { step: "export produced a malformed program", source: Errno::EINVAL });
     }
