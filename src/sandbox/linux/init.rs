@@ -105,12 +105,15 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     let (go_rd, go_wr) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
 
     let flags = namespaces::clone_flags(spec);
+    // Kernels before 5.7 (or a cgroup fd they refuse): pid 1 is moved in
+    // by pid below, before it is released, so it still runs nothing outside
+    // and the outer stage stays out (the pids limit counts on that).
+    let mut move_in = None;
     let pid = match &v2_dir {
         Some((fd, procs)) => match sys::clone3_into_cgroup(flags, fd) {
             Ok(pid) => pid,
-            // Kernels before 5.7 (or a cgroup fd they refuse): join the slow way.
             Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::E2BIG | nix::errno::Errno::EINVAL) => {
-                std::fs::write(procs, "0").map_err(|e| SysError::io("join cgroup", procs, e))?;
+                move_in = Some(procs.to_path_buf());
                 sys::clone_fork(flags).map_err(|e| SysError::call("clone namespaces", e))?
             }
             Err(e) => return Err(SysError::call("clone3 into the job's cgroup", e)),
@@ -131,7 +134,11 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     }
     drop(go_rd);
     let pid1 = Pid::from_raw(pid);
-    if let Err(e) = namespaces::write_id_maps(pid1, spec.uid, spec.gid, spec.rootless) {
+    let joined = match &move_in {
+        Some(procs) => std::fs::write(procs, pid.to_string()).map_err(|e| SysError::io("join cgroup", procs, e)),
+        None => Ok(()),
+    };
+    if let Err(e) = joined.and_then(|()| namespaces::write_id_maps(pid1, spec.uid, spec.gid, spec.rootless)) {
         let _ = kill(pid1, Signal::SIGKILL);
         let _ = waitpid(pid1, None);
         return Err(e);

@@ -142,7 +142,7 @@ impl RunningJob {
                 cpu_user_ms: s.cpu_user.as_millis() as u64,
                 cpu_sys_ms: s.cpu_sys.as_millis() as u64,
                 peak_memory_bytes: s.memory_peak.unwrap_or(0),
-                pids_peak: s.pids_peak.map_or(0, |p| p.saturating_sub(cgroup::INIT_PROCESSES)),
+                pids_peak: s.pids_peak.unwrap_or(0),
             };
         }
         let oom = stats.as_ref().is_some_and(|s| s.oom_killed(outcome.signal == Some(libc::SIGKILL)));

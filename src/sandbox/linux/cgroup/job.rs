@@ -2,7 +2,7 @@
 //! the same code for a live job and for a crashed supervisor's leftovers.
 //! Creating them, and deciding which, is `mod.rs`'s.
 
-use super::{v1, v2, CgroupError, FsOps, Version, INIT_PROCESSES, MIN_QUOTA_US, REMOVE_WAIT};
+use super::{init_processes, v1, v2, CgroupError, FsOps, Version, MIN_QUOTA_US, REMOVE_WAIT};
 use crate::job::Limits;
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -26,7 +26,7 @@ pub(super) fn apply_limits(job: &JobCgroup, limits: &Limits) -> Result<(), Cgrou
             }
         }
         if let (Some(n), true) = (limits.pids, dir.has("pids")) {
-            dir.set("pids.max", &n.saturating_add(INIT_PROCESSES).to_string())?;
+            dir.set("pids.max", &n.saturating_add(init_processes(dir.version)).to_string())?;
         }
     }
     Ok(())
@@ -237,6 +237,9 @@ impl JobCgroup {
         if stats.pids_peak.is_none() && tracked > 0 {
             stats.pids_peak = Some(tracked);
         }
+        // The job's own processes: confine's init stages are not the user's.
+        let ours = self.dirs.iter().find(|d| d.has("pids")).map_or(0, |d| init_processes(d.version));
+        stats.pids_peak = stats.pids_peak.map(|p| p.saturating_sub(ours));
         stats
     }
 

@@ -49,10 +49,18 @@ use std::time::Duration;
 /// The per-supervisor directory under the parent cgroup.
 pub const BASE: &str = "confine";
 
-/// The init stages (outer and pid 1) live in the job's cgroups too. The
-/// pids limit the user gives counts the job's own processes, so these two
-/// are added to `pids.max` and taken from the reported peak.
-pub const INIT_PROCESSES: u64 = 2;
+/// How many of confine's init processes a job's pids cgroup holds. The pids
+/// limit the user gives counts the job's own processes, so these are added
+/// to `pids.max` and taken from the reported peak. On v1 the outer stage
+/// joins (`tasks`) so that pid 1 is born inside: outer and pid 1. On v2
+/// pid 1 is placed at birth (clone3 CLONE_INTO_CGROUP, or moved in before
+/// it is released on older kernels) and the outer stage never joins.
+pub fn init_processes(version: Version) -> u64 {
+    match version {
+        Version::V1 => 2,
+        Version::V2 => 1,
+    }
+}
 
 /// How long removal waits for the kernel to finish tearing a tree down.
 const REMOVE_WAIT: Duration = Duration::from_secs(2);
