@@ -310,3 +310,31 @@ fn rootless_through_unprivileged_user_namespaces() {
     assert!(text.starts_with("65534\n"), "{text}");
     assert!(text.contains("NoNewPrivs:\t1"), "{text}");
 }
+
+/// A supervisor under a real-time policy does not pass it on: the job runs
+/// SCHED_OTHER (a SCHED_FIFO busy loop would starve the host's CPU).
+#[test]
+fn jobs_do_not_inherit_a_real_time_policy() {
+    if !sandbox_available() {
+        return;
+    }
+    if !is_root() {
+        skip("setting SCHED_FIFO on the supervisor needs root");
+        return;
+    }
+    let out = Command::new("chrt")
+        .args(["-f", "10", bin(), "run", "--", "/bin/sh", "-c", "grep -E '^policy' /proc/self/sched"])
+        .stdin(Stdio::null())
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            skip(&format!("chrt (util-linux) is not available: {e}"));
+            return;
+        }
+    };
+    assert!(out.status.success(), "{}", stderr(&out));
+    // /proc/<pid>/sched: policy 0 is SCHED_OTHER, 1 SCHED_FIFO.
+    let policy = stdout(&out);
+    assert_eq!(policy.split(':').nth(1).map(str::trim), Some("0"), "job policy line: {policy}");
+}

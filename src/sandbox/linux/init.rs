@@ -80,6 +80,10 @@ fn forwarded_set() -> SigSet {
 
 /// Step 1, in the host namespaces.
 fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
+    // A supervisor run under a real-time policy (chrt, a systemd unit's
+    // CPUSchedulingPolicy) must not hand it to untrusted code: a SCHED_FIFO
+    // busy loop starves the host's other work on that CPU.
+    sys::reset_realtime_scheduling()?;
     // v1 hierarchies (`tasks`): "0" moves the writer, and every process we
     // create is then born inside. The v2 one (`cgroup.procs`) is joined by
     // pid 1 at birth instead (clone3 + CLONE_INTO_CGROUP): a write there

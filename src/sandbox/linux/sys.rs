@@ -216,3 +216,21 @@ pub fn set_no_new_privs() -> Result<(), SysError> {
     let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     Errno::result(ret).map(drop).map_err(|e| SysError::call("set no_new_privs", e))
 }
+
+/// Switch the calling process to SCHED_OTHER if it runs under a real-time
+/// or deadline policy; children inherit the policy, the job included. The
+/// nice value is left as it is (an operator may lower the jobs' priority).
+pub fn reset_realtime_scheduling() -> Result<(), SysError> {
+    // SAFETY: sched_getscheduler takes a pid and no pointers.
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    if !matches!(policy, libc::SCHED_FIFO | libc::SCHED_RR | SCHED_DEADLINE) {
+        return Ok(());
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param that outlives the call.
+    let ret = unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
+    Errno::result(ret).map(drop).map_err(|e| SysError::call("leave the real-time scheduling policy", e))
+}
+
+/// SCHED_DEADLINE (not in every libc crate version's constants).
+const SCHED_DEADLINE: i32 = 6;
