@@ -145,6 +145,15 @@ pub async fn spawn(
     stdio: StdioSpec,
     seccomp: Option<(&str, &OwnedFd)>,
 ) -> Result<RunningJob, SandboxError> {
+    if std::env::var_os(INIT_MARKER).is_some() {
+        // We are an init stage that the program did not dispatch: spawning
+        // again would re-exec ourselves without end.
+        return Err(SandboxError::Spawn(std::io::Error::other(
+            "this process was started as confine's __init stage but ran the program instead: \
+             call confine::sandbox::linux::init::main() when argv[1] is \"__init\", \
+             or point set_init_executable() at a confine binary",
+        )));
+    }
     check_workspace(spec)?;
     let job_id = new_job_id();
     let mut init = init_spec(spec);
@@ -162,6 +171,7 @@ pub async fn spawn(
     cmd.arg0("confine-init")
         .arg("__init")
         .env_clear()
+        .env(INIT_MARKER, "1")
         .stdin(stdio.stdin)
         .stdout(stdio.stdout)
         .stderr(stdio.stderr)
@@ -262,6 +272,12 @@ fn limit_rlimits(limits: &crate::job::Limits, with_cgroup: bool) -> Vec<protocol
 }
 
 static INIT_EXECUTABLE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Set in the `__init` stage's (otherwise empty) environment, so that a
+/// program embedding this library that re-executes itself without handling
+/// `__init` fails at once instead of spawning itself recursively. The job
+/// never sees it: pid 1 executes it with the spec's environment.
+const INIT_MARKER: &str = "CONFINE_INIT_STAGE";
 
 /// Use `path` (a `confine` binary) for the `__init` stage instead of
 /// `/proc/self/exe`: for programs that embed the library, and its tests.
@@ -437,6 +453,27 @@ pub fn system_paths() -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A program that embeds the library and re-executes itself as the
+    /// init stage without dispatching `__init` must fail, not recurse.
+    #[test]
+    fn an_undispatched_init_stage_refuses_to_spawn() {
+        const NAME: &str = "sandbox::linux::tests::an_undispatched_init_stage_refuses_to_spawn";
+        if std::env::var_os(INIT_MARKER).is_some() {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let spec = JobSpec::new(vec!["true".into()]);
+            let err = rt.block_on(spawn(&spec, StdioSpec::piped(), None)).err().expect("spawn must refuse");
+            assert!(err.to_string().contains("__init"), "{err}");
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1"])
+            .env(INIT_MARKER, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    }
 
     #[test]
     fn landlock_follows_the_mount_plan() {
