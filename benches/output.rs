@@ -12,8 +12,10 @@
 //!
 //! glibc note: freed buffers above the (dynamic) mmap threshold end up
 //! retained in per-thread arenas, so RSS creeps up over repeated floods.
-//! `MALLOC_MMAP_THRESHOLD_=131072` (what `mallopt(M_MMAP_THRESHOLD)` at
-//! supervisor start would do) shows the capture path's own footprint.
+//! `confine serve` and `confine exec` fix the threshold at start
+//! ([`confine::supervisor::tune_allocator`]); this bench does the same, so
+//! its RSS is what those commands do. (An operator's own
+//! `MALLOC_MMAP_THRESHOLD_` wins over it, here as there.)
 
 use confine::output::query::query_output;
 use confine::output::{capture, Capture, OutputConfig, QueryRequest};
@@ -195,6 +197,8 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    let tuned = confine::supervisor::tune_allocator();
+    println!("allocator: {}", if tuned { "mmap threshold 128 KiB (as confine serve/exec)" } else { "unchanged" });
     let gib: u64 = std::env::var("OUTPUT_BENCH_GIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let parts = std::env::var("OUTPUT_BENCH_PARTS").unwrap_or_else(|_| "memory,drain,random,query".into());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

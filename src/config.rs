@@ -57,6 +57,9 @@ pub struct Config {
 pub struct RuntimeConfig {
     pub enabled: bool,
     pub allow_degraded: bool,
+    /// The sandbox backend (`confine run --backend` overrides it); a weaker
+    /// one than auto's needs `allow_degraded`.
+    pub backend: crate::sandbox::BackendChoice,
     /// `None`: the number of CPU cores.
     pub max_concurrent_jobs: Option<usize>,
     pub max_queued: usize,
@@ -75,20 +78,39 @@ pub struct LimitsConfig {
     pub max_cpus: f64,
     pub pids: u64,
     pub max_pids: u64,
-    pub output_bytes: u64,
-    pub max_output_bytes: u64,
     pub max_code_bytes: u64,
     pub max_stdin_bytes: u64,
     pub max_args: usize,
 }
 
 /// `[store]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     pub path: Option<PathBuf>,
-    pub artifact_ttl_secs: u64,
 }
+
+/// Keys that were removed, with what to use instead: a file that still has
+/// one is refused with that advice rather than serde's bare "unknown field".
+const REMOVED_KEYS: &[(&str, &str, &str)] = &[
+    (
+        "store",
+        "artifact_ttl_secs",
+        "removed; artifacts live for output.ttl_secs seconds (default 86400): move the value there",
+    ),
+    (
+        "limits",
+        "output_bytes",
+        "removed; the bytes kept of each stream are output.stdout_stored_bytes and output.stderr_stored_bytes \
+         (past them output is drained, counted and marked truncated): set those instead",
+    ),
+    (
+        "limits",
+        "max_output_bytes",
+        "removed; the bytes kept of each stream are output.stdout_stored_bytes and output.stderr_stored_bytes \
+         (a request can't raise them; a policy can lower them with limits.outputBytes): set those instead",
+    ),
+];
 
 /// How several evaluators' answers combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -145,6 +167,9 @@ pub struct SandboxConfig {
     pub tmp_size_bytes: u64,
     pub env_allowlist: Vec<String>,
     pub workspace_rw: bool,
+    /// Parent cgroup of the job cgroups (`<parent>/confine/<job>` in each
+    /// hierarchy used); unset: the supervisor's own cgroup.
+    pub cgroup_parent: Option<PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -152,6 +177,7 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             enabled: false,
             allow_degraded: false,
+            backend: crate::sandbox::BackendChoice::Auto,
             max_concurrent_jobs: None,
             max_queued: 64,
             background_max_ms: 600_000,
@@ -170,18 +196,10 @@ impl Default for LimitsConfig {
             max_cpus: 4.0,
             pids: 256,
             max_pids: 4096,
-            output_bytes: 8 << 20,
-            max_output_bytes: 64 << 20,
             max_code_bytes: 1 << 20,
             max_stdin_bytes: 512 << 10,
             max_args: 100,
         }
-    }
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig { path: None, artifact_ttl_secs: 7 * 24 * 3600 }
     }
 }
 
@@ -200,7 +218,12 @@ impl Default for PolicyConfig {
 
 impl Default for SandboxConfig {
     fn default() -> Self {
-        SandboxConfig { tmp_size_bytes: crate::job::DEFAULT_TMP_SIZE, env_allowlist: Vec::new(), workspace_rw: false }
+        SandboxConfig {
+            tmp_size_bytes: crate::job::DEFAULT_TMP_SIZE,
+            env_allowlist: Vec::new(),
+            workspace_rw: false,
+            cgroup_parent: None,
+        }
     }
 }
 
@@ -245,9 +268,11 @@ impl Config {
 
     /// Parse and validate TOML text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string().trim_end().replace('\n', "\n  "),
+        let mut config: Config = toml::from_str(text).map_err(|e| {
+            removed_key(text, path).unwrap_or_else(|| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string().trim_end().replace('\n', "\n  "),
+            })
         })?;
         config.source = Some(path.to_path_buf());
         config.validate()?;
@@ -265,11 +290,10 @@ impl Config {
     /// Check values that TOML types alone can't.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let l = &self.limits;
-        let pairs: [(&str, u64, u64); 4] = [
+        let pairs: [(&str, u64, u64); 3] = [
             ("limits.timeout_ms", l.timeout_ms, l.max_timeout_ms),
             ("limits.memory_bytes", l.memory_bytes, l.max_memory_bytes),
             ("limits.pids", l.pids, l.max_pids),
-            ("limits.output_bytes", l.output_bytes, l.max_output_bytes),
         ];
         for (key, default, max) in pairs {
             if default == 0 || max == 0 {
@@ -284,6 +308,12 @@ impl Config {
         }
         if self.runtime.max_concurrent_jobs == Some(0) {
             return Err(self.invalid("runtime.max_concurrent_jobs", "must be at least 1 (or unset: one per core)"));
+        }
+        if self.output.ttl_secs == 0 {
+            return Err(self.invalid(
+                "output.ttl_secs",
+                "must be greater than 0 (to keep nothing, ask with persistOutput: false)",
+            ));
         }
         if self.policy.timeout_ms == 0 {
             return Err(self.invalid("policy.timeout_ms", "must be greater than 0"));
@@ -319,6 +349,13 @@ impl Config {
         self.store.path.clone().unwrap_or_else(crate::store::default_path)
     }
 
+    /// The limits in force for a request, before policy: the request's,
+    /// else the defaults, clamped to the maxima. `outputBytes` is the
+    /// `[output]` stored cap (per stream); a request can't raise it.
+    pub fn resolve_limits(&self, req: &LimitRequest) -> EffectiveLimits {
+        self.limits.resolve_with_output(req, self.output.max_stored_bytes())
+    }
+
     /// Jobs that may run at once: configured, else one per core.
     pub fn max_concurrent_jobs(&self) -> usize {
         self.runtime
@@ -349,6 +386,19 @@ impl Config {
         self.repos.push(RepoConfig { id: id.to_string(), root: root.to_path_buf() });
         id.to_string()
     }
+}
+
+/// The advice for a removed key in `text`, if it has one.
+fn removed_key(text: &str, path: &Path) -> Option<ConfigError> {
+    let table: toml::Table = toml::from_str(text).ok()?;
+    REMOVED_KEYS.iter().find_map(|(section, key, advice)| {
+        table.get(*section)?.as_table()?.get(*key)?;
+        Some(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key: format!("{section}.{key}"),
+            message: advice.to_string(),
+        })
+    })
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 //!
 //! This module only reads and probes; it changes nothing on the host.
 
+use crate::job::{LandlockLayer, Layers};
+use crate::sandbox::{BackendKind, Guarantees};
 use serde::Serialize;
 
 /// One line of the doctor's table.
@@ -27,6 +29,8 @@ pub struct Check {
 pub struct Report {
     pub backend: String,
     pub full_isolation: bool,
+    /// What the backend guarantees on this host, row by row.
+    pub guarantees: Guarantees,
     pub checks: Vec<Check>,
 }
 
@@ -76,7 +80,61 @@ pub fn diagnose(smoke: Option<&std::path::Path>) -> Report {
         checks.push(smoke_check(bin));
     }
     let full_isolation = checks.iter().all(|c| c.ok || !c.required);
-    Report { backend: "linux".into(), full_isolation, checks }
+    let guarantees = Guarantees::of(BackendKind::Linux, &host_layers(&checks, abi));
+    Report { backend: "linux".into(), full_isolation, guarantees, checks }
+}
+
+/// The layers a job of the Linux backend would get on this host, as the
+/// checks found them (a check that was not made counts as passed).
+fn host_layers(checks: &[Check], landlock_abi: u32) -> Layers {
+    let ok = |name: &str| checks.iter().find(|c| c.name == name).is_none_or(|c| c.ok);
+    let ns = ok("user namespaces") && ok("apparmor userns restriction");
+    let target = crate::sandbox::linux::landlock::TARGET_ABI as u32;
+    let status = match landlock_abi {
+        0 => "none",
+        a if a >= target => "full",
+        _ => "partial",
+    };
+    Layers {
+        userns: ns,
+        mountns: ns,
+        pidns: ns,
+        netns: ns,
+        ipcns: ns,
+        utsns: ns,
+        cgroupns: ns,
+        landlock: LandlockLayer { abi: landlock_abi.min(target), status: status.into(), skipped: Vec::new() },
+        seccomp: ok("seccomp").then(|| "default.json".to_string()),
+        // The layout's first word: v1, v2 or hybrid.
+        cgroup: (ok("cgroup layout") && ok("cgroup limits")).then(|| {
+            let layout = checks.iter().find(|c| c.name == "cgroup layout");
+            layout.and_then(|c| c.detail.split([' ', ';']).next()).unwrap_or("").to_string()
+        }),
+        caps_dropped: ns,
+        no_new_privs: true,
+        ..Layers::default()
+    }
+}
+
+/// Doctor's report for another backend than the Linux sandbox (chosen in
+/// confine.toml): the host checks stay, but full isolation is not what
+/// jobs get, and the guarantees are that backend's.
+pub fn for_backend(mut report: Report, kind: BackendKind, source: &str) -> Report {
+    use crate::sandbox::Backend;
+    if kind == BackendKind::Linux {
+        return report;
+    }
+    report.checks.push(check(
+        "backend",
+        false,
+        format!("runtime.backend = \"{}\" in {source}: weaker than full isolation", kind.name()),
+        "set runtime.backend = \"auto\" to run jobs in the Linux sandbox",
+        true,
+    ));
+    report.backend = kind.name().into();
+    report.full_isolation = false;
+    report.guarantees = Guarantees::of(kind, &Layers::default());
+    report
 }
 
 fn userns_check() -> Check {
@@ -230,8 +288,10 @@ fn cgroup_checks(root: bool) -> Vec<Check> {
 }
 
 fn smoke_check(bin: &std::path::Path) -> Check {
+    // The built-in defaults (/dev/null is an empty config): the smoke test
+    // is of the full sandbox, whatever confine.toml allows or chooses.
     let out = std::process::Command::new(bin)
-        .args(["run", "--", "/bin/true"])
+        .args(["--config", "/dev/null", "run", "--backend", "linux", "--", "/bin/true"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .output();
@@ -260,8 +320,12 @@ pub fn render(report: &Report) -> String {
             out.push_str(&format!("  {:width$}  fix: {fix}\n", ""));
         }
     }
+    out.push_str(&format!("\nbackend: {}; what it guarantees here:\n", report.backend));
+    out.push_str(&report.guarantees.render());
     out.push_str(if report.full_isolation {
         "\nfull isolation is available (backend: linux)\n"
+    } else if report.backend != "linux" {
+        "\nfull isolation is NOT what jobs get: the backend is weaker (runs need allow_degraded)\n"
     } else {
         "\nfull isolation is NOT available: confine refuses to run jobs unless --allow-degraded is given\n"
     });
@@ -276,6 +340,7 @@ mod tests {
     fn full_isolation_needs_every_required_check() {
         let report = |ok: bool, required: bool| Report {
             backend: "linux".into(),
+            guarantees: Guarantees::default(),
             full_isolation: [check("a", true, "", "", true), check("b", ok, "", "do x", required)]
                 .iter()
                 .all(|c| c.ok || !c.required),
@@ -286,5 +351,40 @@ mod tests {
         assert!(report(false, false).full_isolation);
         let text = render(&report(false, true));
         assert!(text.contains("✗ b") && text.contains("fix: do x"), "{text}");
+    }
+
+    #[test]
+    fn guarantees_follow_the_checks() {
+        let all_ok = ["user namespaces", "seccomp", "cgroup layout", "cgroup limits"]
+            .map(|n| check(n, true, "", "", true))
+            .to_vec();
+        let target = crate::sandbox::linux::landlock::TARGET_ABI as u32;
+        let g = Guarantees::of(BackendKind::Linux, &host_layers(&all_ok, target));
+        for (name, row) in g.rows() {
+            assert_eq!(row.level, crate::sandbox::Level::Enforced, "{name}: {}", row.how);
+        }
+        let mut no_cgroup = all_ok.clone();
+        no_cgroup[3].ok = false;
+        let g = Guarantees::of(BackendKind::Linux, &host_layers(&no_cgroup, 0));
+        assert_eq!(g.memory.level, crate::sandbox::Level::Partial);
+        assert_eq!(g.filesystem.level, crate::sandbox::Level::Partial);
+    }
+
+    #[test]
+    fn a_configured_fallback_backend_is_named_with_its_guarantees() {
+        let base = Report {
+            backend: "linux".into(),
+            full_isolation: true,
+            guarantees: Guarantees::default(),
+            checks: vec![check("kernel", true, "Linux", "", false)],
+        };
+        let r = for_backend(base, BackendKind::UnixFallback, "/etc/confine.toml");
+        assert_eq!(r.backend, "unix-fallback");
+        assert!(!r.full_isolation);
+        assert_eq!(r.guarantees.network.level, crate::sandbox::Level::None);
+        let text = render(&r);
+        assert!(text.contains("backend: unix-fallback"), "{text}");
+        assert!(text.contains("✗ backend") && text.contains("runtime.backend = \"auto\""), "{text}");
+        assert!(text.contains("treeKill"), "{text}");
     }
 }

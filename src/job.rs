@@ -171,6 +171,11 @@ pub struct Outcome {
     pub usage: Usage,
     pub backend: String,
     pub layers: Layers,
+    /// What the backend guaranteed for this run, row by row (filesystem,
+    /// network, syscalls, memory, cpu, pids, treeKill, envScrub), as the
+    /// layers above allowed.
+    #[serde(default)]
+    pub guarantees: crate::sandbox::Guarantees,
     pub limits: Limits,
     /// One line, set when confine itself failed or the command couldn't start.
     #[serde(default, skip_serializing_if = "Option::is_none")]

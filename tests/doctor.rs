@@ -37,3 +37,27 @@ fn doctor_table_marks_each_check() {
     );
     assert!(text.contains("full isolation"), "{text}");
 }
+
+#[test]
+fn doctor_names_the_backend_and_what_it_guarantees_here() {
+    let out = Command::new(bin()).args(["--config", "/dev/null", "doctor", "--json", "--no-smoke"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)));
+    assert_eq!(v["backend"], "linux", "{v}");
+    let g = v["guarantees"].as_object().unwrap_or_else(|| panic!("no guarantees: {v}"));
+    let rows = ["filesystem", "network", "syscalls", "memory", "cpu", "pids", "treeKill", "envScrub"];
+    assert_eq!(g.len(), rows.len(), "{v}");
+    // Each row follows the check behind it.
+    let ok = |name: &str| v["checks"].as_array().unwrap().iter().any(|c| c["name"] == name && c["ok"] == true);
+    let level = |row: &str| g[row]["level"].as_str().unwrap().to_string();
+    assert_eq!(level("syscalls"), if ok("seccomp") { "enforced" } else { "none" });
+    let cgroups = ok("cgroup layout") && ok("cgroup limits");
+    assert_eq!(level("memory"), if cgroups { "enforced" } else { "partial" });
+    assert_eq!(level("envScrub"), "enforced");
+
+    let out = Command::new(bin()).args(["--config", "/dev/null", "doctor", "--no-smoke"]).output().unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("backend: linux"), "{text}");
+    for row in rows {
+        assert!(text.lines().any(|l| l.trim_start().starts_with(row)), "{row} in {text}");
+    }
+}

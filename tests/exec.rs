@@ -270,3 +270,50 @@ fn malformed_config_fails_naming_the_file() {
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("confine.toml") && stderr(&out).contains("runtime_typo"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_secret_passed_with_env_is_redacted_from_the_response_and_the_artifact() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("\n[sandbox]\nenv_allowlist = [\"DEPLOY_PASSWORD\"]\n");
+    let secret = format!("pw-{}-x9q", std::process::id());
+    let code = "echo \"deploying with $DEPLOY_PASSWORD\"";
+    let out = Command::new(bin())
+        .arg("--config")
+        .arg(&env.config)
+        .args(["exec", "--json", "--output-mode", "summary", "--repo-id", "demo", "--runtime", "shell"])
+        .args(["--env", "DEPLOY_PASSWORD", "--code", code])
+        .env("XDG_DATA_HOME", env.dir.path())
+        .env("DEPLOY_PASSWORD", &secret)
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text} / {}", stderr(&out));
+    assert!(!text.contains(&secret) && text.contains("deploying with [REDACTED]"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let handle = v["artifactHandle"].as_str().unwrap();
+    let shown = Command::new(bin())
+        .arg("--config")
+        .arg(&env.config)
+        .args(["artifacts", "show", handle, "--stream", "stdout"])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&shown), "deploying with [REDACTED]\n", "{}", stderr(&shown));
+}
+
+#[test]
+fn an_expired_artifact_is_gone_after_a_later_exec_without_confine_gc() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("\n[output]\nttl_secs = 1\ngc_interval_secs = 1\n");
+    let handle = |v: serde_json::Value| v["artifactHandle"].as_str().unwrap().to_string();
+    let old = handle(env.json(&["--repo-id", "demo", "--runtime", "shell", "--code", "echo first"]));
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    let new = handle(env.json(&["--repo-id", "demo", "--runtime", "shell", "--code", "echo second"]));
+    let ls = Command::new(bin()).arg("--config").arg(&env.config).args(["artifacts", "ls"]).output().unwrap();
+    let listed = stdout(&ls);
+    assert!(!listed.contains(&old), "the expired artifact is still stored: {listed}");
+    assert!(listed.contains(&new), "{listed}");
+}

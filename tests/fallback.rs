@@ -2,7 +2,9 @@
 //! `--backend unix-fallback --allow-degraded`, and the tests check what it
 //! promises — refusal without consent, rlimits, the tree kill on timeout,
 //! a `setsid` escapee killed after the job (Linux: subreaper), streams
-//! passed through, and an outcome that names the backend and what is lost.
+//! passed through, and an outcome that names the backend, what is lost and
+//! the guarantees that held. Also the backend chosen in confine.toml: for
+//! `confine run`, `doctor`, and (Linux) the governed `confine exec`.
 #![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -109,6 +111,16 @@ fn outcome_names_the_backend_and_the_missing_layers() {
     for layer in ["userns", "mountns", "pidns", "netns", "landlock", "seccomp", "cgroup"] {
         assert!(missing.contains(&layer), "{layer} in {missing:?}");
     }
+    // Row by row, what held: the README's table of guarantees.
+    let g = &o["guarantees"];
+    for row in ["filesystem", "network", "syscalls"] {
+        assert_eq!(g[row]["level"], "none", "{row}: {g}");
+    }
+    assert_eq!(g["envScrub"]["level"], "enforced", "{g}");
+    assert_eq!(g["cpu"]["level"], "partial", "{g}");
+    let tree_kill = if cfg!(target_os = "linux") { "enforced" } else { "partial" };
+    assert_eq!(g["treeKill"]["level"], tree_kill, "{g}");
+    assert!(stderr(&out).contains("degraded (none: filesystem, network, syscalls"), "{}", stderr(&out));
 }
 
 #[test]
@@ -136,6 +148,18 @@ fn memory_limit_fails_a_large_allocation() {
     assert_ne!(out.status.code(), Some(0));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("allocated"));
     assert!(stderr(&out).contains("MemoryError"), "{}", stderr(&out));
+}
+
+/// RLIMIT_NPROC: forks past --pids fail. (It counts every process of the
+/// job's user, not only the job's: partial, and said so.) Perl, because a
+/// shell retries a failed fork for seconds.
+#[test]
+fn pids_limit_fails_forks_past_it() {
+    let script = "for (1..8) { my $p = fork; defined $p or do { print qq(fork failed\n); exit 3 }; \
+                  if (!$p) { sleep 2; exit 0 } } print qq(all forked\n)";
+    let out = fallback(&["--pids", "4", "--", "perl", "-e", script]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fork failed\n", "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(3));
 }
 
 #[test]
@@ -178,4 +202,183 @@ fn setsid_escapee_is_dead_after_the_job_exits() {
 fn the_job_does_not_inherit_the_control_socket() {
     let out = fallback(&["--", "sh", "-c", "if (: >&3) 2>/dev/null; then echo open; else echo closed; fi"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "closed\n", "{}", stderr(&out));
+}
+
+/// A scratch directory with a confine.toml, a repository and a data dir.
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new(config: &str) -> Scratch {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("repo")).unwrap();
+        std::fs::write(dir.path().join("confine.toml"), config).unwrap();
+        Scratch { dir }
+    }
+
+    fn config(&self) -> String {
+        self.dir.path().join("confine.toml").to_str().unwrap().to_string()
+    }
+
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    fn repo(&self) -> String {
+        self.dir.path().join("repo").to_str().unwrap().to_string()
+    }
+
+    /// `confine --config <ours> ARGS…`, with the store in the scratch dir.
+    fn confine(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_confine"))
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .env("XDG_DATA_HOME", self.dir.path().join("data"))
+            .env_remove("CONFINE_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .expect("start confine")
+    }
+}
+
+#[test]
+fn the_config_chooses_the_backend_with_consent_and_the_flag_wins() {
+    let refused = Scratch::new("[runtime]\nbackend = \"unix-fallback\"\n");
+    let out = refused.confine(&["run", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = stderr(&out);
+    let key = format!("runtime.backend = \"unix-fallback\" in {}", refused.config());
+    for word in [key.as_str(), "allow_degraded = true", "--allow-degraded", "namespaces", "seccomp"] {
+        assert!(err.contains(word), "{word} in: {err}");
+    }
+    // --allow-degraded on the command line is consent too.
+    let out = refused.confine(&["run", "--allow-degraded", "--", "sh", "-c", "echo via-config"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "via-config\n", "{}", stderr(&out));
+    assert!(stderr(&out).contains("unix-fallback backend, degraded"), "{}", stderr(&out));
+    // The flag wins over the config: no fallback, so no refusal for it.
+    let status = refused.dir.path().join("auto.json");
+    let out = refused.confine(&["run", "--backend", "auto", "--json-status", status.to_str().unwrap(), "--", "true"]);
+    assert!(!stderr(&out).contains("runtime.backend"), "{}", stderr(&out));
+    if cfg!(target_os = "linux") {
+        assert!(!stderr(&out).contains("unix-fallback"), "{}", stderr(&out));
+    }
+    if out.status.code() == Some(0) {
+        // The full sandbox's outcome lists its guarantees too.
+        let o: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+        assert_eq!(o["backend"], "linux");
+        assert_eq!(o["guarantees"].as_object().map(|g| g.len()), Some(8), "{o}");
+        assert_eq!(o["guarantees"]["envScrub"]["level"], "enforced", "{o}");
+    }
+
+    let allowed = Scratch::new("[runtime]\nbackend = \"unix-fallback\"\nallow_degraded = true\n");
+    let status = allowed.dir.path().join("outcome.json");
+    let out = allowed.confine(&["run", "--json-status", status.to_str().unwrap(), "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let o: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    assert_eq!(o["backend"], "unix-fallback");
+    assert_eq!(o["guarantees"]["network"]["level"], "none");
+}
+
+/// What `confine doctor` says when the config chooses the fallback: the
+/// backend by name, its guarantees, and not full isolation.
+#[test]
+fn doctor_names_the_configured_backend_and_its_guarantees() {
+    let s = Scratch::new("[runtime]\nbackend = \"unix-fallback\"\nallow_degraded = true\n");
+    let out = s.confine(&["doctor", "--json", "--no-smoke"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["backend"], "unix-fallback", "{v}");
+    assert_eq!(v["fullIsolation"], false, "{v}");
+    assert_eq!(v["guarantees"]["filesystem"]["level"], "none", "{v}");
+    assert_eq!(v["guarantees"]["envScrub"]["level"], "enforced", "{v}");
+    let text = String::from_utf8_lossy(&s.confine(&["doctor", "--no-smoke"]).stdout).into_owned();
+    assert!(text.contains("backend: unix-fallback"), "{text}");
+    for row in ["filesystem", "network", "syscalls", "memory", "cpu", "pids", "treeKill", "envScrub"] {
+        assert!(text.lines().any(|l| l.trim_start().starts_with(row)), "{row} in {text}");
+    }
+}
+
+/// The governed pipeline (`confine exec`, the one MCP uses) on the
+/// unix-fallback backend chosen in confine.toml: args mode, code mode
+/// (the source in the job's private /tmp), a compiled language (sandbox
+/// paths inside the build script), and the timeout's tree kill.
+#[cfg(target_os = "linux")]
+mod governed {
+    use super::*;
+
+    const ENABLED: &str = "[runtime]\nenabled = true\nbackend = \"unix-fallback\"\nallow_degraded = true\n";
+
+    fn exec(s: &Scratch, args: &[&str]) -> Output {
+        let repo = s.repo();
+        let mut all = vec!["exec", "--repo", repo.as_str()];
+        all.extend_from_slice(args);
+        s.confine(&all)
+    }
+
+    #[test]
+    fn refused_at_start_without_allow_degraded() {
+        let s = Scratch::new("[runtime]\nenabled = true\nbackend = \"unix-fallback\"\n");
+        let out = exec(&s, &["--runtime", "shell", "--", "-c", "true"]);
+        assert_eq!(out.status.code(), Some(125));
+        let err = stderr(&out);
+        for word in ["cannot run jobs", "runtime.backend = \"unix-fallback\"", "allow_degraded = true", "landlock"] {
+            assert!(err.contains(word), "{word} in: {err}");
+        }
+        let out = s.confine(&["serve"]);
+        assert_eq!(out.status.code(), Some(125));
+        assert!(stderr(&out).contains("runtime.backend = \"unix-fallback\""), "{}", stderr(&out));
+    }
+
+    #[test]
+    fn args_mode_runs_in_the_repository_and_names_the_backend() {
+        let s = Scratch::new(ENABLED);
+        let out = exec(&s, &["--runtime", "shell", "--", "-c", "echo governed; pwd"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let repo = std::fs::canonicalize(s.repo()).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("governed\n{}\n", repo.display()));
+        assert!(stderr(&out).contains("backend=unix-fallback (none: filesystem"), "{}", stderr(&out));
+
+        let out = exec(&s, &["--json", "--runtime", "shell", "--", "-c", "true"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["status"], "success", "{v}");
+        assert_eq!(v["outcome"]["backend"], "unix-fallback", "{v}");
+        assert_eq!(v["outcome"]["guarantees"]["treeKill"]["level"], "enforced", "{v}");
+        assert_eq!(v["outcome"]["guarantees"]["network"]["level"], "none", "{v}");
+    }
+
+    #[test]
+    fn code_mode_writes_the_source_into_the_private_tmp() {
+        let s = Scratch::new(ENABLED);
+        let out = exec(
+            &s,
+            &["--runtime", "shell", "--code", "echo from-code; case \"$0\" in \"$TMPDIR\"/*) echo in-tmp;; esac"],
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "from-code\nin-tmp\n", "{}", stderr(&out));
+        assert_eq!(std::fs::read_dir(s.repo()).unwrap().count(), 0, "nothing is written into the repository");
+    }
+
+    #[test]
+    fn a_compiled_language_builds_and_runs_in_the_private_tmp() {
+        if Command::new("cc").arg("--version").output().map(|o| !o.status.success()).unwrap_or(true) {
+            eprintln!("SKIPPED: no C compiler (cc) on PATH");
+            return;
+        }
+        let s = Scratch::new(ENABLED);
+        let code = "#include <stdio.h>\nint main(void) { puts(\"compiled-fallback\"); return 0; }\n";
+        let out = exec(&s, &["--runtime", "c", "--code", code]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "compiled-fallback\n");
+    }
+
+    #[test]
+    fn the_timeout_kills_the_whole_tree() {
+        let s = Scratch::new(ENABLED);
+        let tok = token("governed");
+        let script = format!("sh -c 'sleep 1000; : {tok}' & setsid sh -c 'sleep 1000; : {tok}' & sleep 1000");
+        let started = Instant::now();
+        let out = exec(&s, &["--timeout", "1s", "--runtime", "shell", "--", "-c", &script]);
+        assert_eq!(out.status.code(), Some(124), "{}", stderr(&out));
+        assert!(stderr(&out).contains("confine: timeout"), "{}", stderr(&out));
+        assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+        assert_eq!(survivors(&tok), Vec::<String>::new());
+    }
 }

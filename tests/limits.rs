@@ -382,3 +382,35 @@ fn bad_limits_are_clear_errors() {
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("absolute cgroup path"), "{}", stderr(&out));
 }
+
+#[test]
+fn the_config_sets_the_cgroup_parent_and_the_flag_wins() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("confine.toml");
+    let repo = dir.path().display();
+    let text = format!(
+        "[runtime]\nenabled = true\n[store]\npath = \"{repo}/store\"\n[sandbox]\ncgroup_parent = \"not/absolute\"\n[[repos]]\nid = \"r\"\nroot = \"{repo}\"\n"
+    );
+    std::fs::write(&config, text).unwrap();
+    let cfg = config.to_str().unwrap();
+    // The config's parent is used (and this one is refused, naming the key)...
+    let out = Command::new(bin()).args(["--config", cfg, "run", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(stderr(&out).contains("sandbox.cgroup_parent"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not/absolute"), "{}", stderr(&out));
+    // The governed path reads it too.
+    let out = Command::new(bin())
+        .args(["--config", cfg, "exec", "--repo-id", "r", "--runtime", "shell", "--code", "true"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("sandbox.cgroup_parent"), "{}", stderr(&out));
+    // ...unless the flag names another ("/": the hierarchies' roots, which
+    // only an explicit choice may pick).
+    let out =
+        Command::new(bin()).args(["--config", cfg, "run", "--cgroup-parent", "/", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

@@ -10,12 +10,17 @@ use confine::supervisor::Supervisor;
 use std::sync::Arc;
 
 fn supervisor(dir: &std::path::Path, running: usize, queued: usize) -> Supervisor {
+    supervisor_with(dir, running, queued, "")
+}
+
+/// As [`supervisor`], with more TOML after the repository.
+fn supervisor_with(dir: &std::path::Path, running: usize, queued: usize, extra: &str) -> Supervisor {
     confine::sandbox::linux::set_init_executable(bin().into());
     let repo = dir.join("repo");
     std::fs::create_dir_all(&repo).unwrap();
     let text = format!(
         "[runtime]\nenabled = true\nmax_concurrent_jobs = {running}\nmax_queued = {queued}\n\n[store]\npath = \"{}\"\n\n\
-         [[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
+         [[repos]]\nid = \"demo\"\nroot = \"{}\"\n{extra}",
         dir.join("store").display(),
         repo.display()
     );
@@ -80,4 +85,65 @@ async fn cancel_kills_the_tree_and_is_audited() {
     let records = audit.list(10).unwrap();
     assert_eq!(records.len(), 1);
     assert_eq!(serde_json::to_value(records[0].entry.status).unwrap(), "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_artifact_is_collected_after_a_job_without_confine_gc() {
+    use confine::store::artifacts::{JobInfo, StreamMeta};
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sup = supervisor(dir.path(), 2, 4);
+    // An artifact whose TTL ran out (1 ms), as yesterday's would have.
+    let old = sup.artifacts.begin("demo", 1).unwrap();
+    let old_handle = old.handle().to_string();
+    old.finish(JobInfo::default(), StreamMeta::default(), StreamMeta::default()).unwrap();
+    let listed = |h: &str| sup.artifacts.list().unwrap().iter().any(|m| m.handle == h);
+    assert!(listed(&old_handle));
+    let resp = sup.execute(sleep_req("0"), ExecControl::default()).await;
+    assert_eq!(serde_json::to_value(resp.status).unwrap(), "success", "{:?}", resp.error);
+    // GC runs beside the answer, not before it: wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while listed(&old_handle) {
+        assert!(std::time::Instant::now() < deadline, "the expired artifact is still there");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    sup.artifacts.get(resp.artifact_handle.as_deref().unwrap()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_values_named_like_secrets_never_reach_stored_or_returned_output() {
+    use confine::output::modes::RenderOptions;
+    use confine::output::OutputMode;
+    use confine::store::artifacts::StreamName;
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sup = supervisor_with(dir.path(), 2, 4, "\n[sandbox]\nenv_allowlist = [\"API_TOKEN\", \"GREETING\"]\n");
+    let secret = format!("tok-{}-zq81", std::process::id());
+    let req = ExecuteRequest {
+        code: Some("echo \"token=$API_TOKEN greeting=$GREETING\"; echo \"auth $API_TOKEN\" >&2".into()),
+        env: vec![("API_TOKEN".into(), secret.clone()), ("GREETING".into(), "hello-plain-value".into())],
+        render: RenderOptions { output_mode: OutputMode::Summary, ..RenderOptions::default() },
+        ..sleep_req("0")
+    };
+    let mirror: confine::supervisor::exec::Mirror = Default::default();
+    let resp = sup.execute(req, ExecControl { mirror: Some(mirror.clone()), ..ExecControl::default() }).await;
+    assert_eq!(serde_json::to_value(resp.status).unwrap(), "success", "{:?}", resp.error);
+    let json = serde_json::to_string(&resp).unwrap();
+    assert!(!json.contains(&secret), "the response shows the secret: {json}");
+    assert!(json.contains("token=[REDACTED] greeting=hello-plain-value"), "{json}");
+    let meta = sup.artifacts.get(resp.artifact_handle.as_deref().unwrap()).unwrap();
+    for stream in StreamName::BOTH {
+        let mut stored = Vec::new();
+        sup.artifacts.copy_stream(&meta, stream, &mut stored).unwrap();
+        let stored = String::from_utf8(stored).unwrap();
+        assert!(stored.contains("[REDACTED]") && !stored.contains(&secret), "{stream}: {stored}");
+    }
+    assert_eq!(meta.stdout.redactions + meta.stderr.redactions, 2);
+    // What runtime_jobs returns while and after the job runs.
+    let live = String::from_utf8(mirror.lock().unwrap().clone()).unwrap();
+    assert!(live.contains("token=[REDACTED]") && !live.contains(&secret), "{live}");
 }

@@ -1,7 +1,9 @@
 //! `confine doctor`: print what this host can enforce, with a fix for each
 //! gap. Exit 0 when full isolation is available, 1 otherwise.
 
+use crate::sandbox::BackendKind;
 use clap::Args;
+use std::path::Path;
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
@@ -13,30 +15,57 @@ pub struct DoctorArgs {
     pub no_smoke: bool,
 }
 
+/// The backend jobs get: `runtime.backend` of the configuration (global
+/// --config, else the usual lookup) when it names one, else auto's. A
+/// configuration that does not load is reported and the default assumed.
+fn configured_backend(config: Option<&Path>) -> Option<(BackendKind, String)> {
+    match crate::config::Config::load(config) {
+        Ok(c) => c.runtime.backend.kind().map(|k| {
+            let source = c.source.map_or_else(|| "the configuration".to_string(), |p| p.display().to_string());
+            (k, source)
+        }),
+        Err(e) => {
+            eprintln!("confine doctor: {e}; reporting the default backend");
+            None
+        }
+    }
+}
+
 /// Without the Linux sandbox there is nothing to probe: only the weaker
-/// backend, and what it lacks.
+/// backend, what it lacks, and what it guarantees.
 #[cfg(not(target_os = "linux"))]
-pub fn main(args: DoctorArgs) -> i32 {
-    use crate::sandbox::{Backend, BackendKind};
-    let kind = BackendKind::strongest();
+pub fn main(config: Option<&Path>, args: DoctorArgs) -> i32 {
+    use crate::sandbox::{Backend, Guarantees};
+    let kind = configured_backend(config).map_or_else(BackendKind::strongest, |(k, _)| k);
+    let guarantees = Guarantees::of(kind, &crate::job::Layers::default());
     if args.json {
-        let report = serde_json::json!({"backend": kind.name(), "fullIsolation": false, "missing": kind.lost()});
+        let report = serde_json::json!({
+            "backend": kind.name(),
+            "fullIsolation": false,
+            "missing": kind.lost(),
+            "guarantees": guarantees,
+        });
         println!("{report}");
     } else {
         println!(
-            "backend: {} (degraded; runs need --allow-degraded)\nmissing: {}\nfix: use a Linux host (or the Vagrant VMs in vagrant/) for full isolation",
+            "backend: {} (degraded; runs need --allow-degraded)\nmissing: {}\nwhat it guarantees here:\n{}\
+fix: use a Linux host (or the Vagrant VMs in vagrant/) for full isolation",
             kind.name(),
-            kind.lost().join(", ")
+            kind.lost().join(", "),
+            guarantees.render()
         );
     }
     1
 }
 
 #[cfg(target_os = "linux")]
-pub fn main(args: DoctorArgs) -> i32 {
+pub fn main(config: Option<&Path>, args: DoctorArgs) -> i32 {
     let exe = std::env::current_exe().ok();
     let smoke = if args.no_smoke { None } else { exe.as_deref() };
-    let report = crate::doctor::diagnose(smoke);
+    let mut report = crate::doctor::diagnose(smoke);
+    if let Some((kind, source)) = configured_backend(config) {
+        report = crate::doctor::for_backend(report, kind, &source);
+    }
     if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => println!("{s}"),

@@ -145,6 +145,8 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         ..ExecuteRequest::default()
     };
     let live = args.output_mode.is_none() && !args.json;
+    // Before the runtime's threads: output capture must not grow the heap.
+    crate::supervisor::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
@@ -197,6 +199,12 @@ fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
     }
     if !resp.clamped.is_empty() {
         line.push_str(&format!(" clamped={}", resp.clamped.join(",")));
+    }
+    if let Some(o) = resp.outcome.as_ref().filter(|o| o.backend != "linux") {
+        line.push_str(&format!(" backend={}", o.backend));
+        if let Some(weaker) = o.guarantees.weaker() {
+            line.push_str(&format!(" ({weaker})"));
+        }
     }
     if let Some(e) = &resp.error {
         line.push_str(&format!(": {e}"));

@@ -65,8 +65,8 @@ pub enum Command {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => run::main(args),
-        Command::Doctor(args) => doctor::main(args),
+        Command::Run(args) => run::main(cli.config.as_deref(), args),
+        Command::Doctor(args) => doctor::main(cli.config.as_deref(), args),
         #[cfg(target_os = "linux")]
         Command::Exec(args) => exec::main(cli.config.as_deref(), args),
         Command::Policy(cmd) => policy::main(cli.config.as_deref(), cmd),

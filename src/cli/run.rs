@@ -1,11 +1,12 @@
 //! `confine run`: one job in a fresh sandbox, streams passed through, the
 //! job's exit status returned (docker/podman conventions).
 
+use crate::config::Config;
 use crate::env::{scrubbed, EnvArg};
 use crate::job::{Bind, JobSpec, Network, Outcome};
-use crate::sandbox::{BackendKind, SandboxError, StdioSpec};
+use crate::sandbox::{BackendChoice, BackendKind, SandboxError, StdioSpec};
 use clap::{Args, ValueEnum};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -14,30 +15,6 @@ pub enum NetArg {
     None,
     /// Share the host's network.
     Host,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackendArg {
-    /// The strongest backend of this build.
-    Auto,
-    /// Namespaces, landlock, seccomp, cgroups.
-    Linux,
-    /// Process group, session, rlimits, tree kill (weaker).
-    UnixFallback,
-    /// A Job Object (weaker).
-    Windows,
-}
-
-impl BackendArg {
-    /// `None` for auto.
-    pub fn kind(self) -> Option<BackendKind> {
-        match self {
-            BackendArg::Auto => None,
-            BackendArg::Linux => Some(BackendKind::Linux),
-            BackendArg::UnixFallback => Some(BackendKind::UnixFallback),
-            BackendArg::Windows => Some(BackendKind::Windows),
-        }
-    }
 }
 
 #[derive(Debug, Args)]
@@ -74,14 +51,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub json_status: Option<PathBuf>,
     /// Run even when an isolation layer can't be applied, or on a weaker
-    /// backend; the outcome names what is missing.
+    /// backend; the outcome names what is missing. (Also allow_degraded
+    /// under [runtime] in confine.toml.)
     #[arg(long)]
     pub allow_degraded: bool,
     /// Sandbox backend: `auto` is the strongest this build has (linux on
     /// Linux) and never silently a weaker one; `unix-fallback` and `windows`
-    /// need --allow-degraded.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub backend: BackendArg,
+    /// need --allow-degraded [default: runtime.backend in confine.toml, else auto]
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendChoice>,
     /// seccomp profile in OCI/Docker JSON format (default: the embedded seccomp/default.json)
     #[arg(long, value_name = "FILE")]
     pub seccomp: Option<PathBuf>,
@@ -108,7 +86,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     pub kill_grace: Duration,
     /// Parent of the job cgroups (`<CGROUP>/confine/<job-id>`), as a cgroup path
-    /// such as /confine.slice [default: confine's own cgroup].
+    /// such as /confine.slice [default: `sandbox.cgroup_parent` of the config, else
+    /// confine's own cgroup].
     #[arg(long, value_name = "CGROUP")]
     pub cgroup_parent: Option<PathBuf>,
     /// The command and its arguments.
@@ -169,7 +148,16 @@ pub fn job_spec(args: &RunArgs) -> Result<JobSpec, SandboxError> {
     Ok(spec)
 }
 
-pub fn main(args: RunArgs) -> i32 {
+/// `config_path`: the global --config. The configuration gives the
+/// backend and allow_degraded when the command line does not.
+pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
+    let config = match Config::load(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("confine: {e}");
+            return super::EXIT_CONFINE_FAILED;
+        }
+    };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -177,11 +165,14 @@ pub fn main(args: RunArgs) -> i32 {
             return super::EXIT_CONFINE_FAILED;
         }
     };
-    let outcome = rt.block_on(run(&args));
+    let outcome = rt.block_on(run(&args, &config));
     let code = match &outcome {
         Ok(o) => {
             if let Some(err) = &o.error {
                 eprintln!("confine: {err}");
+            }
+            if let Some(weaker) = o.guarantees.weaker().filter(|_| o.backend != "linux") {
+                eprintln!("confine: ran on the {} backend, degraded ({weaker})", o.backend);
             }
             if let Some(msg) = limit_message(o) {
                 eprintln!("confine: {msg}");
@@ -203,17 +194,30 @@ pub fn main(args: RunArgs) -> i32 {
     code
 }
 
-async fn run(args: &RunArgs) -> Result<Outcome, SandboxError> {
-    match crate::sandbox::select(args.backend.kind(), args.allow_degraded)? {
+async fn run(args: &RunArgs, config: &Config) -> Result<Outcome, SandboxError> {
+    let allow_degraded = args.allow_degraded || config.runtime.allow_degraded;
+    let backend = crate::sandbox::select_with_config(
+        args.backend,
+        config.runtime.backend,
+        config.source.as_deref(),
+        allow_degraded,
+    )?;
+    let mut spec = job_spec(args)?;
+    spec.allow_degraded = allow_degraded;
+    match backend {
         #[cfg(target_os = "linux")]
-        BackendKind::Linux => run_linux(args).await,
-        #[cfg(unix)]
-        BackendKind::UnixFallback => run_fallback(args).await,
-        #[cfg(windows)]
-        BackendKind::Windows => {
-            let spec = job_spec(args)?;
-            crate::sandbox::windows::run(&spec, StdioSpec::inherit(), stop_request()).await
+        BackendKind::Linux => {
+            let parent = args.cgroup_parent.as_ref().or(config.sandbox.cgroup_parent.as_ref());
+            if let Some(parent) = parent {
+                let config = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
+                let _ = crate::sandbox::linux::cgroup::configure(config);
+            }
+            run_linux(args, spec).await
         }
+        #[cfg(unix)]
+        BackendKind::UnixFallback => run_fallback(args, spec).await,
+        #[cfg(windows)]
+        BackendKind::Windows => crate::sandbox::windows::run(&spec, StdioSpec::inherit(), stop_request()).await,
         #[allow(unreachable_patterns)]
         other => Err(SandboxError::BackendUnavailable {
             backend: crate::sandbox::Backend::name(&other),
@@ -246,17 +250,15 @@ async fn stop_request() {
 }
 
 #[cfg(unix)]
-async fn run_fallback(args: &RunArgs) -> Result<Outcome, SandboxError> {
-    let spec = job_spec(args)?;
+async fn run_fallback(args: &RunArgs, spec: JobSpec) -> Result<Outcome, SandboxError> {
     // Before the job starts: a stop request must reach the job, not end confine.
     let cancel = stop_request()?;
     crate::sandbox::unix_fallback::run(&spec, StdioSpec::inherit(), args.kill_grace, cancel).await
 }
 
 #[cfg(target_os = "linux")]
-async fn run_linux(args: &RunArgs) -> Result<Outcome, SandboxError> {
+async fn run_linux(args: &RunArgs, spec: JobSpec) -> Result<Outcome, SandboxError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let spec = job_spec(args)?;
     // Compiled once, before the job: a profile that does not compile exactly
     // as written stops the run (exit 125) rather than weakening the filter.
     let profile = match &args.seccomp {
@@ -264,10 +266,6 @@ async fn run_linux(args: &RunArgs) -> Result<Outcome, SandboxError> {
         None => crate::sandbox::linux::seccomp::compile_default(),
     }?;
     use nix::sys::signal::Signal;
-    if let Some(parent) = &args.cgroup_parent {
-        let config = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
-        let _ = crate::sandbox::linux::cgroup::configure(config);
-    }
     // Before the job starts: a stop request must never kill confine itself
     // and leave the job to the parent-death signal alone.
     let mut term = signal(SignalKind::terminate()).map_err(SandboxError::Spawn)?;

@@ -31,6 +31,8 @@ pub struct ServeArgs {
 
 pub fn main(config: Option<&Path>, args: ServeArgs) -> i32 {
     init_logging();
+    // Before the runtime's threads: a long-lived supervisor's RSS must not creep.
+    crate::supervisor::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -31,14 +31,22 @@ pub struct EffectiveLimits {
 
 impl LimitsConfig {
     /// Defaults for what the request leaves out; maxima for what it asks
-    /// too much of (clamped, and named in `clamped`).
+    /// too much of (clamped, and named in `clamped`). `outputBytes` is
+    /// bounded by the default `[output]` caps here; the supervisor uses
+    /// [`super::Config::resolve_limits`], which takes the configured ones.
     pub fn resolve(&self, req: &LimitRequest) -> EffectiveLimits {
+        self.resolve_with_output(req, crate::output::OutputConfig::default().max_stored_bytes())
+    }
+
+    /// As [`LimitsConfig::resolve`], with `output_cap` (bytes stored per
+    /// stream) as both the default and the maximum of `outputBytes`.
+    pub fn resolve_with_output(&self, req: &LimitRequest, output_cap: u64) -> EffectiveLimits {
         let mut e = EffectiveLimits {
             timeout_ms: req.timeout_ms.unwrap_or(self.timeout_ms),
             memory_bytes: req.memory_bytes.unwrap_or(self.memory_bytes),
             cpus: req.cpus.unwrap_or(self.cpus),
             pids: req.pids.unwrap_or(self.pids),
-            output_bytes: req.output_bytes.unwrap_or(self.output_bytes),
+            output_bytes: req.output_bytes.unwrap_or(output_cap),
             clamped: Vec::new(),
         };
         e.clamp_to(&LimitCaps {
@@ -46,7 +54,7 @@ impl LimitsConfig {
             memory_bytes: Some(self.max_memory_bytes),
             cpus: Some(self.max_cpus),
             pids: Some(self.max_pids),
-            output_bytes: Some(self.max_output_bytes),
+            output_bytes: Some(output_cap),
         });
         e
     }

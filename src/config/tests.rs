@@ -133,3 +133,39 @@ fn caps_min_takes_the_tighter_bound() {
     assert_eq!((m.timeout_ms, m.cpus, m.pids), (Some(5), Some(2.0), Some(3)));
     assert!(LimitCaps::default().is_empty());
 }
+
+#[test]
+fn the_backend_is_a_runtime_key() {
+    use crate::sandbox::BackendChoice;
+    let c = parse("[runtime]\nbackend = \"unix-fallback\"\nallow_degraded = true\n").unwrap();
+    assert_eq!(c.runtime.backend, BackendChoice::UnixFallback);
+    assert_eq!(Config::default().runtime.backend, BackendChoice::Auto);
+    let err = parse("[runtime]\nbackend = \"docker\"\n").unwrap_err().to_string();
+    assert!(err.contains("backend") && err.contains("unix-fallback"), "{err}");
+}
+
+#[test]
+fn removed_output_keys_name_their_replacement() {
+    let err = parse("[store]\nartifact_ttl_secs = 60\n").unwrap_err().to_string();
+    assert!(
+        err.contains("/etc/confine/test.toml: store.artifact_ttl_secs") && err.contains("output.ttl_secs"),
+        "{err}"
+    );
+    for key in ["output_bytes", "max_output_bytes"] {
+        let err = parse(&format!("[limits]\n{key} = 1024\n")).unwrap_err().to_string();
+        assert!(err.contains(&format!("limits.{key}")) && err.contains("output.stdout_stored_bytes"), "{err}");
+    }
+    let err = parse("[output]\nttl_secs = 0\n").unwrap_err().to_string();
+    assert!(err.contains("output.ttl_secs"), "{err}");
+}
+
+#[test]
+fn output_bytes_is_the_stored_cap_and_a_request_cannot_raise_it() {
+    let c = parse("[output]\nstdout_stored_bytes = 1048576\nstderr_stored_bytes = 4096\n").unwrap();
+    assert_eq!(c.resolve_limits(&LimitRequest::default()).output_bytes, 1 << 20);
+    let asked = LimitRequest { output_bytes: Some(1 << 30), ..LimitRequest::default() };
+    let e = c.resolve_limits(&asked);
+    assert_eq!(e.output_bytes, 1 << 20);
+    assert_eq!(e.clamped, ["outputBytes"]);
+    assert_eq!(LimitsConfig::default().resolve(&LimitRequest::default()).output_bytes, 64 << 20);
+}

@@ -11,6 +11,7 @@ use super::types::{
 };
 use super::usage::{summarise, UsageSnapshot, UsageStatsRequest};
 use crate::output::modes::RenderOptions;
+use crate::sandbox::{Backend, BackendKind};
 use crate::store::artifacts::{now_ms, StreamName};
 use crate::supervisor::exec::{self as sup, Mirror, Rejection};
 use crate::supervisor::Supervisor;
@@ -141,6 +142,7 @@ fn to_response(r: &sup::ExecuteResponse) -> Result<ExecuteResponse, ServiceError
         out.backend = Some(o.backend.clone());
         out.usage = serde_json::to_value(&o.usage).ok();
         out.layers = serde_json::to_value(&o.layers).ok();
+        out.guarantees = serde_json::to_value(&o.guarantees).ok();
         out.limits = serde_json::to_value(&o.limits).ok();
     }
     if let Some(v) = &r.output {
@@ -391,12 +393,9 @@ impl RuntimeService for SupervisorService {
                 writable: found.is_some() && cfg.sandbox.workspace_rw,
             }
         });
-        Ok(Info {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            backend: "linux".into(),
-            runtime_enabled: cfg.runtime.enabled,
-            runtimes,
-            layers: serde_json::json!({
+        let backend = self.sup.backend;
+        let layers = match backend {
+            BackendKind::Linux => serde_json::json!({
                 "fullIsolation": report.full_isolation,
                 "namespaces": ["user", "mount", "pid", "net", "ipc", "uts", "cgroup"],
                 "landlockAbi": crate::sandbox::linux::landlock::kernel_abi(),
@@ -404,13 +403,33 @@ impl RuntimeService for SupervisorService {
                 "capsDropped": true,
                 "noNewPrivs": true,
             }),
+            // The host's findings above still say what the Linux sandbox could do.
+            other => serde_json::json!({
+                "fullIsolation": false,
+                "namespaces": [],
+                "landlockAbi": 0,
+                "seccomp": null,
+                "missing": other.lost(),
+            }),
+        };
+        let guarantees = match backend {
+            BackendKind::Linux => report.guarantees.clone(),
+            other => crate::sandbox::Guarantees::of(other, &crate::job::Layers::default()),
+        };
+        Ok(Info {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            backend: backend.name().into(),
+            runtime_enabled: cfg.runtime.enabled,
+            runtimes,
+            layers,
+            guarantees: serde_json::to_value(&guarantees).map_err(internal)?,
             findings,
             limits: InfoLimits {
                 min_timeout_ms: 100,
                 max_timeout_ms: cfg.limits.max_timeout_ms,
                 default_timeout_ms: cfg.limits.timeout_ms,
                 max_concurrent_jobs: cfg.max_concurrent_jobs() as u32,
-                max_output_bytes: cfg.limits.max_output_bytes,
+                max_output_bytes: cfg.output.max_stored_bytes(),
                 max_response_lines: 1000,
                 max_query_terms: 10,
                 max_code_bytes: cfg.limits.max_code_bytes,
@@ -465,4 +484,42 @@ fn rand4() -> [u8; 4] {
     // SAFETY: b is a valid writable buffer of the length passed.
     unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::sandbox::BackendChoice;
+
+    fn service(dir: &std::path::Path, backend: BackendChoice) -> SupervisorService {
+        let mut config = Config::default();
+        config.store.path = Some(dir.join("store"));
+        config.runtime.backend = backend;
+        config.runtime.allow_degraded = true;
+        SupervisorService::new(Arc::new(Supervisor::open(config).unwrap()))
+    }
+
+    #[tokio::test]
+    async fn info_names_the_backend_and_what_it_guarantees() {
+        let dir = tempfile::tempdir().unwrap();
+        let info = service(dir.path(), BackendChoice::UnixFallback).info(None).await.unwrap();
+        assert_eq!(info.backend, "unix-fallback");
+        assert_eq!(info.layers["fullIsolation"], false);
+        assert_eq!(info.layers["seccomp"], serde_json::Value::Null);
+        for row in ["filesystem", "network", "syscalls"] {
+            assert_eq!(info.guarantees[row]["level"], "none", "{row}: {}", info.guarantees);
+        }
+        assert_eq!(info.guarantees["treeKill"]["level"], "enforced");
+
+        let dir = tempfile::tempdir().unwrap();
+        let info = service(dir.path(), BackendChoice::Auto).info(None).await.unwrap();
+        assert_eq!(info.backend, "linux");
+        let rows = info.guarantees.as_object().unwrap();
+        assert_eq!(rows.len(), 8, "{}", info.guarantees);
+        for (name, row) in rows {
+            assert!(["enforced", "partial", "none"].contains(&row["level"].as_str().unwrap()), "{name}: {row}");
+        }
+        assert_eq!(info.guarantees["envScrub"]["level"], "enforced");
+    }
 }

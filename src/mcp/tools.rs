@@ -157,6 +157,7 @@ impl ConfineServer {
     #[tool(
         name = "info",
         description = "What this confine server offers: version, isolation backend and the layers it enforces, \
+what it guarantees (filesystem, network, syscalls, memory, cpu, pids, treeKill, envScrub: enforced, partial or none), \
 the runtimes available here, limits (timeoutMs range, output caps, env allowlist), the policy digest, and \
 warnings. Call it first to learn which runtimes and env keys you may use; repoId adds what is known of that \
 workspace (and staleMemories: how many of its memories have linked files that changed).",

@@ -84,18 +84,25 @@ pub struct StreamLimits {
     pub stored_bytes: u64,
 }
 
-/// Output settings (a `[output]` table for confine.toml).
+/// Output settings: the `[output]` table of confine.toml. It is the one
+/// place for output caps and artifact lifetime (`confine.default.toml`
+/// documents each key).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OutputConfig {
     pub stdout_inline_bytes: usize,
+    /// Bytes of stdout kept in the artifact; past it output is drained,
+    /// counted and marked truncated. A policy can lower it (`outputBytes`).
     pub stdout_stored_bytes: u64,
     pub stderr_inline_bytes: usize,
+    /// As `stdout_stored_bytes`, for stderr.
     pub stderr_stored_bytes: u64,
     /// How long artifacts are kept.
     pub ttl_secs: u64,
     /// Total size of all artifacts; past it `gc` evicts the oldest.
     pub max_store_bytes: u64,
+    /// GC runs by itself after a job at most this often (0: only `confine gc`).
+    pub gc_interval_secs: u64,
     /// Replace secrets with `[REDACTED]` before anything is stored or shown.
     pub redact: bool,
     /// Environment variables whose values are secrets to redact.
@@ -111,6 +118,7 @@ impl Default for OutputConfig {
             stderr_stored_bytes: 16 << 20,
             ttl_secs: 24 * 3600,
             max_store_bytes: crate::store::artifacts::DEFAULT_MAX_TOTAL_BYTES,
+            gc_interval_secs: 600,
             redact: true,
             redact_env: Vec::new(),
         }
@@ -133,11 +141,47 @@ impl OutputConfig {
         self.ttl_secs.saturating_mul(1000)
     }
 
+    /// The larger stored cap of the two streams: what the policy input
+    /// document calls `limits.outputBytes` (bytes stored per stream).
+    pub fn max_stored_bytes(&self) -> u64 {
+        self.stdout_stored_bytes.max(self.stderr_stored_bytes)
+    }
+
+    /// These settings with both stored caps lowered to `bytes` (a job's
+    /// `outputBytes` after policy), never raised.
+    pub fn with_stored_cap(&self, bytes: u64) -> OutputConfig {
+        OutputConfig {
+            stdout_stored_bytes: self.stdout_stored_bytes.min(bytes),
+            stderr_stored_bytes: self.stderr_stored_bytes.min(bytes),
+            ..self.clone()
+        }
+    }
+
     /// The redactor for these settings, `None` when redaction is off.
     /// `lookup` gives the value of an environment variable (the job's own
     /// environment and confine's, as the caller sees fit).
     pub fn redactor(&self, lookup: impl Fn(&str) -> Option<String>) -> Option<Redactor> {
-        self.redact.then(|| Redactor::new(self.redact_env.iter().filter_map(|name| lookup(name))))
+        self.job_redactor(&[], lookup)
+    }
+
+    /// The redactor for one job: as [`OutputConfig::redactor`], plus the
+    /// values of the variables the caller passes to the job (`job_env`)
+    /// whose names look like secrets ([`redact::secret_name`]), and of the
+    /// listed ones as the job sees them.
+    pub fn job_redactor(
+        &self,
+        job_env: &[(String, String)],
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Option<Redactor> {
+        if !self.redact {
+            return None;
+        }
+        let listed = self.redact_env.iter().flat_map(|name| {
+            let in_job = job_env.iter().filter(move |(k, _)| k == name).map(|(_, v)| v.clone());
+            in_job.chain(lookup(name))
+        });
+        let passed = job_env.iter().filter(|(k, _)| redact::secret_name(k)).map(|(_, v)| v.clone());
+        Some(Redactor::new(listed.chain(passed).collect::<Vec<_>>()))
     }
 }
 
@@ -174,6 +218,32 @@ mod tests {
         assert_eq!(OutputMode::default(), OutputMode::Minimal);
         assert_eq!("digest".parse::<OutputMode>().unwrap(), OutputMode::Digest);
         assert!("loud".parse::<OutputMode>().unwrap_err().to_string().contains("minimal, summary"));
+    }
+
+    #[test]
+    fn job_env_values_named_like_secrets_are_redacted() {
+        let cfg = OutputConfig { redact_env: vec!["LISTED".into()], ..OutputConfig::default() };
+        let env: Vec<(String, String)> =
+            [("API_TOKEN", "tok-123456"), ("LISTED", "job-listed-value"), ("MODE", "verbose-mode")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        let r = cfg.job_redactor(&env, |k| (k == "LISTED").then(|| "host-listed-value".to_string())).unwrap();
+        let (out, n) = r.redact_all(b"tok-123456 job-listed-value host-listed-value verbose-mode\n");
+        assert_eq!(String::from_utf8(out).unwrap(), "[REDACTED] [REDACTED] [REDACTED] verbose-mode\n");
+        assert_eq!(n, 3);
+        let off = OutputConfig { redact: false, ..cfg };
+        assert!(off.job_redactor(&env, |_| None).is_none());
+    }
+
+    #[test]
+    fn a_stored_cap_only_lowers() {
+        let c = OutputConfig::default();
+        assert_eq!(c.max_stored_bytes(), 64 << 20);
+        let low = c.with_stored_cap(1 << 20);
+        assert_eq!((low.stdout_stored_bytes, low.stderr_stored_bytes), (1 << 20, 1 << 20));
+        let high = c.with_stored_cap(u64::MAX);
+        assert_eq!((high.stdout_stored_bytes, high.stderr_stored_bytes), (64 << 20, 16 << 20));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Secret redaction on a stream, before anything is stored or shown: the
-//! values of environment variables the operator lists, AWS access keys (and
-//! secret keys after their usual names), GitHub tokens, and PEM private key
-//! blocks become `[REDACTED]`.
+//! values of environment variables the operator lists, the values the
+//! caller passes to the job in variables named like secrets
+//! ([`secret_name`]), AWS access keys (and secret keys after their usual
+//! names), GitHub tokens, and PEM private key blocks become `[REDACTED]`.
 //!
 //! Output arrives in arbitrary pieces, so a secret may be split across two
 //! reads. The stream holds back only what could still become a secret: a
@@ -23,6 +24,27 @@ pub const REDACTED: &[u8] = b"[REDACTED]";
 /// ordinary words and numbers.
 pub const MIN_SECRET_LEN: usize = 6;
 const MAX_TOKEN: usize = 1024;
+
+/// Parts of a variable name that mark its value as a secret, anywhere in
+/// the name (`GITHUB_TOKEN`, `DBPASSWORD`, `AWS_SECRET_ACCESS_KEY`).
+const SECRET_NAME_PARTS: &[&str] =
+    &["TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "KEY", "PRIVATE", "COOKIE"];
+/// Short ones that would match inside ordinary words (`AUTHOR`, `PATH`):
+/// only as a whole word between `_`, `-` or `.` (`NPM_AUTH`, `GH_PAT`, `DB_PWD`).
+const SECRET_NAME_WORDS: &[&str] = &["AUTH", "PAT", "PWD", "PASS"];
+
+/// Whether an environment variable's name says its value is a secret
+/// (case-insensitive). Errs on the side of redacting: a false positive
+/// only hides a value of at least [`MIN_SECRET_LEN`] bytes from output.
+/// `PWD` alone is the working directory, not a password.
+pub fn secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    if upper == "PWD" || upper == "OLDPWD" {
+        return false;
+    }
+    SECRET_NAME_PARTS.iter().any(|p| upper.contains(p))
+        || upper.split(['_', '-', '.']).any(|w| SECRET_NAME_WORDS.contains(&w))
+}
 const MAX_PEM: usize = 64 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -128,3 +128,24 @@ fn many_listed_values_still_work() {
     let r = Redactor::new(&values);
     assert_eq!(redact(&r, "x secret-value-0299 y secret-value-0007"), "x [REDACTED] y [REDACTED]");
 }
+
+#[test]
+fn secret_names_are_recognised_case_insensitively() {
+    for name in [
+        "GITHUB_TOKEN",
+        "api_key",
+        "DbPassword",
+        "AWS_SECRET_ACCESS_KEY",
+        "npm_auth",
+        "GH_PAT",
+        "DB_PWD",
+        "MY_CREDENTIALS",
+        "SESSION_COOKIE",
+        "SMTP_PASS",
+    ] {
+        assert!(secret_name(name), "{name}");
+    }
+    for name in ["PATH", "HOME", "GIT_AUTHOR_NAME", "LANG", "PWD", "RUST_LOG", "PASSES", "COMPILER"] {
+        assert!(!secret_name(name), "{name}");
+    }
+}

@@ -21,6 +21,34 @@ pub enum BackendKind {
     Windows,
 }
 
+/// The backend asked for, by `--backend` or `runtime.backend`: `auto` is
+/// the strongest this build has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendChoice {
+    /// The strongest backend of this build (linux on Linux); never a weaker one.
+    #[default]
+    Auto,
+    /// Namespaces, landlock, seccomp, cgroups.
+    Linux,
+    /// Process group, session, rlimits, tree kill (weaker; needs allow-degraded).
+    UnixFallback,
+    /// A Job Object (weaker; needs allow-degraded).
+    Windows,
+}
+
+impl BackendChoice {
+    /// `None` for auto.
+    pub fn kind(self) -> Option<BackendKind> {
+        match self {
+            BackendChoice::Auto => None,
+            BackendChoice::Linux => Some(BackendKind::Linux),
+            BackendChoice::UnixFallback => Some(BackendKind::UnixFallback),
+            BackendChoice::Windows => Some(BackendKind::Windows),
+        }
+    }
+}
+
 /// What a backend is and what it can't guarantee.
 pub trait Backend {
     /// The name in `Outcome.backend`.
@@ -94,6 +122,26 @@ pub fn select(requested: Option<BackendKind>, allow_degraded: bool) -> Result<Ba
     Ok(kind)
 }
 
+/// The backend for a run given the command line's choice (`flag`, which
+/// wins) and the configuration's (`configured`, read from `config_source`).
+/// A refusal of a configured backend names the key and the file.
+pub fn select_with_config(
+    flag: Option<BackendChoice>,
+    configured: BackendChoice,
+    config_source: Option<&std::path::Path>,
+    allow_degraded: bool,
+) -> Result<BackendKind, SandboxError> {
+    let choice = flag.unwrap_or(configured);
+    select(choice.kind(), allow_degraded).map_err(|e| match (flag, choice.kind()) {
+        (None, Some(kind)) => SandboxError::Configured {
+            backend: kind.name(),
+            config: config_source.map_or_else(|| "the configuration".to_string(), |p| p.display().to_string()),
+            source: Box::new(e),
+        },
+        _ => e,
+    })
+}
+
 /// `user, mount, pid … namespaces, landlock, seccomp, cgroup limits` in words.
 fn describe(lost: &[&str]) -> String {
     let ns: Vec<&str> = lost.iter().filter_map(|l| l.strip_suffix("ns")).collect();
@@ -133,6 +181,24 @@ mod tests {
             let err = select(Some(BackendKind::Windows), true).unwrap_err().to_string();
             assert!(err.contains("not available"), "{err}");
         }
+    }
+
+    #[test]
+    fn the_flag_wins_over_the_config_and_a_configured_refusal_names_the_key() {
+        let cfg = std::path::Path::new("/etc/confine.toml");
+        let strongest = BackendKind::strongest();
+        if cfg!(unix) && strongest == BackendKind::Linux {
+            let fallback = BackendChoice::UnixFallback;
+            let err = select_with_config(None, fallback, Some(cfg), false).unwrap_err().to_string();
+            assert!(err.contains("runtime.backend = \"unix-fallback\" in /etc/confine.toml"), "{err}");
+            assert!(err.contains("allow_degraded = true"), "{err}");
+            assert_eq!(select_with_config(None, fallback, Some(cfg), true).unwrap(), BackendKind::UnixFallback);
+            let flag = Some(BackendChoice::Auto);
+            assert_eq!(select_with_config(flag, fallback, Some(cfg), false).unwrap(), BackendKind::Linux);
+            let err = select_with_config(Some(fallback), BackendChoice::Auto, None, false).unwrap_err().to_string();
+            assert!(!err.contains("runtime.backend"), "{err}");
+        }
+        assert_eq!(select_with_config(None, BackendChoice::Auto, Some(cfg), true).unwrap(), strongest);
     }
 
     #[test]

@@ -56,6 +56,17 @@ impl HostLayout {
         ))
     }
 
+    /// `word` (an argument) as the job must see it: a sandbox path under
+    /// `/tmp` or `/workspace` becomes its host path; any other word is kept.
+    pub fn host_word(&self, word: &str) -> String {
+        if word.starts_with("/tmp") || word.starts_with("/workspace") {
+            if let Ok(p) = self.host_path(Path::new(word)) {
+                return p.to_string_lossy().into_owned();
+            }
+        }
+        word.to_string()
+    }
+
     /// The job's environment with sandbox paths (`HOME=/tmp`, …) made host paths.
     pub fn host_env(&self, env: &[(String, String)]) -> Vec<(String, String)> {
         env.iter()
@@ -101,6 +112,11 @@ mod tests {
         let env = l.host_env(&[("HOME".into(), "/tmp".into()), ("PATH".into(), "/usr/bin".into())]);
         assert_eq!(env[0].1, "/var/tmp/confine-x");
         assert_eq!(env[1].1, "/usr/bin");
+        assert_eq!(l.host_word("/tmp/confine-src/main.c"), "/var/tmp/confine-x/confine-src/main.c");
+        assert_eq!(l.host_word("/workspace"), "/home/u/proj");
+        for kept in ["/tmpfoo", "/tmp/../etc/passwd", "-o", "/usr/bin/cc", "tmp/x"] {
+            assert_eq!(l.host_word(kept), kept);
+        }
         let no_ws = HostLayout { workspace: None, ..l };
         assert!(no_ws.host_path(Path::new("/workspace")).is_err());
     }

@@ -2,6 +2,7 @@
 //! other platforms get a clearly weaker fallback (see the fallback issue).
 
 mod backend;
+pub mod guarantees;
 pub mod host_paths;
 #[cfg(target_os = "linux")]
 pub mod linux;
@@ -10,7 +11,8 @@ pub mod unix_fallback;
 #[cfg(windows)]
 pub mod windows;
 
-pub use backend::{select, Backend, BackendKind};
+pub use backend::{select, select_with_config, Backend, BackendChoice, BackendKind};
+pub use guarantees::{Guarantee, Guarantees, Level};
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -33,9 +35,18 @@ pub enum SandboxError {
     /// A weaker backend was chosen without `--allow-degraded`.
     #[error(
         "the {backend} backend is weaker than full isolation: it has no {lost}; \
-pass --allow-degraded to run anyway (the outcome lists what is missing)"
+pass --allow-degraded, or set allow_degraded = true under [runtime] in confine.toml, to run anyway \
+(the outcome lists what is missing)"
     )]
     Degraded { backend: &'static str, lost: String },
+    /// The backend named by `runtime.backend` in a config file can't be used.
+    #[error("{source} (the backend was chosen by runtime.backend = \"{backend}\" in {config})")]
+    Configured {
+        backend: &'static str,
+        config: String,
+        #[source]
+        source: Box<SandboxError>,
+    },
     /// The backend is not built into this binary or can't work on this host.
     #[error("the {backend} backend is not available here: {reason}")]
     BackendUnavailable { backend: &'static str, reason: String },

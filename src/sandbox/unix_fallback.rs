@@ -183,13 +183,43 @@ fn stage_executable() -> Result<PathBuf, SandboxError> {
     }
 }
 
-/// A private /tmp that is removed when the run ends, whatever happens.
-struct TmpDir(PathBuf);
+/// A job's private /tmp on the host, removed when the run ends, whatever
+/// happens. Made by [`spawn`], or beforehand by a caller that must know
+/// the host paths first (the supervisor's code mode).
+pub struct PrivateTmp {
+    job_id: String,
+    path: PathBuf,
+}
 
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+impl PrivateTmp {
+    /// A new, empty directory for a new job id (mode 0700).
+    pub fn create() -> std::io::Result<PrivateTmp> {
+        let job_id = host_paths::job_id();
+        let path = host_paths::private_tmp(&job_id)?;
+        Ok(PrivateTmp { job_id, path })
     }
+
+    /// Where the sandbox's `/tmp` (and `/workspace`) are on the host.
+    pub fn layout(&self, workspace: Option<PathBuf>) -> HostLayout {
+        HostLayout { tmp: self.path.clone(), workspace }
+    }
+}
+
+impl Drop for PrivateTmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A started job: the stage, its control socket, the job's private /tmp.
+pub struct FallbackJob {
+    child: tokio::process::Child,
+    ctl: tokio::net::UnixStream,
+    started: std::time::Instant,
+    spec: JobSpec,
+    ids: Option<(u32, u32)>,
+    /// Last field: the directory goes after the stage is gone.
+    tmp: PrivateTmp,
 }
 
 /// Run `spec` to its end. `cancel` resolving forwards its signal (status
@@ -199,6 +229,12 @@ pub async fn run<C>(spec: &JobSpec, stdio: StdioSpec, kill_grace: Duration, canc
 where
     C: Future<Output = libc::c_int>,
 {
+    Ok(spawn(spec, stdio, None)?.supervise(kill_grace, cancel).await)
+}
+
+/// Start `spec` under the `__fallback-init` stage, in `tmp` (else a new
+/// private /tmp). Must be called inside a tokio runtime.
+pub fn spawn(spec: &JobSpec, stdio: StdioSpec, tmp: Option<PrivateTmp>) -> Result<FallbackJob, SandboxError> {
     if spec.argv.is_empty() {
         return Err(SandboxError::NoCommand);
     }
@@ -207,14 +243,27 @@ where
             return Err(SandboxError::Workspace { path: ws.clone(), reason: "not a directory".into() });
         }
     }
-    let job_id = host_paths::job_id();
-    let tmp = TmpDir(host_paths::private_tmp(&job_id).map_err(SandboxError::Spawn)?);
-    let layout = HostLayout { tmp: tmp.0.clone(), workspace: spec.workspace.clone() };
+    let tmp = match tmp {
+        Some(t) => t,
+        None => PrivateTmp::create().map_err(SandboxError::Spawn)?,
+    };
+    let layout = tmp.layout(spec.workspace.clone());
     let ids = job_ids(spec);
-    if let Some((uid, gid)) = ids {
-        std::os::unix::fs::chown(&tmp.0, Some(uid), Some(gid)).map_err(SandboxError::Spawn)?;
-    }
     layout.write_files(&spec.files).map_err(SandboxError::Unavailable)?;
+    if let Some((uid, gid)) = ids {
+        // The job's own: the directory, and what was written into it for
+        // the job (code mode compiles next to its source).
+        for f in &spec.files {
+            let mut path = layout.host_path(&f.path).map_err(SandboxError::Unavailable)?;
+            while path.starts_with(&tmp.path) && path != tmp.path {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(SandboxError::Spawn)?;
+                if !path.pop() {
+                    break;
+                }
+            }
+        }
+        std::os::unix::fs::chown(&tmp.path, Some(uid), Some(gid)).map_err(SandboxError::Spawn)?;
+    }
     let stage_spec = StageSpec {
         argv: spec.argv.clone(),
         env: layout.host_env(&spec.env),
@@ -251,7 +300,7 @@ where
         });
     }
     let started = std::time::Instant::now();
-    let mut child = cmd.spawn().map_err(SandboxError::Spawn)?;
+    let child = cmd.spawn().map_err(SandboxError::Spawn)?;
     drop(theirs);
     {
         use std::io::Write;
@@ -261,62 +310,91 @@ where
         ours.shutdown(std::net::Shutdown::Write).map_err(SandboxError::Spawn)?;
     }
     ours.set_nonblocking(true).map_err(SandboxError::Spawn)?;
-    let mut ctl = tokio::net::UnixStream::from_std(ours).map_err(SandboxError::Spawn)?;
+    let ctl = tokio::net::UnixStream::from_std(ours).map_err(SandboxError::Spawn)?;
+    Ok(FallbackJob { child, ctl, started, spec: spec.clone(), ids, tmp })
+}
 
-    let stage = child.id().and_then(|p| libc::pid_t::try_from(p).ok());
-    let reaped = std::sync::atomic::AtomicBool::new(false);
-    let send = |sig: libc::c_int| {
-        if let (Some(pid), false) = (stage, reaped.load(std::sync::atomic::Ordering::SeqCst)) {
-            // SAFETY: kill(2) on our own unreaped child; ESRCH is harmless.
-            unsafe { libc::kill(pid, sig) };
-        }
-    };
-    let deadline = spec.limits.timeout_ms.map(|ms| Instant::from_std(started) + Duration::from_millis(ms));
-    let never = Instant::now() + Duration::from_secs(100 * 365 * 86400);
-    let mut ending: Option<Status> = None;
-    let mut kill_at: Option<Instant> = None;
-    let mut hard_kill_at: Option<Instant> = None;
-    let mut cancelled = false;
-    let mut buf = Vec::new();
-    let status = {
-        let exit = async {
-            let status = child.wait().await;
-            reaped.store(true, std::sync::atomic::Ordering::SeqCst);
-            let _ = ctl.read_to_end(&mut buf).await;
-            status
+impl FallbackJob {
+    /// The job's stdin, when it was piped.
+    pub fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin> {
+        self.child.stdin.take()
+    }
+
+    /// The job's stdout, when it was piped.
+    pub fn stdout(&mut self) -> Option<tokio::process::ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    /// The job's stderr, when it was piped.
+    pub fn stderr(&mut self) -> Option<tokio::process::ChildStderr> {
+        self.child.stderr.take()
+    }
+
+    /// Wait for the job to end, enforcing its timeout. `cancel` resolving
+    /// forwards its signal (status `cancelled`); the timeout sends SIGTERM
+    /// (status `timeout`); either way the tree is killed `kill_grace` later.
+    pub async fn supervise<C>(self, kill_grace: Duration, cancel: C) -> Outcome
+    where
+        C: Future<Output = libc::c_int>,
+    {
+        let FallbackJob { mut child, mut ctl, started, spec, ids, tmp } = self;
+        let stage = child.id().and_then(|p| libc::pid_t::try_from(p).ok());
+        let reaped = std::sync::atomic::AtomicBool::new(false);
+        let send = |sig: libc::c_int| {
+            if let (Some(pid), false) = (stage, reaped.load(std::sync::atomic::Ordering::SeqCst)) {
+                // SAFETY: kill(2) on our own unreaped child; ESRCH is harmless.
+                unsafe { libc::kill(pid, sig) };
+            }
         };
-        tokio::pin!(exit);
-        tokio::pin!(cancel);
-        loop {
-            tokio::select! {
-                status = &mut exit => break status,
-                _ = sleep_until(deadline.unwrap_or(never)), if deadline.is_some() && ending.is_none() => {
-                    ending = Some(Status::Timeout);
-                    send(libc::SIGTERM);
-                    kill_at = Some(Instant::now() + kill_grace);
-                }
-                sig = &mut cancel, if !cancelled => {
-                    cancelled = true;
-                    ending.get_or_insert(Status::Cancelled);
-                    send(sig);
-                    let at = Instant::now() + kill_grace;
-                    kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
-                }
-                _ = sleep_until(kill_at.unwrap_or(never)), if kill_at.is_some() && hard_kill_at.is_none() => {
-                    send(KILL_TREE_SIGNAL);
-                    hard_kill_at = Some(Instant::now() + STAGE_KILL_GRACE);
-                }
-                // Last resort: the job dies by its parent-death signal.
-                _ = sleep_until(hard_kill_at.unwrap_or(never)), if hard_kill_at.is_some() => {
-                    send(libc::SIGKILL);
-                    hard_kill_at = Some(never);
+        let deadline = spec.limits.timeout_ms.map(|ms| Instant::from_std(started) + Duration::from_millis(ms));
+        let never = Instant::now() + Duration::from_secs(100 * 365 * 86400);
+        let mut ending: Option<Status> = None;
+        let mut kill_at: Option<Instant> = None;
+        let mut hard_kill_at: Option<Instant> = None;
+        let mut cancelled = false;
+        let mut buf = Vec::new();
+        let status = {
+            let exit = async {
+                let status = child.wait().await;
+                reaped.store(true, std::sync::atomic::Ordering::SeqCst);
+                let _ = ctl.read_to_end(&mut buf).await;
+                status
+            };
+            tokio::pin!(exit);
+            tokio::pin!(cancel);
+            loop {
+                tokio::select! {
+                    status = &mut exit => break status,
+                    _ = sleep_until(deadline.unwrap_or(never)), if deadline.is_some() && ending.is_none() => {
+                        ending = Some(Status::Timeout);
+                        send(libc::SIGTERM);
+                        kill_at = Some(Instant::now() + kill_grace);
+                    }
+                    sig = &mut cancel, if !cancelled => {
+                        cancelled = true;
+                        ending.get_or_insert(Status::Cancelled);
+                        send(sig);
+                        let at = Instant::now() + kill_grace;
+                        kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+                    }
+                    _ = sleep_until(kill_at.unwrap_or(never)), if kill_at.is_some() && hard_kill_at.is_none() => {
+                        send(KILL_TREE_SIGNAL);
+                        hard_kill_at = Some(Instant::now() + STAGE_KILL_GRACE);
+                    }
+                    // Last resort: the job dies by its parent-death signal.
+                    _ = sleep_until(hard_kill_at.unwrap_or(never)), if hard_kill_at.is_some() => {
+                        send(libc::SIGKILL);
+                        hard_kill_at = Some(never);
+                    }
                 }
             }
-        }
-    };
-    let report: Option<StageReport> =
-        buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()).find_map(|l| serde_json::from_slice(l).ok());
-    Ok(outcome(spec, job_id, started, status, report, ending, ids))
+        };
+        let report: Option<StageReport> =
+            buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()).find_map(|l| serde_json::from_slice(l).ok());
+        let job_id = tmp.job_id.clone();
+        drop(tmp);
+        outcome(&spec, job_id, started, status, report, ending, ids)
+    }
 }
 
 fn outcome(
@@ -348,6 +426,7 @@ fn outcome(
         usage: Usage::default(),
         backend: BackendKind::UnixFallback.name().into(),
         layers,
+        guarantees: super::Guarantees::unix_fallback(cfg!(target_os = "linux")),
         limits: spec.limits.clone(),
         error: None,
     };
@@ -424,6 +503,10 @@ mod tests {
         assert!(get(Resource::Nofile).is_some_and(|(s, h)| s == h && h <= MAX_NOFILE));
         if cfg!(target_os = "linux") {
             assert_eq!(get(Resource::As), Some((64 << 20, 64 << 20)));
+        } else {
+            // macOS does not enforce RLIMIT_AS: none is set, and the outcome says so.
+            assert_eq!(get(Resource::As), None);
+            assert!(missing(&spec, None).iter().any(|m| m == "memoryLimit"));
         }
     }
 

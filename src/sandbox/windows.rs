@@ -297,6 +297,7 @@ fn outcome(
             missing,
             ..Layers::default()
         },
+        guarantees: crate::sandbox::Guarantees::windows(),
         limits: spec.limits.clone(),
         error: None,
     }

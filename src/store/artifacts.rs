@@ -335,7 +335,7 @@ impl Artifacts {
     /// Remove expired and incomplete artifacts, then the oldest ones until
     /// the rest take at most `max_total_bytes`.
     pub fn gc(&self, max_total_bytes: u64) -> Result<GcReport, ArtifactError> {
-        gc::run(self.backend.as_ref(), max_total_bytes, now_ms(), &active_set().clone())
+        gc::run(self.backend.as_ref(), max_total_bytes, now_ms(), &|h| active_set().contains(h))
     }
 }
 

@@ -2,7 +2,8 @@
 //! gate → policy → executable validation → env scrub → cwd jail →
 //! concurrency → sandbox with timeout and tree kill → output capture →
 //! audit. Every request, allowed or not, leaves one audit record, flushed
-//! before the response is returned.
+//! before the response is returned. After a job, artifact GC may start
+//! beside the response (at most once per `output.gc_interval_secs`).
 //!
 //! This module decides; it never touches the kernel itself (the sandbox
 //! backend does) and never prints (the CLI and MCP adapters do).
@@ -12,9 +13,13 @@ use crate::config::{EffectiveLimits, LimitRequest};
 use crate::job::{Bind, JobFile, JobSpec, Network, Outcome, Status};
 use crate::output::capture::{capture, Capture, Captured};
 use crate::output::modes::{render, OutputView, RenderOptions};
+use crate::output::redact::{RedactStream, Redactor};
+use crate::output::OutputConfig;
 use crate::policy::input::{ExecRequest, PolicyInput};
 use crate::policy::Decision;
 use crate::runtimes::{self, plan};
+use crate::sandbox::unix_fallback::PrivateTmp;
+use crate::sandbox::{Backend, BackendKind};
 use crate::store::artifacts::{JobInfo, StreamName};
 use crate::store::audit::{AuditEntry, AuditSink};
 use serde::{Deserialize, Serialize};
@@ -139,22 +144,56 @@ struct Tap<R> {
     count: Arc<AtomicU64>,
     live: Option<StreamName>,
     mirror: Option<Mirror>,
+    /// The mirror is returned to callers (`runtime_jobs`): it is redacted
+    /// like the stored output. (Live output is the operator's own terminal.)
+    mirror_redact: Option<RedactStream>,
+}
+
+impl<R> Tap<R> {
+    fn new(
+        inner: R,
+        count: &Arc<AtomicU64>,
+        live: Option<StreamName>,
+        ctl: &ExecControl,
+        r: Option<&Redactor>,
+    ) -> Self {
+        Tap { inner, count: count.clone(), live, mirror: ctl.mirror.clone(), mirror_redact: r.map(Redactor::stream) }
+    }
+}
+
+/// Append what was read to the mirror while it has room.
+fn mirror_append(mirror: &Mirror, new: &[u8], eof: bool, redact: Option<&mut RedactStream>) {
+    let Ok(mut m) = mirror.lock() else { return };
+    let room = MIRROR_CAP.saturating_sub(m.len());
+    match redact {
+        _ if room == 0 => {}
+        None => m.extend_from_slice(&new[..new.len().min(room)]),
+        Some(r) => {
+            let mut out = Vec::with_capacity(new.len() + 16);
+            if eof {
+                r.finish(&mut out);
+            } else {
+                r.push(new, &mut out);
+            }
+            m.extend_from_slice(&out[..out.len().min(room)]);
+        }
+    }
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
         let before = buf.filled().len();
-        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = res {
             let new = &buf.filled()[before..];
-            self.count.fetch_add(new.len() as u64, Ordering::Relaxed);
-            if let Some(m) = &self.mirror {
-                if let Ok(mut m) = m.lock() {
-                    let room = MIRROR_CAP.saturating_sub(m.len());
-                    m.extend_from_slice(&new[..new.len().min(room)]);
-                }
+            this.count.fetch_add(new.len() as u64, Ordering::Relaxed);
+            if let Some(m) = &this.mirror {
+                // Nothing read into a buffer with room: the end of the stream.
+                let eof = new.is_empty() && buf.remaining() > 0;
+                mirror_append(m, new, eof, this.mirror_redact.as_mut());
             }
-            if let Some(stream) = self.live {
+            if let Some(stream) = this.live {
                 use std::io::Write;
                 // A closed terminal must not stop the capture.
                 let _ = match stream {
@@ -220,7 +259,7 @@ impl Supervisor {
             env_keys: req.env.iter().map(|(k, _)| k.clone()).collect(),
             stdin_bytes: req.stdin.as_ref().map_or(0, |s| s.len() as u64),
         };
-        let mut limits = self.config.limits.resolve(&policy_req.limits);
+        let mut limits = self.config.resolve_limits(&policy_req.limits);
         let command = req.executable.clone().unwrap_or_else(|| {
             runtimes::lookup(&req.runtime)
                 .map(|rt| plan::requested_command(rt, None, req.code.is_some()).to_string())
@@ -317,7 +356,11 @@ impl Supervisor {
         };
 
         // 7. the sandbox, with the timeout that is left after the wait.
-        let mut spec = JobSpec::new(exec_plan.argv());
+        let (argv, fallback_tmp) = match self.place_plan(&exec_plan, &jailed.root) {
+            Ok(placed) => placed,
+            Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e),
+        };
+        let mut spec = JobSpec::new(argv);
         spec.env = env;
         spec.workspace = Some(jailed.root.clone());
         spec.workspace_rw = self.config.sandbox.workspace_rw;
@@ -331,7 +374,10 @@ impl Supervisor {
         }
         spec.limits = effective_job_limits(&limits, self.config.sandbox.tmp_size_bytes, slot.remaining(timeout));
         let queued_ms = slot.queued.as_millis() as u64;
-        let response = self.run_job(&job_id, &repo.id, &req, spec, &mut ctl).await;
+        // 8. output: the stored caps, lowered by the policy's outputBytes.
+        let output = self.config.output.with_stored_cap(limits.output_bytes);
+        let placed = Placed { spec, fallback_tmp };
+        let response = self.run_job(&job_id, &repo.id, &req, &output, placed, &mut ctl).await;
         drop(slot);
         let (outcome, captured, output) = match response {
             Ok(parts) => parts,
@@ -348,6 +394,8 @@ impl Supervisor {
             captured.stderr.meta.total_bytes,
         );
         let audit_error = self.audit.append(entry).err().map(|e| format!("audit record not written: {e}"));
+        // The artifact and the audit record are flushed: GC may run beside the answer.
+        self.collect_garbage_if_due();
         ExecuteResponse {
             job_id,
             status: outcome.status,
@@ -369,40 +417,72 @@ impl Supervisor {
         }
     }
 
+    /// The plan's argv for this supervisor's backend. The Linux sandbox
+    /// mounts `/tmp` and `/workspace`; the unix-fallback backend has no
+    /// mount namespace, so the sandbox paths in the plan's words (code
+    /// mode's source and build products) become host paths in the job's
+    /// private /tmp, made here, before the words are joined into a script.
+    fn place_plan(
+        &self,
+        exec_plan: &plan::ExecPlan,
+        workspace: &std::path::Path,
+    ) -> Result<(Vec<String>, Option<PrivateTmp>), String> {
+        if self.backend != BackendKind::UnixFallback {
+            return Ok((exec_plan.argv(), None));
+        }
+        let tmp = PrivateTmp::create().map_err(|e| format!("cannot create the job's private /tmp: {e}"))?;
+        let layout = tmp.layout(Some(workspace.to_path_buf()));
+        let mut placed = exec_plan.clone();
+        for word in placed.steps.iter_mut().flatten() {
+            *word = layout.host_word(word);
+        }
+        Ok((placed.argv(), Some(tmp)))
+    }
+
+    /// Start the job on the supervisor's backend.
+    async fn start(&self, job_id: &str, job: Placed, stdio: crate::sandbox::StdioSpec) -> Result<Started, String> {
+        match self.backend {
+            BackendKind::Linux => {
+                let seccomp = self.seccomp.as_ref().map(|p| (p.name.as_str(), &p.fd));
+                let mut started =
+                    crate::sandbox::linux::spawn(&job.spec, stdio, seccomp).await.map_err(|e| e.to_string())?;
+                started.job_id = job_id.to_string();
+                Ok(Started::Linux(Box::new(started)))
+            }
+            BackendKind::UnixFallback => crate::sandbox::unix_fallback::spawn(&job.spec, stdio, job.fallback_tmp)
+                .map(|j| Started::Fallback(Box::new(j)))
+                .map_err(|e| e.to_string()),
+            // Refused when the supervisor was opened; an error here, never a panic.
+            other => Err(format!("the {} backend is not available here", other.name())),
+        }
+    }
+
     /// Start the sandbox, capture both streams, enforce the limits.
     async fn run_job(
         &self,
         job_id: &str,
         repo_id: &str,
         req: &ExecuteRequest,
-        spec: JobSpec,
+        output: &OutputConfig,
+        placed: Placed,
         ctl: &mut ExecControl,
     ) -> Result<Ran, String> {
         let persist = req.persist_output.unwrap_or(true);
-        let redactor = self.config.output.redactor(|k| std::env::var(k).ok());
-        let cap = Capture::start(Some(&self.artifacts), repo_id, &self.config.output, redactor, persist);
+        // Secrets: the listed variables' values, and what the caller passes
+        // to the job under a secret-like name (API_TOKEN, DB_PASSWORD, …).
+        let redactor = output.job_redactor(&req.env, |k| std::env::var(k).ok());
+        let cap = Capture::start(Some(&self.artifacts), repo_id, output, redactor.clone(), persist);
         let mut stdio = crate::sandbox::StdioSpec::piped();
         if req.stdin.is_some() {
             stdio.stdin = std::process::Stdio::piped();
         }
-        let seccomp = self.seccomp.as_ref().map(|p| (p.name.as_str(), &p.fd));
-        let mut job = crate::sandbox::linux::spawn(&spec, stdio, seccomp).await.map_err(|e| e.to_string())?;
-        job.job_id = job_id.to_string();
+        let mut job = self.start(job_id, placed, stdio).await?;
         let started = Instant::now();
         let count = Arc::new(AtomicU64::new(0));
         let live = ctl.live;
-        let out = job.stdout().map(|inner| Tap {
-            inner,
-            count: count.clone(),
-            live: live.then_some(StreamName::Stdout),
-            mirror: ctl.mirror.clone(),
-        });
-        let err = job.stderr().map(|inner| Tap {
-            inner,
-            count: count.clone(),
-            live: live.then_some(StreamName::Stderr),
-            mirror: ctl.mirror.clone(),
-        });
+        let r = redactor.as_ref();
+        let out = job.stdout().map(|inner| Tap::new(inner, &count, live.then_some(StreamName::Stdout), ctl, r));
+        let err = job.stderr().map(|inner| Tap::new(inner, &count, live.then_some(StreamName::Stderr), ctl, r));
         if let (Some(text), Some(mut stdin)) = (req.stdin.clone(), job.take_stdin()) {
             tokio::spawn(async move {
                 // A job that does not read its stdin must not block us.
@@ -440,12 +520,11 @@ impl Supervisor {
         });
         let cancel = ctl.cancel.take();
         let outcome = job
-            .supervise(crate::sandbox::linux::supervise::DEFAULT_KILL_GRACE, async move {
+            .supervise(async move {
                 match cancel {
                     Some(c) => c.await,
                     None => std::future::pending::<()>().await,
                 }
-                nix::sys::signal::Signal::SIGKILL
             })
             .await;
         if let Some(p) = progress {
@@ -506,6 +585,66 @@ impl Supervisor {
     /// Jobs running and waiting right now.
     pub fn load(&self) -> (usize, usize) {
         (self.queue.running(), self.queue.queued())
+    }
+}
+
+/// A job ready to start: its spec and, on the unix-fallback backend, the
+/// private /tmp its host paths point into.
+struct Placed {
+    spec: JobSpec,
+    fallback_tmp: Option<PrivateTmp>,
+}
+
+/// A job started on one of the backends the supervisor can drive.
+enum Started {
+    Linux(Box<crate::sandbox::linux::RunningJob>),
+    Fallback(Box<crate::sandbox::unix_fallback::FallbackJob>),
+}
+
+impl Started {
+    fn stdout(&mut self) -> Option<tokio::process::ChildStdout> {
+        match self {
+            Started::Linux(j) => j.stdout(),
+            Started::Fallback(j) => j.stdout(),
+        }
+    }
+
+    fn stderr(&mut self) -> Option<tokio::process::ChildStderr> {
+        match self {
+            Started::Linux(j) => j.stderr(),
+            Started::Fallback(j) => j.stderr(),
+        }
+    }
+
+    fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin> {
+        match self {
+            Started::Linux(j) => j.take_stdin(),
+            Started::Fallback(j) => j.take_stdin(),
+        }
+    }
+
+    /// To the end, with the timeout and the default grace; `cancel`
+    /// resolving kills the whole tree at once.
+    async fn supervise(self, cancel: impl Future<Output = ()>) -> Outcome {
+        use crate::sandbox::linux::supervise::DEFAULT_KILL_GRACE;
+        match self {
+            Started::Linux(job) => {
+                let cancel = async move {
+                    cancel.await;
+                    nix::sys::signal::Signal::SIGKILL
+                };
+                (*job).supervise(DEFAULT_KILL_GRACE, cancel).await
+            }
+            // The stage's "kill the tree now", not SIGKILL: a killed stage
+            // could not kill the job's escapees or report.
+            Started::Fallback(job) => {
+                let cancel = async move {
+                    cancel.await;
+                    crate::sandbox::unix_fallback::KILL_TREE_SIGNAL
+                };
+                (*job).supervise(DEFAULT_KILL_GRACE, cancel).await
+            }
+        }
     }
 }
 

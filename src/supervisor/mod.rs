@@ -5,7 +5,13 @@
 pub mod cwd;
 #[cfg(target_os = "linux")]
 pub mod exec;
+// Off Linux there is no governed execution, so nothing runs GC after a job.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+mod gc;
+mod malloc;
 pub mod queue;
+
+pub use malloc::tune_allocator;
 
 use crate::config::Config;
 use crate::policy::PolicyChain;
@@ -33,6 +39,11 @@ pub enum SupervisorError {
     /// The seccomp profile failed to compile.
     #[error("{0}")]
     Seccomp(String),
+    /// The configured backend can't be used (not built in, or weaker
+    /// without `allow_degraded`): nothing is served rather than a weaker
+    /// sandbox than the operator chose.
+    #[error("cannot run jobs: {0}")]
+    Backend(#[source] crate::sandbox::SandboxError),
 }
 
 /// Everything a governed execution needs, built once.
@@ -46,14 +57,20 @@ pub struct Supervisor {
     pub(crate) queue: queue::JobQueue,
     pub(crate) audit: AuditLog,
     pub artifacts: Artifacts,
+    /// The backend every job runs on: `runtime.backend`, checked at start.
+    pub backend: crate::sandbox::BackendKind,
     #[cfg(target_os = "linux")]
     pub(crate) seccomp: Option<crate::sandbox::linux::seccomp::CompiledProfile>,
     pub(crate) host: Host,
+    /// When artifact GC runs by itself.
+    gc: gc::GcSchedule,
 }
 
 impl Supervisor {
     /// Open the store, load the policies (a malformed one fails here, at
-    /// start), compile the seccomp profile once, and size the queue.
+    /// start), choose the backend (`runtime.backend`; a weaker one needs
+    /// `runtime.allow_degraded`), compile the seccomp profile once, and
+    /// size the queue.
     pub fn open(config: Config) -> Result<Supervisor, SupervisorError> {
         let store = Store::open(&config.store_path())?;
         Supervisor::with_store(config, store)
@@ -61,13 +78,37 @@ impl Supervisor {
 
     /// As [`Supervisor::open`], on a store the caller already opened.
     pub fn with_store(config: Config, store: Store) -> Result<Supervisor, SupervisorError> {
+        #[cfg(target_os = "linux")]
+        if let Some(parent) = &config.sandbox.cgroup_parent {
+            let cgroups = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
+            if let Err(earlier) = crate::sandbox::linux::cgroup::configure(cgroups) {
+                if earlier.parent.as_ref() != Some(parent) {
+                    tracing::warn!(
+                        configured = %parent.display(),
+                        "sandbox.cgroup_parent ignored: this process already chose its cgroup parent"
+                    );
+                }
+            }
+        }
         let policy = Arc::new(PolicyChain::from_config(&config.policy)?);
         let audit = AuditLog::open(&store)?;
         let artifacts = Artifacts::open(&store)?;
+        let backend = crate::sandbox::select_with_config(
+            None,
+            config.runtime.backend,
+            config.source.as_deref(),
+            config.runtime.allow_degraded,
+        )
+        .map_err(SupervisorError::Backend)?;
         #[cfg(target_os = "linux")]
-        let seccomp = Some(
-            crate::sandbox::linux::seccomp::compile_default().map_err(|e| SupervisorError::Seccomp(e.to_string()))?,
-        );
+        let seccomp = match backend {
+            crate::sandbox::BackendKind::Linux => Some(
+                crate::sandbox::linux::seccomp::compile_default()
+                    .map_err(|e| SupervisorError::Seccomp(e.to_string()))?,
+            ),
+            _ => None,
+        };
+        let gc = gc::GcSchedule::open(&store, config.output.gc_interval_secs)?;
         Ok(Supervisor {
             queue: queue::JobQueue::new(config.max_concurrent_jobs(), config.runtime.max_queued),
             host: Host::from_env(),
@@ -76,9 +117,20 @@ impl Supervisor {
             policy,
             audit,
             artifacts,
+            backend,
             #[cfg(target_os = "linux")]
             seccomp,
+            gc,
         })
+    }
+
+    /// After a job: start artifact GC in the background when one is due
+    /// (`supervisor/gc.rs` says when). Returns at once.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn collect_garbage_if_due(&self) {
+        if self.gc.claim(crate::store::artifacts::now_ms()) {
+            gc::spawn(self.artifacts.clone(), self.config.output.max_store_bytes);
+        }
     }
 
     /// The digest of the policy chain in force.

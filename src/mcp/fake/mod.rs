@@ -282,6 +282,7 @@ impl RuntimeService for FakeService {
             runtime_enabled: true,
             runtimes,
             layers: json!({}),
+            guarantees: json!({}),
             findings: vec![Finding {
                 level: "warning".into(),
                 message: "fake service: jobs are simulated in memory and nothing is sandboxed".into(),

@@ -156,6 +156,10 @@ pub struct ExecuteResponse {
     /// Isolation layers really in force (the outcome's `layers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<Value>,
+    /// What the backend guaranteed for this job, row by row (the outcome's
+    /// `guarantees`: `{level: enforced|partial|none, how}` per row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantees: Option<Value>,
     /// Limits applied, and which were clamped (the outcome's `limits`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Value>,
@@ -186,6 +190,7 @@ impl ExecuteResponse {
             backend: None,
             usage: None,
             layers: None,
+            guarantees: None,
             limits: None,
             error: None,
         }

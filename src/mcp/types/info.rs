@@ -40,6 +40,7 @@ pub struct InfoLimits {
     pub max_timeout_ms: u64,
     pub default_timeout_ms: u64,
     pub max_concurrent_jobs: u32,
+    /// Bytes of one stream kept in the artifact (`output.*_stored_bytes`).
     pub max_output_bytes: u64,
     pub max_response_lines: u32,
     pub max_query_terms: u32,
@@ -67,6 +68,11 @@ pub struct Info {
     pub runtimes: Vec<RuntimeInfo>,
     /// Isolation layers this host can enforce (the doctor report).
     pub layers: Value,
+    /// What the backend guarantees here, row by row: filesystem, network,
+    /// syscalls, memory, cpu, pids, treeKill, envScrub, each
+    /// `{level: enforced|partial|none, how}`.
+    #[serde(default)]
+    pub guarantees: Value,
     pub findings: Vec<Finding>,
     pub limits: InfoLimits,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -227,6 +227,8 @@ fn job_cgroup(
 ) -> Result<Option<cgroup::JobCgroup>, SandboxError> {
     match cgroup::supervisor().and_then(|c| c.create(job_id, &spec.limits)) {
         Ok(cg) => Ok(Some(cg)),
+        // The operator's own setting is wrong: say so, whatever the limits.
+        Err(e @ cgroup::CgroupError::BadParent(_)) => Err(SandboxError::Cgroup(e)),
         Err(e) if !cgroup::limits_need_cgroup(&spec.limits) => {
             tracing::debug!(error = %e, "job runs without a cgroup");
             Ok(None)
@@ -378,6 +380,7 @@ impl RunningJob {
             usage: Usage::default(),
             backend: "linux".into(),
             layers: Layers::default(),
+            guarantees: Default::default(),
             limits: self.spec.limits.clone(),
             error: None,
         };
@@ -440,6 +443,7 @@ impl RunningJob {
             layers.caps_dropped = false;
             layers.no_new_privs = false;
         }
+        outcome.guarantees = crate::sandbox::Guarantees::of(crate::sandbox::BackendKind::Linux, &layers);
         outcome.layers = layers;
         outcome
     }

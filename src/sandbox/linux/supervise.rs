@@ -6,7 +6,7 @@
 //! Library code shared by the CLI and the MCP server: it never prints and
 //! never decides exit codes ([`Outcome::cli_exit_code`] does).
 
-use super::{cgroup, RunningJob};
+use super::RunningJob;
 use crate::job::{Outcome, Status, Usage};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;

@@ -2,6 +2,14 @@
 //! a crash, then orphan chunks, then the oldest artifacts until the total
 //! fits the size cap. Artifacts this process is still writing are skipped.
 //!
+//! GC runs while jobs write (the supervisor starts it after a job), so
+//! "being written" is asked at the moment of each removal, never from a
+//! snapshot: a writer becomes active before its first record and stops
+//! being active only after its final one, so a handle that is not active
+//! *now* and has no record *now* is truly an orphan, and an incomplete
+//! record that is still incomplete once its writer is gone is truly a
+//! leftover.
+//!
 //! The cap counts the bytes the artifacts' chunks take (their compressed
 //! size), not sled's file size: sled reclaims space lazily, so its file
 //! size would lag behind every deletion and evict too much.
@@ -33,20 +41,31 @@ pub(super) fn run(
     backend: &dyn ArtifactBackend,
     max_total_bytes: u64,
     now_ms: u64,
-    active: &BTreeSet<String>,
+    is_active: &dyn Fn(&str) -> bool,
 ) -> Result<GcReport, ArtifactError> {
     let mut report = GcReport::default();
     let mut keep = Vec::new();
     let mut known = BTreeSet::new();
-    for meta in backend.list_meta()? {
-        known.insert(meta.handle.clone());
-        if active.contains(&meta.handle) {
+    for listed in backend.list_meta()? {
+        known.insert(listed.handle.clone());
+        if is_active(&listed.handle) {
             continue;
         }
-        if !meta.complete {
-            backend.remove(&meta.handle)?;
-            report.incomplete += 1;
-        } else if meta.expires_ms <= now_ms {
+        // Listed incomplete, it may have been finished since: look again.
+        let meta = if listed.complete {
+            listed
+        } else {
+            match backend.get_meta(&listed.handle)? {
+                Some(now) if now.complete => now,
+                Some(_) => {
+                    backend.remove(&listed.handle)?;
+                    report.incomplete += 1;
+                    continue;
+                }
+                None => continue,
+            }
+        };
+        if meta.expires_ms <= now_ms {
             backend.remove(&meta.handle)?;
             report.expired += 1;
             report.freed_bytes += meta.compressed_bytes();
@@ -55,7 +74,8 @@ pub(super) fn run(
         }
     }
     for handle in backend.chunk_handles()? {
-        if !known.contains(&handle) && !active.contains(&handle) {
+        // In this order: a writer is active before its first record.
+        if !known.contains(&handle) && !is_active(&handle) && backend.get_meta(&handle)?.is_none() {
             backend.remove(&handle)?;
             report.orphans += 1;
         }

@@ -119,6 +119,30 @@ fn gc_spares_artifacts_being_written() {
 }
 
 #[test]
+fn gc_during_writes_removes_nothing_that_is_finished_meanwhile() {
+    // GC runs while jobs write: a writer that finishes between GC's listing
+    // and its removals, and one that starts and finishes meanwhile, survive.
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path());
+    let listed = std::cell::RefCell::new(Some(a.begin("r", DEFAULT_TTL_MS).unwrap()));
+    let listed_handle = listed.borrow().as_ref().unwrap().handle().to_string();
+    let later = std::cell::RefCell::new(None::<String>);
+    let is_active = |h: &str| {
+        if let Some(w) = listed.borrow_mut().take() {
+            let meta = store(&a, DEFAULT_TTL_MS, &[b"started after the listing\n"]);
+            *later.borrow_mut() = Some(meta.handle);
+            w.finish(JobInfo::default(), StreamMeta::default(), StreamMeta::default()).unwrap();
+            return false;
+        }
+        active_set().contains(h)
+    };
+    let r = gc::run(a.backend.as_ref(), DEFAULT_MAX_TOTAL_BYTES, now_ms(), &is_active).unwrap();
+    assert_eq!((r.incomplete, r.orphans), (0, 0), "{r:?}");
+    a.get(&listed_handle).unwrap();
+    a.get(later.borrow().as_deref().unwrap()).unwrap();
+}
+
+#[test]
 fn partial_artifact_after_a_crash_is_incomplete_then_collected() {
     let dir = tempfile::tempdir().unwrap();
     let (partial, orphan);

@@ -77,7 +77,10 @@ pub enum CgroupError {
         "no cgroup hierarchy is mounted: mount cgroup2 at /sys/fs/cgroup, or pass --allow-degraded to fall back to rlimits"
     )]
     NotMounted,
-    #[error("--cgroup-parent {0}: give an absolute cgroup path without '..', such as /confine.slice")]
+    #[error(
+        "cgroup parent '{0}' (--cgroup-parent or sandbox.cgroup_parent): give an absolute cgroup path \
+         without '..', such as /confine.slice"
+    )]
     BadParent(String),
     #[error("job id {0:?} can't name a cgroup: use letters, digits, '-' and '_'")]
     BadName(String),

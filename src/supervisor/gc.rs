@@ -1,0 +1,127 @@
+//! When artifact GC runs by itself: after a job, at most once every
+//! `output.gc_interval_secs`, on a blocking thread, after the response's
+//! audit record and artifact were flushed and without the caller waiting.
+//! (How GC works is [`crate::store::artifacts`]'s business.)
+//!
+//! The time of the last run is kept in the store, so one-shot supervisors
+//! (`confine exec` in a CI loop) share the interval instead of collecting
+//! on every call. GC is only needed after jobs: they are what grows the
+//! store, and an expired artifact is never served even before it is
+//! removed. `confine gc` still runs it by hand.
+
+use crate::store::artifacts::Artifacts;
+use crate::store::{Store, StoreError};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const TREE: &str = "supervisor";
+const LAST_RUN_KEY: &[u8] = b"artifactGc.lastRunMs";
+
+/// The automatic GC's clock.
+pub(crate) struct GcSchedule {
+    /// 0: never by itself.
+    interval_ms: u64,
+    last_ms: AtomicU64,
+    tree: sled::Tree,
+}
+
+impl GcSchedule {
+    pub(crate) fn open(store: &Store, interval_secs: u64) -> Result<GcSchedule, StoreError> {
+        let tree = store.tree(TREE)?;
+        let last =
+            tree.get(LAST_RUN_KEY)?.and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok()).map_or(0, u64::from_be_bytes);
+        Ok(GcSchedule { interval_ms: interval_secs.saturating_mul(1000), last_ms: AtomicU64::new(last), tree })
+    }
+
+    /// Whether a run is due at `now`; true for one caller only per
+    /// interval. A clock that jumped back by more than the interval makes
+    /// a run due too, so a wrong clock can't stop GC for long.
+    pub(crate) fn claim(&self, now: u64) -> bool {
+        if self.interval_ms == 0 {
+            return false;
+        }
+        let last = self.last_ms.load(Ordering::Acquire);
+        if now.abs_diff(last) < self.interval_ms {
+            return false;
+        }
+        if self.last_ms.compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return false;
+        }
+        if let Err(e) = self.tree.insert(LAST_RUN_KEY, &now.to_be_bytes()) {
+            tracing::warn!(error = %e, "could not record the artifact GC time; the next supervisor may collect early");
+        }
+        true
+    }
+}
+
+/// Collect on a blocking thread of the current tokio runtime, or here
+/// when there is none. Never fails the caller: a failed GC is logged, and
+/// the next one tries again.
+pub(crate) fn spawn(artifacts: Artifacts, max_total_bytes: u64) {
+    let collect = move || match artifacts.gc(max_total_bytes) {
+        Ok(r) => tracing::info!(
+            expired = r.expired,
+            incomplete = r.incomplete,
+            orphans = r.orphans,
+            evicted = r.evicted,
+            freed_bytes = r.freed_bytes,
+            kept = r.kept,
+            "artifact gc"
+        ),
+        Err(e) => tracing::warn!(error = %e, "artifact gc failed (`confine gc` runs it by hand)"),
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(collect)),
+        Err(_) => collect(),
+    }
+}
+
+/// For tests: when the last automatic run was claimed (ms since the epoch).
+#[cfg(test)]
+impl GcSchedule {
+    fn last(&self) -> u64 {
+        self.last_ms.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_store(dir: &std::path::Path) -> Store {
+        // sled lets go of its directory lock shortly after the last handle drops.
+        for _ in 0..100 {
+            if let Ok(s) = Store::open(dir) {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Store::open(dir).unwrap()
+    }
+
+    #[test]
+    fn one_run_per_interval_and_none_when_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_store(dir.path());
+        let g = GcSchedule::open(&store, 60).unwrap();
+        assert!(g.claim(1_000_000), "the first job after start collects");
+        assert!(!g.claim(1_000_000 + 59_999));
+        assert!(g.claim(1_000_000 + 60_000));
+        assert!(g.claim(1_000), "a clock that jumped back does not stop GC");
+        let off = GcSchedule::open(&store, 0).unwrap();
+        assert!(!off.claim(u64::MAX));
+    }
+
+    #[test]
+    fn the_last_run_is_remembered_across_supervisors() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = open_store(dir.path());
+            assert!(GcSchedule::open(&store, 600).unwrap().claim(5_000_000));
+            store.flush().unwrap();
+        }
+        let store = open_store(dir.path());
+        let g = GcSchedule::open(&store, 600).unwrap();
+        assert_eq!(g.last(), 5_000_000);
+        assert!(!g.claim(5_000_000 + 1000), "the next one-shot supervisor waits for the interval");
+    }
+}
