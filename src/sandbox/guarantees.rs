@@ -206,7 +206,11 @@ impl Guarantees {
                 Level::Enforced,
                 "TerminateJobObject; kill on job close; breakaway not allowed; started suspended",
             ),
-            env_scrub: env_scrub(),
+            env_scrub: row(
+                Level::Enforced,
+                "only PATH (the system directories), a private HOME, TMPDIR, TEMP and TMP, the variables that \
+                 locate Windows (SystemRoot, SystemDrive, windir, ComSpec, PATHEXT), and allowlisted ones",
+            ),
         }
     }
 }

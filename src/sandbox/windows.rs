@@ -7,8 +7,10 @@
 //!
 //! Much weaker than the Linux sandbox: the host's filesystem, network and
 //! user account are the job's. It only runs with `--allow-degraded`.
-//! Written from the Win32 documentation and checked with
-//! `cargo check --target x86_64-pc-windows-gnu`; not yet run on Windows.
+//! Written from the Win32 documentation; `tests/windows.rs` runs it for
+//! real on Windows in CI. Under Wine 8 the tree kills pass, but Wine keeps
+//! only the limit flags (memory and process limits are ignored) and
+//! rejects the CPU-rate information class, so `--cpus` fails there.
 
 use super::host_paths::{self, HostLayout};
 use super::{Backend, BackendKind, SandboxError, StdioSpec};
@@ -153,6 +155,41 @@ fn resume(pid: u32) -> Result<(), SandboxError> {
     Ok(())
 }
 
+/// Variables that locate Windows itself. They name system directories,
+/// never a secret, and Windows programs need them: without `SystemRoot`,
+/// Winsock cannot load its providers, for one.
+const SYSTEM_VARS: [&str; 5] = ["SystemRoot", "SystemDrive", "windir", "ComSpec", "PATHEXT"];
+
+/// The job's environment on Windows. `env::scrubbed` is written for a
+/// Unix sandbox: its default PATH (`/usr/local/sbin:…`) names no Windows
+/// directory, so `cmd` could run nothing but its built-ins. Keep what the
+/// scrub let in, replace that default PATH (not one the user chose with
+/// `-e PATH`) by the system directories, add SYSTEM_VARS from the host, and
+/// point TEMP and TMP at the private /tmp, as HOME and TMPDIR already are.
+/// Windows' variable names ignore case, so the checks do too.
+fn windows_env(
+    mut env: Vec<(String, String)>,
+    tmp: &std::path::Path,
+    host: impl Fn(&str) -> Option<String>,
+) -> Vec<(String, String)> {
+    let root = host("SystemRoot").unwrap_or_else(|| r"C:\Windows".into());
+    let system_path = format!(r"{root}\System32;{root};{root}\System32\Wbem");
+    match env.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case("PATH")) {
+        Some(slot) if slot.1 == crate::env::SANDBOX_PATH => slot.1 = system_path,
+        Some(_) => {}
+        None => env.push(("PATH".into(), system_path)),
+    }
+    let tmp = tmp.to_string_lossy().into_owned();
+    let defaults = SYSTEM_VARS.iter().filter_map(|&k| host(k).map(|v| (k, v)));
+    let defaults: Vec<(&str, String)> = defaults.chain([("TEMP", tmp.clone()), ("TMP", tmp)]).collect();
+    for (key, value) in defaults {
+        if !env.iter().any(|(k, _)| k.eq_ignore_ascii_case(key)) {
+            env.push((key.into(), value));
+        }
+    }
+    env
+}
+
 fn terminate(job: &Handle) {
     // SAFETY: a valid job handle; ends every process in it.
     unsafe { TerminateJobObject(job.0, KILLED_EXIT_CODE) };
@@ -181,7 +218,7 @@ where
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(&spec.argv[1..])
         .env_clear()
-        .envs(layout.host_env(&spec.env))
+        .envs(windows_env(layout.host_env(&spec.env), &layout.tmp, |k| std::env::var(k).ok()))
         .current_dir(cwd)
         .stdin(stdio.stdin)
         .stdout(stdio.stdout)
@@ -320,5 +357,25 @@ mod tests {
     fn cpu_rate_is_a_share_of_all_processors() {
         assert!(cpu_rate(0.0001) >= 1);
         assert!(cpu_rate(1_000.0) <= 10_000);
+    }
+
+    #[test]
+    fn job_env_locates_windows_but_keeps_the_scrub() {
+        let host = |k: &str| match k {
+            "SystemRoot" => Some(r"C:\Windows".to_string()),
+            "ComSpec" => Some(r"C:\Windows\system32\cmd.exe".to_string()),
+            _ => Some(format!("host {k}")),
+        };
+        let tmp = std::path::Path::new(r"C:\Temp\confine-job");
+        let scrubbed = crate::env::scrubbed(&[], |_| None);
+        let env = windows_env(scrubbed, tmp, host);
+        let get = |key: &str| env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        assert_eq!(get("PATH"), Some(r"C:\Windows\System32;C:\Windows;C:\Windows\System32\Wbem"));
+        assert_eq!(get("SystemRoot"), Some(r"C:\Windows"));
+        assert_eq!(get("TEMP"), Some(r"C:\Temp\confine-job"));
+        assert!(!env.iter().any(|(k, _)| k == "USERPROFILE"));
+        let chosen = windows_env(vec![("Path".into(), r"D:\tools".into())], tmp, host);
+        assert_eq!(chosen.iter().filter(|(k, _)| k.eq_ignore_ascii_case("PATH")).count(), 1);
+        assert_eq!(chosen[0].1, r"D:\tools");
     }
 }
