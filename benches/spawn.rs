@@ -73,8 +73,12 @@ fn main() {
         runs,
         &[confine, "run", "--memory", "256M", "--cpus", "1", "--pids", "128", "--", "/bin/true"],
     );
-    let warm = warm_supervisor(runs);
-    rows.extend([plain, bwrap, confine_row, limits, warm].into_iter().flatten());
+    // The governed CLI, as the governance issue measures it.
+    let exec_cli = exec_cli_row(confine, runs);
+    let warm = warm_supervisor(runs, "/bin/true", "confine, warm supervisor (MCP path)");
+    let warm_bash = warm_supervisor(runs, "/bin/bash", "warm supervisor, sandbox only: bash -c true");
+    let governed = warm_governed(runs);
+    rows.extend([plain, bwrap, confine_row, limits, exec_cli, warm, warm_bash, governed].into_iter().flatten());
     let base = |name: &str| rows.iter().find(|r| r.name.starts_with(name)).map(|r| r.pct(0.5));
     let (plain_p50, bwrap_p50) = (base("plain"), base("bwrap"));
     println!("runs per row: {runs}");
@@ -91,15 +95,40 @@ fn main() {
 
 /// `/bin/true` started by a long-lived supervisor: the library's spawn and
 /// supervise, with the default profile compiled once beforehand.
+/// `confine exec` from the command line, with a config of its own in a
+/// temp dir (store, repository).
+fn exec_cli_row(confine: &str, runs: usize) -> Option<Row> {
+    let dir = tempfile::tempdir().ok()?;
+    let config = dir.path().join("confine.toml");
+    let repo = dir.path().join("repo");
+    std::fs::create_dir_all(&repo).ok()?;
+    let text = format!(
+        "[runtime]\nenabled = true\n[store]\npath = \"{}\"\n[[repos]]\nid = \"bench\"\nroot = \"{}\"\n",
+        dir.path().join("store").display(),
+        repo.display()
+    );
+    std::fs::write(&config, text).ok()?;
+    let cfg = config.to_str()?;
+    time(
+        "confine exec --runtime shell --code true (CLI)",
+        runs,
+        &[confine, "--config", cfg, "exec", "--repo-id", "bench", "--runtime", "shell", "--code", "true"],
+    )
+}
+
 #[cfg(target_os = "linux")]
-fn warm_supervisor(runs: usize) -> Option<Row> {
+fn warm_supervisor(runs: usize, program: &str, name: &str) -> Option<Row> {
     use confine::sandbox::linux::{seccomp, spawn};
     use confine::sandbox::StdioSpec;
     // This bench binary can't be the init stage: use confine's.
     confine::sandbox::linux::set_init_executable(env!("CARGO_BIN_EXE_confine").into());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
     let profile = seccomp::compile_default().ok()?;
-    let spec = confine::job::JobSpec::new(vec!["/bin/true".into()]);
+    let mut argv = vec![program.to_string()];
+    if program.ends_with("bash") {
+        argv.extend(["-c".to_string(), "true".to_string()]);
+    }
+    let spec = confine::job::JobSpec::new(argv);
     let once = || {
         rt.block_on(async {
             let stdio = StdioSpec { stdin: Stdio::null(), stdout: Stdio::null(), stderr: Stdio::null() };
@@ -120,10 +149,58 @@ fn warm_supervisor(runs: usize) -> Option<Row> {
         once()?;
         samples.push(t.elapsed());
     }
-    Some(Row { name: "confine, warm supervisor (MCP path)".into(), samples })
+    Some(Row { name: name.into(), samples })
+}
+
+/// The governed pipeline in a warm supervisor: `runtime shell`, code
+/// `true` (gate, policy, env, cwd jail, queue, sandbox running bash on the
+/// code file, capture into sled, audit record flushed). Against the row
+/// above, it is what governance adds per request in `confine serve`.
+#[cfg(target_os = "linux")]
+fn warm_governed(runs: usize) -> Option<Row> {
+    use confine::supervisor::exec::{ExecControl, ExecuteRequest};
+    let dir = tempfile::tempdir().ok()?;
+    let repo = dir.path().join("repo");
+    std::fs::create_dir_all(&repo).ok()?;
+    let text = format!(
+        "[runtime]\nenabled = true\n[store]\npath = \"{}\"\n[[repos]]\nid = \"bench\"\nroot = \"{}\"\n",
+        dir.path().join("store").display(),
+        repo.display()
+    );
+    let config = confine::config::Config::parse(&text, &dir.path().join("confine.toml")).ok()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().ok()?;
+    let sup = rt.block_on(async { confine::supervisor::Supervisor::open(config) }).ok()?;
+    let once = || {
+        let req = ExecuteRequest {
+            repo_id: Some("bench".into()),
+            runtime: "shell".into(),
+            code: Some("true".into()),
+            ..ExecuteRequest::default()
+        };
+        let resp = rt.block_on(sup.execute(req, ExecControl::default()));
+        (resp.exit_code == Some(0)).then_some(()).or_else(|| {
+            eprintln!("governed: not measured: {:?}", resp.error);
+            None
+        })
+    };
+    for _ in 0..10 {
+        once()?;
+    }
+    let mut samples = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        once()?;
+        samples.push(t.elapsed());
+    }
+    Some(Row { name: "warm supervisor, governed: exec --runtime shell --code true".into(), samples })
 }
 
 #[cfg(not(target_os = "linux"))]
-fn warm_supervisor(_runs: usize) -> Option<Row> {
+fn warm_supervisor(_runs: usize, _program: &str, _name: &str) -> Option<Row> {
+    None
+}
+
+#[cfg(not(target_os = "linux"))]
+fn warm_governed(_runs: usize) -> Option<Row> {
     None
 }
