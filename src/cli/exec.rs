@@ -163,13 +163,16 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
             }
         });
         let ctl = ExecControl { live, cancel: Some(cancel), ..ExecControl::default() };
-        Ok::<_, String>(sup.execute(req, ctl).await)
+        Ok::<_, String>((sup.execute(req, ctl).await, sup))
     });
-    let resp = match resp {
+    let (resp, sup) = match resp {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    report(&resp, &args)
+    let code = report(&resp, &args);
+    // After the answer: a GC run the job started finishes before we exit.
+    rt.block_on(sup.wait_for_gc());
+    code
 }
 
 fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {

@@ -56,7 +56,7 @@ impl GcSchedule {
 /// Collect on a blocking thread of the current tokio runtime, or here
 /// when there is none. Never fails the caller: a failed GC is logged, and
 /// the next one tries again.
-pub(crate) fn spawn(artifacts: Artifacts, max_total_bytes: u64) {
+pub(crate) fn spawn(artifacts: Artifacts, max_total_bytes: u64) -> Option<tokio::task::JoinHandle<()>> {
     let collect = move || match artifacts.gc(max_total_bytes) {
         Ok(r) => tracing::info!(
             expired = r.expired,
@@ -70,8 +70,11 @@ pub(crate) fn spawn(artifacts: Artifacts, max_total_bytes: u64) {
         Err(e) => tracing::warn!(error = %e, "artifact gc failed (`confine gc` runs it by hand)"),
     };
     match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn_blocking(collect)),
-        Err(_) => collect(),
+        Ok(rt) => Some(rt.spawn_blocking(collect)),
+        Err(_) => {
+            collect();
+            None
+        }
     }
 }
 

@@ -64,6 +64,8 @@ pub struct Supervisor {
     pub(crate) host: Host,
     /// When artifact GC runs by itself.
     gc: gc::GcSchedule,
+    /// The GC run started last, if it is still running.
+    pending_gc: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Supervisor {
@@ -121,6 +123,7 @@ impl Supervisor {
             #[cfg(target_os = "linux")]
             seccomp,
             gc,
+            pending_gc: std::sync::Mutex::new(None),
         })
     }
 
@@ -129,7 +132,21 @@ impl Supervisor {
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub(crate) fn collect_garbage_if_due(&self) {
         if self.gc.claim(crate::store::artifacts::now_ms()) {
-            gc::spawn(self.artifacts.clone(), self.config.output.max_store_bytes);
+            let handle = gc::spawn(self.artifacts.clone(), self.config.output.max_store_bytes);
+            if let Ok(mut pending) = self.pending_gc.lock() {
+                *pending = handle;
+            }
+        }
+    }
+
+    /// Wait for an automatic GC run started by a job to finish. A one-shot
+    /// supervisor (`confine exec`) calls it after answering: a blocking
+    /// task that has not started yet when the runtime shuts down is
+    /// dropped, and the claimed interval would then pass with no GC.
+    pub async fn wait_for_gc(&self) {
+        let handle = self.pending_gc.lock().ok().and_then(|mut p| p.take());
+        if let Some(handle) = handle {
+            let _ = handle.await;
         }
     }
 
