@@ -172,12 +172,28 @@ impl Capture {
     /// Seal the artifact (metadata last, `complete: true`, flushed). A stream
     /// that failed to store leaves it incomplete: never served, and `gc`
     /// removes it.
-    pub fn finish(mut self, job: JobInfo, stdout: StreamSummary, stderr: StreamSummary) -> Captured {
+    pub fn finish(self, job: JobInfo, stdout: StreamSummary, stderr: StreamSummary) -> Captured {
+        self.seal(job, stdout, stderr, true)
+    }
+
+    /// [`Capture::finish`] without flushing the store: the caller must flush
+    /// it before it tells anyone of the artifact (the supervisor's audit
+    /// append does, one fsync for both).
+    pub fn finish_unflushed(self, job: JobInfo, stdout: StreamSummary, stderr: StreamSummary) -> Captured {
+        self.seal(job, stdout, stderr, false)
+    }
+
+    fn seal(mut self, job: JobInfo, stdout: StreamSummary, stderr: StreamSummary, flush: bool) -> Captured {
         let mut artifact = None;
         if let Some(writer) = self.writer.take() {
             let failed: Vec<&str> = [&stdout, &stderr].iter().filter_map(|s| s.error.as_deref()).collect();
             if failed.is_empty() {
-                match writer.finish(job, stdout.meta.clone(), stderr.meta.clone()) {
+                let sealed = if flush {
+                    writer.finish(job, stdout.meta.clone(), stderr.meta.clone())
+                } else {
+                    writer.finish_unflushed(job, stdout.meta.clone(), stderr.meta.clone())
+                };
+                match sealed {
                     Ok(meta) => artifact = Some(meta),
                     Err(e) => self.notes.push(format!("output was not stored: {e}")),
                 }

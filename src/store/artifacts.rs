@@ -358,7 +358,17 @@ impl ArtifactWriter {
 
     /// Write the final metadata (`complete: true`) and flush: from here on
     /// the artifact is served.
-    pub fn finish(
+    pub fn finish(self, job: JobInfo, stdout: StreamMeta, stderr: StreamMeta) -> Result<ArtifactMeta, ArtifactError> {
+        let artifacts = self.artifacts.clone();
+        let meta = self.finish_unflushed(job, stdout, stderr)?;
+        artifacts.backend.flush()?;
+        Ok(meta)
+    }
+
+    /// [`ArtifactWriter::finish`] without the flush, for a caller that
+    /// flushes the store itself before it tells anyone of the artifact: the
+    /// supervisor's audit append flushes both with one fsync.
+    pub fn finish_unflushed(
         mut self,
         job: JobInfo,
         stdout: StreamMeta,
@@ -369,7 +379,6 @@ impl ArtifactWriter {
         self.meta.stderr = stderr;
         self.meta.complete = true;
         self.artifacts.backend.put_meta(&self.meta)?;
-        self.artifacts.backend.flush()?;
         Ok(self.meta.clone())
     }
 }

@@ -393,7 +393,13 @@ impl Supervisor {
             captured.stdout.meta.total_bytes,
             captured.stderr.meta.total_bytes,
         );
-        let audit_error = self.audit.append(entry).err().map(|e| format!("audit record not written: {e}"));
+        let mut audit_error = self.audit.append(entry).err().map(|e| format!("audit record not written: {e}"));
+        if audit_error.is_some() {
+            // The append's flush is what makes the artifact durable too.
+            if let Err(e) = self.store.flush() {
+                audit_error = audit_error.map(|a| format!("{a}; output not flushed: {e}"));
+            }
+        }
         // The artifact and the audit record are flushed: GC may run beside the answer.
         self.collect_garbage_if_due();
         ExecuteResponse {
@@ -546,7 +552,9 @@ impl Supervisor {
             signal: outcome.signal,
             duration_ms: outcome.duration_ms,
         };
-        let captured = cap.finish(info.clone(), stdout, stderr);
+        // Not flushed here: the audit append that follows flushes the store
+        // (artifact and record, one fsync) before the caller is answered.
+        let captured = cap.finish_unflushed(info.clone(), stdout, stderr);
         let view = render(&captured, Some(&self.artifacts), &info, &req.render).ok();
         Ok((outcome, captured, view))
     }
