@@ -6,8 +6,8 @@
 use super::service::{ExecControl, Progress, RuntimeService, ServiceError};
 use super::types::{
     Excerpt, ExecStatus, ExecuteRequest, ExecuteResponse, Finding, Info, InfoLimits, JobOutput, JobSummary,
-    JobsRequest, JobsResponse, OutputMode, PolicyDecision, QueryOutputRequest, QueryOutputResponse, RepoInfo,
-    RuntimeInfo, Stream, StreamSelect, Truncation,
+    JobsRequest, JobsResponse, PolicyDecision, QueryOutputRequest, QueryOutputResponse, RepoInfo, RuntimeInfo, Stream,
+    StreamSelect, Truncation,
 };
 use super::usage::{summarise, UsageSnapshot, UsageStatsRequest};
 use crate::output::modes::RenderOptions;
@@ -99,12 +99,7 @@ fn to_request(req: &ExecuteRequest) -> sup::ExecuteRequest {
         env: req.env.clone().unwrap_or_default().into_iter().collect(),
         persist_output: req.persist_output,
         render: RenderOptions {
-            output_mode: match req.output_mode {
-                OutputMode::Minimal => crate::output::OutputMode::Minimal,
-                OutputMode::Summary => crate::output::OutputMode::Summary,
-                OutputMode::Intent => crate::output::OutputMode::Intent,
-                OutputMode::Digest => crate::output::OutputMode::Digest,
-            },
+            output_mode: req.output_mode,
             max_response_lines: req.max_response_lines,
             query_terms: req.query_terms.clone().unwrap_or_default(),
         },

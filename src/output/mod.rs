@@ -48,7 +48,7 @@ pub enum OutputError {
 }
 
 /// How much of a job's response is output, from least to most.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputMode {
     /// Status, exit code, signal, duration, handle, line and byte counts.

@@ -470,7 +470,8 @@ fn outcome(
 }
 
 /// dup2 `fd` to `target`, clearing close-on-exec even when they are equal.
-fn place_fd(fd: i32, target: i32) -> std::io::Result<()> {
+/// Shared with the Linux backend, which places its fds the same way.
+pub(crate) fn place_fd(fd: i32, target: i32) -> std::io::Result<()> {
     // SAFETY: dup2/fcntl on fds we own; async-signal-safe.
     unsafe {
         if fd == target {

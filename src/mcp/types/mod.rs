@@ -31,16 +31,8 @@ pub const MAX_CODE_BYTES: usize = 1 << 20;
 pub const MAX_ARGS: usize = 100;
 /// Most `env` entries.
 pub const MAX_ENV: usize = 64;
-/// How much output a response carries inline.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputMode {
-    #[default]
-    Minimal,
-    Summary,
-    Intent,
-    Digest,
-}
+/// How much output a response carries inline: the output module's modes.
+pub use crate::output::OutputMode;
 
 /// How a job ended, or `running` for a background job that has not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -19,6 +19,7 @@ pub mod supervise;
 pub mod sys;
 
 use crate::job::{JobSpec, Layers, Network, Outcome, Status, Usage};
+use crate::sandbox::unix_fallback::place_fd;
 use crate::sandbox::{SandboxError, StdioSpec};
 use protocol::{IdMap, InitSpec, LandlockPlan, MountOp, Report, CONTROL_FD, SECCOMP_FD};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -290,22 +291,6 @@ pub fn set_init_executable(path: PathBuf) {
 
 fn init_executable() -> &'static std::path::Path {
     INIT_EXECUTABLE.get().map(PathBuf::as_path).unwrap_or(std::path::Path::new("/proc/self/exe"))
-}
-
-/// dup2 `fd` to `target`, clearing close-on-exec even when they are equal.
-fn place_fd(fd: i32, target: i32) -> std::io::Result<()> {
-    // SAFETY: dup2/fcntl on fds we own; async-signal-safe.
-    unsafe {
-        if fd == target {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        } else if libc::dup2(fd, target) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 impl RunningJob {
