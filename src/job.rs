@@ -77,6 +77,13 @@ pub struct JobSpec {
     pub limits: Limits,
     /// Run even when a layer can't be applied; the outcome names what is missing.
     pub allow_degraded: bool,
+    /// Build the whole sandbox, then wait for the supervisor's go before
+    /// the job's execve (Linux: `RunningJob::release`). The supervisor
+    /// overlaps the sandbox's set-up with work it must finish before any
+    /// untrusted code runs (opening the audit store), and kills the
+    /// sandbox unreleased when that work fails.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
 }
 
 impl JobSpec {
@@ -93,6 +100,7 @@ impl JobSpec {
             files: Vec::new(),
             limits: Limits { tmp_size_bytes: DEFAULT_TMP_SIZE, ..Limits::default() },
             allow_degraded: false,
+            hold: false,
         }
     }
 }

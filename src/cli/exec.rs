@@ -152,7 +152,8 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
     let resp = rt.block_on(async move {
-        let sup = Supervisor::open(config).map_err(|e| e.to_string())?;
+        // One request: the store opens while it is admitted and sandboxed.
+        let sup = Supervisor::open_deferred(config).map_err(|e| e.to_string())?;
         let cancel = Box::pin(async {
             use tokio::signal::unix::{signal, SignalKind};
             match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {

@@ -64,6 +64,7 @@ pub enum Command {
 /// Parse the command line, run it, and return the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    init_logging(matches!(cli.command, Command::Serve(_)));
     match cli.command {
         Command::Run(args) => run::main(cli.config.as_deref(), args),
         Command::Doctor(args) => doctor::main(cli.config.as_deref(), args),
@@ -76,4 +77,19 @@ pub fn main() -> i32 {
         Command::Serve(args) => serve::main(cli.config.as_deref(), args),
         Command::Memory(cmd) => memory::main(cli.config.as_deref(), cmd),
     }
+}
+
+/// Logs go to stderr, never stdout (stdout is `serve`'s stdio transport
+/// and the job's output elsewhere). `CONFINE_LOG` takes an env-filter
+/// (`CONFINE_LOG=confine=debug` shows each stage of a request with
+/// microsecond times); without it the server logs `info` and the other
+/// commands only warnings (a cheaper filter than parsing one).
+fn init_logging(server: bool) {
+    use tracing_subscriber::fmt::time::uptime;
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(false);
+    let _ = match std::env::var("CONFINE_LOG") {
+        Ok(spec) => builder.with_timer(uptime()).with_env_filter(tracing_subscriber::EnvFilter::new(spec)).try_init(),
+        Err(_) if server => builder.with_env_filter(tracing_subscriber::EnvFilter::new("warn,confine=info")).try_init(),
+        Err(_) => builder.with_max_level(tracing::Level::WARN).without_time().try_init(),
+    };
 }

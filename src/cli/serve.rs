@@ -30,7 +30,6 @@ pub struct ServeArgs {
 }
 
 pub fn main(config: Option<&Path>, args: ServeArgs) -> i32 {
-    init_logging();
     // Before the runtime's threads: a long-lived supervisor's RSS must not creep.
     crate::supervisor::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -112,11 +111,4 @@ fn watch_signals(shutdown: CancellationToken) {
         }
         shutdown.cancel();
     });
-}
-
-/// Logs to stderr, never stdout (stdout is the stdio transport).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CONFINE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,confine=info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
 }

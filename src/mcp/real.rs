@@ -78,7 +78,7 @@ impl SupervisorService {
     }
 
     fn usage_tree(&self) -> Result<sled::Tree, ServiceError> {
-        self.sup.store.tree("usage").map_err(|e| ServiceError::Internal(e.to_string()))
+        self.sup.stores().map_err(internal)?.store.tree("usage").map_err(internal)
     }
 }
 
@@ -262,7 +262,8 @@ impl RuntimeService for SupervisorService {
             line_start: req.line_range.map(|r| r[0]),
             line_end: req.line_range.map(|r| r[1]),
         };
-        let r = crate::output::query::query_output(&self.sup.artifacts, &q).map_err(|e| {
+        let artifacts = &self.sup.stores().map_err(internal)?.artifacts;
+        let r = crate::output::query::query_output(artifacts, &q).map_err(|e| {
             let msg = e.to_string();
             if msg.contains("not found") {
                 ServiceError::NotFound(msg)
@@ -453,7 +454,7 @@ impl RuntimeService for SupervisorService {
         let tree = self.usage_tree()?;
         let value = serde_json::to_vec(session).map_err(internal)?;
         tree.insert(self.started_ms.to_be_bytes(), value).map_err(internal)?;
-        self.sup.store.flush().map_err(internal)
+        self.sup.stores().map_err(internal)?.store.flush().map_err(internal)
     }
 
     async fn shutdown(&self) {
@@ -470,7 +471,9 @@ impl RuntimeService for SupervisorService {
         for mut done in pending {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(10), done.wait_for(|d| d.is_some())).await;
         }
-        let _ = self.sup.store.flush();
+        if let Ok(stores) = self.sup.stores() {
+            let _ = stores.store.flush();
+        }
     }
 }
 

@@ -300,6 +300,7 @@ impl Supervisor {
 
         // 2. policy (fail-closed).
         let decision = self.policy.decide_async(input.clone()).await;
+        tracing::debug!(allowed = decision.allowed, "policy decided");
         if let Some(msg) = decision.denial_message(&command) {
             return self.deny(job_id, &input, &decision, Status::Denied, msg);
         }
@@ -311,6 +312,7 @@ impl Supervisor {
                 Ok(r) => r,
                 Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e.to_string()),
             };
+        tracing::debug!(executable = %resolved.executable.display(), "toolchain resolved");
         let exec_plan = match &req.code {
             Some(code) => plan::code_plan(&resolved, code),
             None => plan::args_plan(&resolved, &req.args),
@@ -378,6 +380,7 @@ impl Supervisor {
         let output = self.config.output.with_stored_cap(limits.output_bytes);
         let placed = Placed { spec, fallback_tmp };
         let response = self.run_job(&job_id, &repo.id, &req, &output, placed, &mut ctl).await;
+        tracing::debug!("job ended and output stored");
         drop(slot);
         let (outcome, captured, output) = match response {
             Ok(parts) => parts,
@@ -393,13 +396,21 @@ impl Supervisor {
             captured.stdout.meta.total_bytes,
             captured.stderr.meta.total_bytes,
         );
-        let mut audit_error = self.audit.append(entry).err().map(|e| format!("audit record not written: {e}"));
-        if audit_error.is_some() {
-            // The append's flush is what makes the artifact durable too.
-            if let Err(e) = self.store.flush() {
-                audit_error = audit_error.map(|a| format!("{a}; output not flushed: {e}"));
+        // The job ran, so the store opened (run_job waited for it).
+        let audit_error = match self.stores() {
+            Ok(stores) => {
+                let mut error = stores.audit.append(entry).err().map(|e| format!("audit record not written: {e}"));
+                if error.is_some() {
+                    // The append's flush is what makes the artifact durable too.
+                    if let Err(e) = stores.store.flush() {
+                        error = error.map(|a| format!("{a}; output not flushed: {e}"));
+                    }
+                }
+                error
             }
-        }
+            Err(e) => Some(format!("audit record not written: {e}")),
+        };
+        tracing::debug!("audit record flushed");
         // The artifact and the audit record are flushed: GC may run beside the answer.
         self.collect_garbage_if_due();
         ExecuteResponse {
@@ -470,19 +481,29 @@ impl Supervisor {
         repo_id: &str,
         req: &ExecuteRequest,
         output: &OutputConfig,
-        placed: Placed,
+        mut placed: Placed,
         ctl: &mut ExecControl,
     ) -> Result<Ran, String> {
         let persist = req.persist_output.unwrap_or(true);
         // Secrets: the listed variables' values, and what the caller passes
         // to the job under a secret-like name (API_TOKEN, DB_PASSWORD, …).
         let redactor = output.job_redactor(&req.env, |k| std::env::var(k).ok());
-        let cap = Capture::start(Some(&self.artifacts), repo_id, output, redactor.clone(), persist);
         let mut stdio = crate::sandbox::StdioSpec::piped();
         if req.stdin.is_some() {
             stdio.stdin = std::process::Stdio::piped();
         }
+        // A store still opening (`Supervisor::open_deferred`): the Linux
+        // sandbox is built meanwhile and its job held before execve; other
+        // backends wait for the store first. No job runs unaudited.
+        placed.spec.hold = self.backend == BackendKind::Linux && !self.stores.is_ready();
+        if !placed.spec.hold {
+            self.stores.wait().await.map_err(|e| e.to_string())?;
+        }
         let mut job = self.start(job_id, placed, stdio).await?;
+        // On error the held job is dropped unreleased, which kills its tree.
+        let stores = self.stores.wait().await.map_err(|e| e.to_string())?;
+        job.release().await.map_err(|e| format!("cannot start the job: {e}"))?;
+        let cap = Capture::start(Some(&stores.artifacts), repo_id, output, redactor.clone(), persist);
         let started = Instant::now();
         let count = Arc::new(AtomicU64::new(0));
         let live = ctl.live;
@@ -555,7 +576,7 @@ impl Supervisor {
         // Not flushed here: the audit append that follows flushes the store
         // (artifact and record, one fsync) before the caller is answered.
         let captured = cap.finish_unflushed(info.clone(), stdout, stderr);
-        let view = render(&captured, Some(&self.artifacts), &info, &req.render).ok();
+        let view = render(&captured, Some(&stores.artifacts), &info, &req.render).ok();
         Ok((outcome, captured, view))
     }
 
@@ -571,7 +592,9 @@ impl Supervisor {
         let mut entry = AuditEntry::decided(&job_id, input, decision);
         entry.status = status;
         let mut resp = not_run(job_id, status, decision, error);
-        if let Err(e) = self.audit.append(entry) {
+        if let Err(e) =
+            self.stores().map_err(|e| e.to_string()).and_then(|s| s.audit.append(entry).map_err(|e| e.to_string()))
+        {
             resp.error =
                 Some(format!("{} (and the audit record was not written: {e})", resp.error.unwrap_or_default()));
         }
@@ -621,6 +644,14 @@ impl Started {
         match self {
             Started::Linux(j) => j.stderr(),
             Started::Fallback(j) => j.stderr(),
+        }
+    }
+
+    /// Let a job spawned held execve (a job that was not held: nothing).
+    async fn release(&mut self) -> Result<(), crate::sandbox::SandboxError> {
+        match self {
+            Started::Linux(j) if j.held() => j.release().await,
+            _ => Ok(()),
         }
     }
 

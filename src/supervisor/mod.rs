@@ -10,16 +10,17 @@ pub mod exec;
 mod gc;
 mod malloc;
 pub mod queue;
+mod stores;
 
 pub use malloc::tune_allocator;
+pub use stores::Stores;
 
 use crate::config::Config;
 use crate::policy::PolicyChain;
 use crate::runtimes::toolchain::Host;
-use crate::store::artifacts::Artifacts;
-use crate::store::audit::AuditLog;
 use crate::store::Store;
 use std::sync::Arc;
+use stores::StoreSlot;
 
 /// Why a supervisor could not start.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,9 @@ pub enum SupervisorError {
     /// A policy failed to load (a malformed .rego names its file and line).
     #[error(transparent)]
     Policy(#[from] crate::policy::PolicyError),
+    /// The store is not there for this request (it failed to open).
+    #[error("the store is unavailable: {0}")]
+    StoreUnavailable(String),
     /// The seccomp profile failed to compile.
     #[error("{0}")]
     Seccomp(String),
@@ -52,18 +56,15 @@ pub enum SupervisorError {
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub struct Supervisor {
     pub config: Config,
-    pub store: Store,
+    /// Audit trail, artifacts and the GC clock: see [`Supervisor::stores`].
+    stores: StoreSlot,
     pub(crate) policy: Arc<PolicyChain>,
     pub(crate) queue: queue::JobQueue,
-    pub(crate) audit: AuditLog,
-    pub artifacts: Artifacts,
     /// The backend every job runs on: `runtime.backend`, checked at start.
     pub backend: crate::sandbox::BackendKind,
     #[cfg(target_os = "linux")]
     pub(crate) seccomp: Option<crate::sandbox::linux::seccomp::CompiledProfile>,
     pub(crate) host: Host,
-    /// When artifact GC runs by itself.
-    gc: gc::GcSchedule,
     /// The GC run started last, if it is still running.
     pending_gc: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -75,11 +76,27 @@ impl Supervisor {
     /// size the queue.
     pub fn open(config: Config) -> Result<Supervisor, SupervisorError> {
         let store = Store::open(&config.store_path())?;
+        tracing::debug!("store opened");
         Supervisor::with_store(config, store)
+    }
+
+    /// As [`Supervisor::open`], but the store opens on a thread of its own
+    /// while this returns, and while the first request is admitted and
+    /// its sandbox built: for one-shot supervisors (`confine exec`). Jobs
+    /// are held before their execve until the store is open, and killed
+    /// unreleased if it fails to open (`supervisor/stores.rs`).
+    pub fn open_deferred(config: Config) -> Result<Supervisor, SupervisorError> {
+        let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
+        Supervisor::build(config, stores)
     }
 
     /// As [`Supervisor::open`], on a store the caller already opened.
     pub fn with_store(config: Config, store: Store) -> Result<Supervisor, SupervisorError> {
+        let stores = StoreSlot::opened(store, config.output.gc_interval_secs)?;
+        Supervisor::build(config, stores)
+    }
+
+    fn build(config: Config, stores: StoreSlot) -> Result<Supervisor, SupervisorError> {
         #[cfg(target_os = "linux")]
         if let Some(parent) = &config.sandbox.cgroup_parent {
             let cgroups = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
@@ -93,8 +110,7 @@ impl Supervisor {
             }
         }
         let policy = Arc::new(PolicyChain::from_config(&config.policy)?);
-        let audit = AuditLog::open(&store)?;
-        let artifacts = Artifacts::open(&store)?;
+        tracing::debug!("policy compiled");
         let backend = crate::sandbox::select_with_config(
             None,
             config.runtime.backend,
@@ -110,19 +126,16 @@ impl Supervisor {
             ),
             _ => None,
         };
-        let gc = gc::GcSchedule::open(&store, config.output.gc_interval_secs)?;
+        tracing::debug!("backend ready");
         Ok(Supervisor {
             queue: queue::JobQueue::new(config.max_concurrent_jobs(), config.runtime.max_queued),
             host: Host::from_env(),
             config,
-            store,
+            stores,
             policy,
-            audit,
-            artifacts,
             backend,
             #[cfg(target_os = "linux")]
             seccomp,
-            gc,
             pending_gc: std::sync::Mutex::new(None),
         })
     }
@@ -131,8 +144,9 @@ impl Supervisor {
     /// (`supervisor/gc.rs` says when). Returns at once.
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub(crate) fn collect_garbage_if_due(&self) {
-        if self.gc.claim(crate::store::artifacts::now_ms()) {
-            let handle = gc::spawn(self.artifacts.clone(), self.config.output.max_store_bytes);
+        let Ok(stores) = self.stores.get() else { return };
+        if stores.gc.claim(crate::store::artifacts::now_ms()) {
+            let handle = gc::spawn(stores.artifacts.clone(), self.config.output.max_store_bytes);
             if let Ok(mut pending) = self.pending_gc.lock() {
                 *pending = handle;
             }
@@ -148,6 +162,13 @@ impl Supervisor {
         if let Some(handle) = handle {
             let _ = handle.await;
         }
+    }
+
+    /// The store and its trees. A supervisor from [`Supervisor::open`]
+    /// has them at once; one from [`Supervisor::open_deferred`] may block
+    /// here until its store is open, and reports a store that failed.
+    pub fn stores(&self) -> Result<&Stores, SupervisorError> {
+        self.stores.get()
     }
 
     /// The digest of the policy chain in force.

@@ -13,7 +13,7 @@
 //!
 //! No tokio here, ever: this code forks.
 
-use super::protocol::{encode_report, read_spec, InitSpec, Report, CONTROL_FD, SECCOMP_FD};
+use super::protocol::{encode_report, read_spec, InitSpec, Report, CONTROL_FD, RELEASE, SECCOMP_FD};
 use super::sys::{self, SysError};
 use super::{caps, exec, landlock, mounts, namespaces, rlimits, seccomp};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
@@ -251,6 +251,10 @@ fn job(spec: &InitSpec, ctl: &File) -> ! {
     match confine_self(spec) {
         Ok(confined) => {
             report(ctl, &confined);
+            if spec.hold && !released(ctl) {
+                // The supervisor gave up on this job (and is killing it).
+                std::process::exit(125)
+            }
             // Signals blocked for the init loops are not blocked for the job.
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
             let errno = exec::execvpe(&spec.argv, &spec.env);
@@ -263,6 +267,19 @@ fn job(spec: &InitSpec, ctl: &File) -> ! {
         Err(e) => {
             report(ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
             std::process::exit(125)
+        }
+    }
+}
+
+/// Wait for the supervisor's go: one [`RELEASE`] byte on the control
+/// socket. Anything else, or EOF, means no.
+fn released(ctl: &File) -> bool {
+    let mut byte = [0u8; 1];
+    loop {
+        match read(ctl.as_fd(), &mut byte) {
+            Ok(1) => return byte[0] == RELEASE,
+            Err(nix::errno::Errno::EINTR) => continue,
+            _ => return false,
         }
     }
 }

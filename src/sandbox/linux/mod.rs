@@ -119,6 +119,7 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
         landlock,
         seccomp: None,
         allow_degraded: spec.allow_degraded,
+        hold: spec.hold,
     }
 }
 
@@ -162,6 +163,7 @@ pub async fn spawn(
     // Before the init stage exists, so that it joins the cgroups first.
     let mut missing = Vec::new();
     let cgroup = job_cgroup(&job_id, spec, &mut missing)?;
+    tracing::debug!(cgroup = cgroup.is_some(), "job cgroup ready");
     init.rlimits = limit_rlimits(&spec.limits, cgroup.is_some());
     init.cgroup_procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
     let seccomp_fd = seccomp.map(|(_, fd)| fd.as_raw_fd());
@@ -195,6 +197,7 @@ pub async fn spawn(
     }
     let started = Instant::now();
     let child = cmd.spawn().map_err(SandboxError::Spawn)?;
+    tracing::debug!(pid = child.id(), "init stage started");
     drop(theirs);
     {
         let mut w = &ours;
@@ -294,6 +297,18 @@ fn init_executable() -> &'static std::path::Path {
 }
 
 impl RunningJob {
+    /// Let a job spawned with [`JobSpec::hold`] execve. Its sandbox is
+    /// built (or being built); dropping the job unreleased kills it.
+    pub async fn release(&mut self) -> Result<(), SandboxError> {
+        use tokio::io::AsyncWriteExt;
+        self.ctl.write_all(&[protocol::RELEASE]).await.map_err(SandboxError::Spawn)
+    }
+
+    /// Whether the job waits for [`RunningJob::release`].
+    pub fn held(&self) -> bool {
+        self.spec.hold
+    }
+
     /// Host pid of the outer init stage.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()

@@ -119,7 +119,14 @@ pub struct InitSpec {
     /// Name of the seccomp profile whose BPF is at [`SECCOMP_FD`].
     pub seccomp: Option<String>,
     pub allow_degraded: bool,
+    /// The job process waits for [`RELEASE`] on the control socket before
+    /// its execve (after landlock and seccomp are in force).
+    #[serde(default)]
+    pub hold: bool,
 }
+
+/// The byte the supervisor sends to let a held job execve.
+pub const RELEASE: u8 = b'g';
 
 /// What the init stages tell the supervisor.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -185,6 +192,7 @@ mod tests {
             landlock: None,
             seccomp: None,
             allow_degraded: false,
+            hold: true,
         };
         let mut buf = Vec::new();
         write_spec(&mut buf, &spec).unwrap();

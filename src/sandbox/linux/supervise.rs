@@ -77,6 +77,7 @@ impl RunningJob {
             };
             let exit = async {
                 let status = child.wait().await;
+                tracing::debug!("init stage reaped");
                 reaped.store(true, Ordering::SeqCst);
                 // Reports are a few short lines: they sit in the socket
                 // buffer until now, and every writer is gone, so EOF is near.
@@ -123,12 +124,14 @@ impl RunningJob {
                 tracing::warn!(error = %e, "cgroup kill after the job's end failed");
             }
         }
+        tracing::debug!("job tree killed");
         let mut outcome = self.outcome(status, &buf, killed);
         self.account(&mut outcome, ending);
         if let Some(cg) = self.cgroup.take() {
             if let Err(e) = cg.remove().await {
                 tracing::warn!(error = %e, "job cgroup left behind");
             }
+            tracing::debug!("job cgroup removed");
         }
         outcome
     }

@@ -1,0 +1,118 @@
+//! What the supervisor keeps in the sled store (audit trail, artifacts,
+//! the GC clock), and when it is there: opened before the supervisor
+//! exists ([`StoreSlot::opened`], `confine serve`), or on a thread of its
+//! own while the first request is admitted and its sandbox is built
+//! ([`StoreSlot::open_in_background`], one-shot `confine exec`).
+//!
+//! Opening sled costs milliseconds (recovery, a snapshot with two fsyncs,
+//! its I/O threads). A one-shot supervisor need not wait for that before
+//! it decides on the request and builds the sandbox; it must wait before
+//! the job's execve (the job is held until then) and before any record.
+//! A store that fails to open fails the request: the held job is killed
+//! unreleased, so nothing runs that could not be audited.
+
+use super::gc::GcSchedule;
+use super::SupervisorError;
+use crate::store::artifacts::Artifacts;
+use crate::store::audit::AuditLog;
+use crate::store::Store;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The open store and the trees the supervisor uses.
+pub struct Stores {
+    pub store: Store,
+    pub audit: AuditLog,
+    pub artifacts: Artifacts,
+    pub(crate) gc: GcSchedule,
+}
+
+impl Stores {
+    fn open(store: Store, gc_interval_secs: u64) -> Result<Stores, SupervisorError> {
+        Ok(Stores {
+            audit: AuditLog::open(&store)?,
+            artifacts: Artifacts::open(&store)?,
+            gc: GcSchedule::open(&store, gc_interval_secs)?,
+            store,
+        })
+    }
+}
+
+/// The stores, now or soon.
+pub(crate) struct StoreSlot {
+    /// Set once, by whoever opened the store; an error is kept as text
+    /// (every later request reports the same failure).
+    ready: Arc<OnceLock<Result<Stores, String>>>,
+    /// The opener thread, until someone joined it.
+    opener: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Turns true when `ready` is set: async waiters need no thread.
+    done: tokio::sync::watch::Receiver<bool>,
+}
+
+impl StoreSlot {
+    /// Open at `path` now.
+    pub(crate) fn opened(store: Store, gc_interval_secs: u64) -> Result<StoreSlot, SupervisorError> {
+        let stores = Stores::open(store, gc_interval_secs)?;
+        let (_, done) = tokio::sync::watch::channel(true);
+        Ok(StoreSlot { ready: Arc::new(OnceLock::from(Ok(stores))), opener: Mutex::new(None), done })
+    }
+
+    /// Start opening the store at `path` on a thread of its own.
+    pub(crate) fn open_in_background(path: PathBuf, gc_interval_secs: u64) -> Result<StoreSlot, SupervisorError> {
+        let ready: Arc<OnceLock<Result<Stores, String>>> = Arc::new(OnceLock::new());
+        let (tx, done) = tokio::sync::watch::channel(false);
+        let slot = ready.clone();
+        let opener = std::thread::Builder::new()
+            .name("confine-store-open".into())
+            .spawn(move || {
+                let opened = Store::open(&path)
+                    .map_err(SupervisorError::from)
+                    .and_then(|s| Stores::open(s, gc_interval_secs))
+                    .map_err(|e| e.to_string());
+                tracing::debug!(ok = opened.is_ok(), "store opened");
+                let _ = slot.set(opened);
+                let _ = tx.send(true);
+            })
+            .map_err(|e| SupervisorError::StoreUnavailable(format!("cannot start the thread that opens it: {e}")))?;
+        Ok(StoreSlot { ready, opener: Mutex::new(Some(opener)), done })
+    }
+
+    /// Whether the store is open (or failed to open) already.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready.get().is_some()
+    }
+
+    /// The stores, waiting (blocking this thread) for the opener if needed.
+    pub(crate) fn get(&self) -> Result<&Stores, SupervisorError> {
+        if self.ready.get().is_none() {
+            // Joined under the lock: a second caller waits here until the
+            // first one's join has returned, and `ready` is set by then.
+            if let Ok(mut opener) = self.opener.lock() {
+                if let Some(handle) = opener.take() {
+                    // A panic there leaves `ready` unset: reported below.
+                    let _ = handle.join();
+                }
+            }
+        }
+        self.result()
+    }
+
+    /// The stores, waiting (without blocking a runtime thread) if needed.
+    pub(crate) async fn wait(&self) -> Result<&Stores, SupervisorError> {
+        let mut done = self.done.clone();
+        // A dropped sender (the opener panicked) ends the wait too.
+        let _ = done.wait_for(|d| *d).await;
+        if self.ready.get().is_none() {
+            return self.get();
+        }
+        self.result()
+    }
+
+    fn result(&self) -> Result<&Stores, SupervisorError> {
+        match self.ready.get() {
+            Some(Ok(stores)) => Ok(stores),
+            Some(Err(e)) => Err(SupervisorError::StoreUnavailable(e.clone())),
+            None => Err(SupervisorError::StoreUnavailable("the thread opening it failed".into())),
+        }
+    }
+}
