@@ -79,6 +79,7 @@ fn main() {
     let warm_bash = warm_supervisor(runs, "/bin/bash", "warm supervisor, sandbox only: bash -c true");
     let governed = warm_governed(runs);
     rows.extend([plain, bwrap, confine_row, limits, exec_cli, warm, warm_bash, governed].into_iter().flatten());
+    rows.extend(layer_cost(runs));
     let base = |name: &str| rows.iter().find(|r| r.name.starts_with(name)).map(|r| r.pct(0.5));
     let (plain_p50, bwrap_p50) = (base("plain"), base("bwrap"));
     println!("runs per row: {runs}");
@@ -193,6 +194,68 @@ fn warm_governed(runs: usize) -> Option<Row> {
         samples.push(t.elapsed());
     }
     Some(Row { name: "warm supervisor, governed: exec --runtime shell --code true".into(), samples })
+}
+
+/// What landlock and seccomp add to a spawn (the confinement issue's
+/// budget: ≤ 0.5 ms at p50). The same warm-supervisor job three ways,
+/// interleaved run by run so that drift in the host's load hits all three
+/// alike: every layer; seccomp off; landlock and seccomp off.
+#[cfg(target_os = "linux")]
+fn layer_cost(runs: usize) -> Vec<Row> {
+    use confine::sandbox::linux::{seccomp, spawn_adjusted};
+    use confine::sandbox::StdioSpec;
+    confine::sandbox::linux::set_init_executable(env!("CARGO_BIN_EXE_confine").into());
+    let Some(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build().ok() else { return vec![] };
+    let Ok(profile) = seccomp::compile_default() else { return vec![] };
+    let spec = confine::job::JobSpec::new(vec!["/bin/true".to_string()]);
+    let once = |seccomp_on: bool, landlock_on: bool| {
+        rt.block_on(async {
+            let stdio = StdioSpec { stdin: Stdio::null(), stdout: Stdio::null(), stderr: Stdio::null() };
+            let filter = seccomp_on.then_some((profile.name.as_str(), &profile.fd));
+            let job = spawn_adjusted(&spec, stdio, filter, |init| {
+                if !landlock_on {
+                    init.landlock = None;
+                }
+            })
+            .await
+            .ok()?;
+            let outcome = job.supervise(Duration::from_secs(2), std::future::pending()).await;
+            (outcome.exit_code == Some(0)).then_some(())
+        })
+    };
+    let variants = [
+        (true, true, "warm, landlock + seccomp (layer cost: A)"),
+        (true, false, "warm, landlock only"),
+        (false, false, "warm, neither (layer cost: B)"),
+    ];
+    let mut rows: Vec<Row> =
+        variants.iter().map(|(_, _, name)| Row { name: name.to_string(), samples: Vec::with_capacity(runs) }).collect();
+    for _ in 0..10 {
+        for (l, s, _) in variants {
+            if once(s, l).is_none() {
+                eprintln!("layer cost: not measured (the job failed)");
+                return vec![];
+            }
+        }
+    }
+    for _ in 0..runs {
+        for (i, (l, s, _)) in variants.iter().enumerate() {
+            let t = Instant::now();
+            if once(*s, *l).is_none() {
+                return vec![];
+            }
+            rows[i].samples.push(t.elapsed());
+        }
+    }
+    let a = rows[0].pct(0.5).as_secs_f64() * 1000.0;
+    let b = rows[2].pct(0.5).as_secs_f64() * 1000.0;
+    println!("landlock + seccomp add {:.3} ms at p50 (A − B; budget 0.5 ms)", a - b);
+    rows
+}
+
+#[cfg(not(target_os = "linux"))]
+fn layer_cost(_runs: usize) -> Vec<Row> {
+    Vec::new()
 }
 
 #[cfg(not(target_os = "linux"))]
