@@ -106,6 +106,17 @@ pub fn clone3_into_cgroup(flags: libc::c_int, cgroup: &std::os::fd::OwnedFd) -> 
     Errno::result(ret).map(|pid| pid as libc::pid_t)
 }
 
+/// A pidfd for `pid` (Linux 5.3): it refers to that very process, however
+/// its pid is reused later, and polls readable once the process exits.
+pub fn pidfd_open(pid: libc::pid_t) -> Result<std::os::fd::OwnedFd, Errno> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags, no pointers.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = Errno::result(ret)?;
+    // SAFETY: the kernel just returned this new fd; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
 pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
