@@ -55,6 +55,14 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
+    // `CONFINE_LOG=confine=debug`: the stages of each request, with times.
+    if let Ok(spec) = std::env::var("CONFINE_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(spec))
+            .with_timer(tracing_subscriber::fmt::time::uptime())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let runs: usize = std::env::var("SPAWN_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
     let confine = env!("CARGO_BIN_EXE_confine");
     let mut rows: Vec<Row> = Vec::new();

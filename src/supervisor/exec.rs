@@ -592,11 +592,18 @@ impl Supervisor {
         let mut entry = AuditEntry::decided(&job_id, input, decision);
         entry.status = status;
         let mut resp = not_run(job_id, status, decision, error);
-        if let Err(e) =
-            self.stores().map_err(|e| e.to_string()).and_then(|s| s.audit.append(entry).map_err(|e| e.to_string()))
-        {
-            resp.error =
-                Some(format!("{} (and the audit record was not written: {e})", resp.error.unwrap_or_default()));
+        let unwritten = match self.stores() {
+            Ok(stores) => stores.audit.append(entry).err().map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(e) = unwritten {
+            let error = resp.error.unwrap_or_default();
+            // A job stopped because the store failed already says why.
+            resp.error = Some(if error.contains(&e) {
+                format!("{error} (no audit record was written)")
+            } else {
+                format!("{error} (and the audit record was not written: {e})")
+            });
         }
         resp
     }
