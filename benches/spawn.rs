@@ -6,9 +6,13 @@
 //! process, profile compiled once), which is what every MCP request gets:
 //! no supervisor start, no seccomp profile to load.
 //!
+//! The last three rows price landlock and seccomp: the same warm job with
+//! every layer, landlock only, and neither, interleaved run by run.
+//!
 //! `cargo bench --bench spawn` (release build). `SPAWN_RUNS=N` sets the
-//! number of runs per row (default 300). Rows whose tool is missing are
-//! reported as such, never invented.
+//! number of runs per row (default 300); `SPAWN_ROWS=layers` runs only the
+//! layer rows; `CONFINE_LOG=confine=debug` logs each request's stages.
+//! Rows whose tool is missing are reported as such, never invented.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,6 +70,12 @@ fn main() {
     let runs: usize = std::env::var("SPAWN_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
     let confine = env!("CARGO_BIN_EXE_confine");
     let mut rows: Vec<Row> = Vec::new();
+    // `SPAWN_ROWS=layers`: only the landlock + seccomp A/B rows.
+    if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "layers") {
+        rows.extend(layer_cost(runs));
+        print_rows(&rows, runs);
+        return;
+    }
     let plain = time("plain fork/exec", runs, &["/bin/true"]);
     let bwrap = time(
         "bwrap --unshare-all",
@@ -88,12 +98,16 @@ fn main() {
     let governed = warm_governed(runs);
     rows.extend([plain, bwrap, confine_row, limits, exec_cli, warm, warm_bash, governed].into_iter().flatten());
     rows.extend(layer_cost(runs));
+    print_rows(&rows, runs);
+}
+
+fn print_rows(rows: &[Row], runs: usize) {
     let base = |name: &str| rows.iter().find(|r| r.name.starts_with(name)).map(|r| r.pct(0.5));
     let (plain_p50, bwrap_p50) = (base("plain"), base("bwrap"));
     println!("runs per row: {runs}");
     println!("| how /bin/true is run | p50 ms | p99 ms | × plain | × bwrap |");
     println!("|---|---:|---:|---:|---:|");
-    for r in &rows {
+    for r in rows {
         let p50 = r.pct(0.5);
         let ratio = |b: Option<Duration>| {
             b.map(|b| format!("{:.2}", p50.as_secs_f64() / b.as_secs_f64())).unwrap_or("–".into())
