@@ -67,6 +67,9 @@ pub struct Supervisor {
     pub(crate) host: Host,
     /// The GC run started last, if it is still running.
     pending_gc: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Built for one request ([`Supervisor::open_deferred`]): the policy is
+    /// evaluated on the calling thread, as nothing else waits for it.
+    one_shot: bool,
 }
 
 impl Supervisor {
@@ -87,7 +90,9 @@ impl Supervisor {
     /// unreleased if it fails to open (`supervisor/stores.rs`).
     pub fn open_deferred(config: Config) -> Result<Supervisor, SupervisorError> {
         let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
-        Supervisor::build(config, stores)
+        let mut sup = Supervisor::build(config, stores)?;
+        sup.one_shot = true;
+        Ok(sup)
     }
 
     /// As [`Supervisor::open`], on a store the caller already opened.
@@ -137,6 +142,7 @@ impl Supervisor {
             #[cfg(target_os = "linux")]
             seccomp,
             pending_gc: std::sync::Mutex::new(None),
+            one_shot: false,
         })
     }
 
