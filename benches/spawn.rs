@@ -116,21 +116,24 @@ fn print_rows(rows: &[Row], runs: usize) {
     }
 }
 
-/// `/bin/true` started by a long-lived supervisor: the library's spawn and
-/// supervise, with the default profile compiled once beforehand.
+/// A config of its own in `dir`: runtime enabled, a store, repository
+/// `bench`.
+fn bench_config(dir: &std::path::Path) -> Option<String> {
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&repo).ok()?;
+    Some(format!(
+        "[runtime]\nenabled = true\n[store]\npath = \"{}\"\n[[repos]]\nid = \"bench\"\nroot = \"{}\"\n",
+        dir.join("store").display(),
+        repo.display()
+    ))
+}
+
 /// `confine exec` from the command line, with a config of its own in a
 /// temp dir (store, repository).
 fn exec_cli_row(confine: &str, runs: usize) -> Option<Row> {
     let dir = tempfile::tempdir().ok()?;
     let config = dir.path().join("confine.toml");
-    let repo = dir.path().join("repo");
-    std::fs::create_dir_all(&repo).ok()?;
-    let text = format!(
-        "[runtime]\nenabled = true\n[store]\npath = \"{}\"\n[[repos]]\nid = \"bench\"\nroot = \"{}\"\n",
-        dir.path().join("store").display(),
-        repo.display()
-    );
-    std::fs::write(&config, text).ok()?;
+    std::fs::write(&config, bench_config(dir.path())?).ok()?;
     let cfg = config.to_str()?;
     time(
         "confine exec --runtime shell --code true (CLI)",
@@ -139,40 +142,75 @@ fn exec_cli_row(confine: &str, runs: usize) -> Option<Row> {
     )
 }
 
+/// In-process variants timed interleaved, run by run, so that drift in the
+/// host's load hits them alike: 10 unmeasured rounds, then `runs` timed
+/// ones. None (and a line saying so) when a run fails.
+type Variant<'a> = (&'a str, Box<dyn FnMut() -> Option<()> + 'a>);
+
+fn interleaved(what: &str, runs: usize, mut variants: Vec<Variant<'_>>) -> Option<Vec<Row>> {
+    let mut rows: Vec<Row> =
+        variants.iter().map(|(name, _)| Row { name: name.to_string(), samples: Vec::with_capacity(runs) }).collect();
+    for round in 0..runs + 10 {
+        for (row, (_, once)) in rows.iter_mut().zip(variants.iter_mut()) {
+            let t = Instant::now();
+            if once().is_none() {
+                eprintln!("{what}: not measured (a job failed)");
+                return None;
+            }
+            if round >= 10 {
+                row.samples.push(t.elapsed());
+            }
+        }
+    }
+    Some(rows)
+}
+
+/// Start `spec` from this warm process and wait for it: the library's
+/// spawn and supervise, with `seccomp` compiled beforehand, and landlock
+/// dropped from the init plan when `landlock` is false.
 #[cfg(target_os = "linux")]
-fn warm_supervisor(runs: usize, program: &str, name: &str) -> Option<Row> {
-    use confine::sandbox::linux::{seccomp, spawn};
+fn warm_job(
+    rt: &tokio::runtime::Runtime,
+    spec: &confine::job::JobSpec,
+    seccomp: Option<(&str, &std::os::fd::OwnedFd)>,
+    landlock: bool,
+) -> Option<()> {
     use confine::sandbox::StdioSpec;
-    // This bench binary can't be the init stage: use confine's.
+    rt.block_on(async {
+        let stdio = StdioSpec { stdin: Stdio::null(), stdout: Stdio::null(), stderr: Stdio::null() };
+        let job = confine::sandbox::linux::spawn_adjusted(spec, stdio, seccomp, |init| {
+            if !landlock {
+                init.landlock = None;
+            }
+        })
+        .await
+        .ok()?;
+        let outcome = job.supervise(Duration::from_secs(2), std::future::pending()).await;
+        (outcome.exit_code == Some(0)).then_some(())
+    })
+}
+
+/// The runtime and compiled default profile of a warm supervisor. This
+/// bench binary can't be the init stage: confine's is used.
+#[cfg(target_os = "linux")]
+fn warm_parts() -> Option<(tokio::runtime::Runtime, confine::sandbox::linux::seccomp::CompiledProfile)> {
     confine::sandbox::linux::set_init_executable(env!("CARGO_BIN_EXE_confine").into());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-    let profile = seccomp::compile_default().ok()?;
+    Some((rt, confine::sandbox::linux::seccomp::compile_default().ok()?))
+}
+
+/// `program` started by a long-lived supervisor, every layer on.
+#[cfg(target_os = "linux")]
+fn warm_supervisor(runs: usize, program: &str, name: &str) -> Option<Row> {
+    let (rt, profile) = warm_parts()?;
     let mut argv = vec![program.to_string()];
     if program.ends_with("bash") {
         argv.extend(["-c".to_string(), "true".to_string()]);
     }
     let spec = confine::job::JobSpec::new(argv);
-    let once = || {
-        rt.block_on(async {
-            let stdio = StdioSpec { stdin: Stdio::null(), stdout: Stdio::null(), stderr: Stdio::null() };
-            let job = spawn(&spec, stdio, Some((&profile.name, &profile.fd))).await.ok()?;
-            let outcome = job.supervise(Duration::from_secs(2), std::future::pending()).await;
-            (outcome.exit_code == Some(0)).then_some(())
-        })
-    };
-    for _ in 0..10 {
-        if once().is_none() {
-            eprintln!("warm supervisor: not measured (the job failed)");
-            return None;
-        }
-    }
-    let mut samples = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let t = Instant::now();
-        once()?;
-        samples.push(t.elapsed());
-    }
-    Some(Row { name: name.into(), samples })
+    let filter = Some((profile.name.as_str(), &profile.fd));
+    let once = Box::new(|| warm_job(&rt, &spec, filter, true));
+    interleaved(name, runs, vec![(name, once)])?.pop()
 }
 
 /// The governed pipeline in a warm supervisor: `runtime shell`, code
@@ -183,17 +221,10 @@ fn warm_supervisor(runs: usize, program: &str, name: &str) -> Option<Row> {
 fn warm_governed(runs: usize) -> Option<Row> {
     use confine::supervisor::exec::{ExecControl, ExecuteRequest};
     let dir = tempfile::tempdir().ok()?;
-    let repo = dir.path().join("repo");
-    std::fs::create_dir_all(&repo).ok()?;
-    let text = format!(
-        "[runtime]\nenabled = true\n[store]\npath = \"{}\"\n[[repos]]\nid = \"bench\"\nroot = \"{}\"\n",
-        dir.path().join("store").display(),
-        repo.display()
-    );
-    let config = confine::config::Config::parse(&text, &dir.path().join("confine.toml")).ok()?;
+    let config = confine::config::Config::parse(&bench_config(dir.path())?, &dir.path().join("confine.toml")).ok()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().ok()?;
     let sup = rt.block_on(async { confine::supervisor::Supervisor::open(config) }).ok()?;
-    let once = || {
+    let once = Box::new(|| {
         let req = ExecuteRequest {
             repo_id: Some("bench".into()),
             runtime: "shell".into(),
@@ -202,73 +233,29 @@ fn warm_governed(runs: usize) -> Option<Row> {
         };
         let resp = rt.block_on(sup.execute(req, ExecControl::default()));
         (resp.exit_code == Some(0)).then_some(()).or_else(|| {
-            eprintln!("governed: not measured: {:?}", resp.error);
+            eprintln!("governed: {:?}", resp.error);
             None
         })
-    };
-    for _ in 0..10 {
-        once()?;
-    }
-    let mut samples = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let t = Instant::now();
-        once()?;
-        samples.push(t.elapsed());
-    }
-    Some(Row { name: "warm supervisor, governed: exec --runtime shell --code true".into(), samples })
+    });
+    let name = "warm supervisor, governed: exec --runtime shell --code true";
+    interleaved(name, runs, vec![(name, once)])?.pop()
 }
 
 /// What landlock and seccomp add to a spawn (the confinement issue's
 /// budget: ≤ 0.5 ms at p50). The same warm-supervisor job three ways,
-/// interleaved run by run so that drift in the host's load hits all three
-/// alike: every layer; seccomp off; landlock and seccomp off.
+/// interleaved: every layer; landlock only; neither.
 #[cfg(target_os = "linux")]
 fn layer_cost(runs: usize) -> Vec<Row> {
-    use confine::sandbox::linux::{seccomp, spawn_adjusted};
-    use confine::sandbox::StdioSpec;
-    confine::sandbox::linux::set_init_executable(env!("CARGO_BIN_EXE_confine").into());
-    let Some(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build().ok() else { return vec![] };
-    let Ok(profile) = seccomp::compile_default() else { return vec![] };
+    let Some((rt, profile)) = warm_parts() else { return vec![] };
     let spec = confine::job::JobSpec::new(vec!["/bin/true".to_string()]);
-    let once = |seccomp_on: bool, landlock_on: bool| {
-        rt.block_on(async {
-            let stdio = StdioSpec { stdin: Stdio::null(), stdout: Stdio::null(), stderr: Stdio::null() };
-            let filter = seccomp_on.then_some((profile.name.as_str(), &profile.fd));
-            let job = spawn_adjusted(&spec, stdio, filter, |init| {
-                if !landlock_on {
-                    init.landlock = None;
-                }
-            })
-            .await
-            .ok()?;
-            let outcome = job.supervise(Duration::from_secs(2), std::future::pending()).await;
-            (outcome.exit_code == Some(0)).then_some(())
-        })
-    };
-    let variants = [
-        (true, true, "warm, landlock + seccomp (layer cost: A)"),
-        (true, false, "warm, landlock only"),
-        (false, false, "warm, neither (layer cost: B)"),
+    let filter = Some((profile.name.as_str(), &profile.fd));
+    let (rt, spec) = (&rt, &spec);
+    let variants: Vec<Variant<'_>> = vec![
+        ("warm, landlock + seccomp (layer cost: A)", Box::new(move || warm_job(rt, spec, filter, true))),
+        ("warm, landlock only", Box::new(move || warm_job(rt, spec, None, true))),
+        ("warm, neither (layer cost: B)", Box::new(move || warm_job(rt, spec, None, false))),
     ];
-    let mut rows: Vec<Row> =
-        variants.iter().map(|(_, _, name)| Row { name: name.to_string(), samples: Vec::with_capacity(runs) }).collect();
-    for _ in 0..10 {
-        for (l, s, _) in variants {
-            if once(s, l).is_none() {
-                eprintln!("layer cost: not measured (the job failed)");
-                return vec![];
-            }
-        }
-    }
-    for _ in 0..runs {
-        for (i, (l, s, _)) in variants.iter().enumerate() {
-            let t = Instant::now();
-            if once(*s, *l).is_none() {
-                return vec![];
-            }
-            rows[i].samples.push(t.elapsed());
-        }
-    }
+    let Some(rows) = interleaved("layer cost", runs, variants) else { return vec![] };
     let a = rows[0].pct(0.5).as_secs_f64() * 1000.0;
     let b = rows[2].pct(0.5).as_secs_f64() * 1000.0;
     println!("landlock + seccomp add {:.3} ms at p50 (A − B; budget 0.5 ms)", a - b);

@@ -400,20 +400,13 @@ impl Supervisor {
             captured.stdout.meta.total_bytes,
             captured.stderr.meta.total_bytes,
         );
-        // The job ran, so the store opened (run_job waited for it).
-        let audit_error = match self.stores() {
-            Ok(stores) => {
-                let mut error = stores.audit.append(entry).err().map(|e| format!("audit record not written: {e}"));
-                if error.is_some() {
-                    // The append's flush is what makes the artifact durable too.
-                    if let Err(e) = stores.store.flush() {
-                        error = error.map(|a| format!("{a}; output not flushed: {e}"));
-                    }
-                }
-                error
+        let audit_error = self.audit(entry).err().map(|e| {
+            // The append's flush is what makes the artifact durable too.
+            match self.stores().map_err(|e| e.to_string()).and_then(|s| s.store.flush().map_err(|e| e.to_string())) {
+                Ok(()) => format!("audit record not written: {e}"),
+                Err(f) => format!("audit record not written: {e}; output not flushed: {f}"),
             }
-            Err(e) => Some(format!("audit record not written: {e}")),
-        };
+        });
         tracing::debug!("audit record flushed");
         // The artifact and the audit record are flushed: GC may run beside the answer.
         self.collect_garbage_if_due();
@@ -499,14 +492,18 @@ impl Supervisor {
         // A store still opening (`Supervisor::open_deferred`): the Linux
         // sandbox is built meanwhile and its job held before execve; other
         // backends wait for the store first. No job runs unaudited.
-        placed.spec.hold = self.backend == BackendKind::Linux && !self.stores.is_ready();
-        if !placed.spec.hold {
+        let hold = self.backend == BackendKind::Linux && !self.stores.is_ready();
+        placed.spec.hold = hold;
+        if !hold {
             self.stores.wait().await.map_err(|e| e.to_string())?;
         }
         let mut job = self.start(job_id, placed, stdio).await?;
-        // On error the held job is dropped unreleased, which kills its tree.
+        // Ready at once unless the job is held. On error the held job is
+        // dropped unreleased, which kills its tree.
         let stores = self.stores.wait().await.map_err(|e| e.to_string())?;
-        job.release().await.map_err(|e| format!("cannot start the job: {e}"))?;
+        if hold {
+            job.release().await.map_err(|e| format!("cannot start the job: {e}"))?;
+        }
         let cap = Capture::start(Some(&stores.artifacts), repo_id, output, redactor.clone(), persist);
         let started = Instant::now();
         let count = Arc::new(AtomicU64::new(0));
@@ -596,11 +593,7 @@ impl Supervisor {
         let mut entry = AuditEntry::decided(&job_id, input, decision);
         entry.status = status;
         let mut resp = not_run(job_id, status, decision, error);
-        let unwritten = match self.stores() {
-            Ok(stores) => stores.audit.append(entry).err().map(|e| e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        if let Some(e) = unwritten {
+        if let Err(e) = self.audit(entry) {
             let error = resp.error.unwrap_or_default();
             // A job stopped because the store failed already says why.
             resp.error = Some(if error.contains(&e) {
@@ -610,6 +603,12 @@ impl Supervisor {
             });
         }
         resp
+    }
+
+    /// Append `entry` to the audit trail (flushed before it returns).
+    fn audit(&self, entry: AuditEntry) -> Result<(), String> {
+        let stores = self.stores().map_err(|e| e.to_string())?;
+        stores.audit.append(entry).map(drop).map_err(|e| e.to_string())
     }
 
     fn reject(
@@ -658,11 +657,11 @@ impl Started {
         }
     }
 
-    /// Let a job spawned held execve (a job that was not held: nothing).
+    /// Let a job spawned held execve (only the Linux backend holds jobs).
     async fn release(&mut self) -> Result<(), crate::sandbox::SandboxError> {
         match self {
-            Started::Linux(j) if j.held() => j.release().await,
-            _ => Ok(()),
+            Started::Linux(j) => j.release().await,
+            Started::Fallback(_) => Ok(()),
         }
     }
 

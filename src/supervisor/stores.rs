@@ -53,7 +53,7 @@ pub(crate) struct StoreSlot {
 }
 
 impl StoreSlot {
-    /// Open at `path` now.
+    /// A store the caller already opened.
     pub(crate) fn opened(store: Store, gc_interval_secs: u64) -> Result<StoreSlot, SupervisorError> {
         let stores = Stores::open(store, gc_interval_secs)?;
         let (_, done) = tokio::sync::watch::channel(true);

@@ -318,11 +318,6 @@ impl RunningJob {
         self.ctl.write_all(&[protocol::RELEASE]).await.map_err(SandboxError::Spawn)
     }
 
-    /// Whether the job waits for [`RunningJob::release`].
-    pub fn held(&self) -> bool {
-        self.spec.hold
-    }
-
     /// Host pid of the outer init stage.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
