@@ -89,6 +89,18 @@ fn refused_without_allow_degraded_naming_what_is_lost() {
     }
 }
 
+/// The stage is a Rust program, which ignores SIGPIPE; the job must not.
+#[test]
+fn job_does_not_inherit_an_ignored_sigpipe() {
+    let out = fallback(&["--", "sh", "-c", "grep '^SigIgn:' /proc/self/status; yes | head -c 1 >/dev/null"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ignored = text.strip_prefix("SigIgn:").map(str::trim).unwrap_or_default();
+    let mask = u64::from_str_radix(ignored, 16).unwrap_or_else(|_| panic!("no SigIgn in {text}"));
+    assert_eq!(mask & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE ignored: {text}");
+    assert!(!stderr(&out).contains("Broken pipe"), "yes saw EPIPE instead of SIGPIPE: {}", stderr(&out));
+}
+
 #[test]
 fn stdout_passes_through_and_exit_codes_are_the_jobs() {
     let out = fallback(&["--", "sh", "-c", "echo hello-fallback; echo to-stderr >&2; exit 3"]);

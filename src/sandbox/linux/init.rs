@@ -255,7 +255,11 @@ fn job(spec: &InitSpec, ctl: &File) -> ! {
                 // The supervisor gave up on this job (and is killing it).
                 std::process::exit(125)
             }
-            // Signals blocked for the init loops are not blocked for the job.
+            // Signals blocked for the init loops are not blocked for the job,
+            // and none is ignored: Rust ignores SIGPIPE in this stage, and a
+            // supervisor started under `nohup` ignores SIGHUP; a job must
+            // start as a shell would start it.
+            default_signal_dispositions();
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
             let errno = exec::execvpe(&spec.argv, &spec.env);
             report(
@@ -268,6 +272,22 @@ fn job(spec: &InitSpec, ctl: &File) -> ! {
             report(ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
             std::process::exit(125)
         }
+    }
+}
+
+/// Every signal libc lets us set back to its default action, real-time
+/// ones included. SIGKILL and SIGSTOP cannot be changed, and glibc keeps
+/// 32 and 33 for itself (it refuses them with EINVAL, and installs its own
+/// handlers there when a program needs them).
+fn default_signal_dispositions() {
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: SIG_DFL installs no handler, so no code of ours can run
+        // in a signal context; this process is single-threaded. An invalid
+        // or reserved number only makes the call fail, which is ignored.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
     }
 }
 

@@ -253,7 +253,9 @@ unsafe fn child(
     // SAFETY: plain syscalls on values built before the fork, in the
     // child of a single-threaded process; the caller guarantees that.
     unsafe {
-        for sig in FORWARDED.iter().chain([KILL_TREE_SIGNAL].iter()) {
+        // Default actions for our handlers, and for SIGPIPE, which the Rust
+        // runtime of this stage ignores: `yes | head` must end by SIGPIPE.
+        for sig in FORWARDED.iter().chain([KILL_TREE_SIGNAL, libc::SIGPIPE].iter()) {
             libc::signal(*sig, libc::SIG_DFL);
         }
         // Its own session and process group: a stop signal reaches the

@@ -23,7 +23,7 @@ const MAX_QUEUE_ITEMS: usize = 64;
 const N_SHARDS: usize = 2;
 
 #[cfg(not(any(test, feature = "lock_free_delays")))]
-const N_SHARDS: usize = 256;
+const N_SHARDS: usize = 16;
 
 struct AccessBlock {
     len: AtomicUsize,

@@ -27,6 +27,66 @@ macro_rules! io_fail {
     };
 }
 
+/// confine: bytes of log buffers allocated and not yet freed. A buffer
+/// lives until the I/O pool has written it and the epoch that retired it
+/// has passed; nothing bounded how many could pile up while the pool
+/// lagged (tens of MiB on a loaded host).
+static LIVE_BUFFER_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// confine: above this many bytes of live log buffers, writers wait.
+const LIVE_BUFFER_LIMIT: usize = 4 << 20;
+
+/// confine: the longest a writer waits for log buffers to drain. Past it
+/// the write goes ahead: a bound on memory must never become a deadlock.
+const LIVE_BUFFER_MAX_WAIT: std::time::Duration =
+    std::time::Duration::from_millis(250);
+
+/// confine: log buffers handed to the I/O pool and not yet written.
+static PENDING_WRITES: AtomicUsize = AtomicUsize::new(0);
+
+/// confine: one log buffer write on its way through the I/O pool; counted
+/// from before the pool is asked until the closure that wrote it (or was
+/// never run) is dropped.
+pub(crate) struct PendingWrite(());
+
+impl PendingWrite {
+    pub(crate) fn new() -> PendingWrite {
+        PENDING_WRITES.fetch_add(1, Release);
+        PendingWrite(())
+    }
+}
+
+impl Drop for PendingWrite {
+    fn drop(&mut self) {
+        PENDING_WRITES.fetch_sub(1, Release);
+    }
+}
+
+/// confine: back-pressure for writers. Call it with no epoch pin held by
+/// this thread (a pin would keep retired buffers alive). A writer waits
+/// only while the I/O pool has writes pending, since only their end frees
+/// buffers: retired buffers that wait on the epoch alone are handed to the
+/// collector, and the write goes ahead.
+pub(crate) fn wait_for_log_buffers() {
+    if LIVE_BUFFER_BYTES.load(Acquire) <= LIVE_BUFFER_LIMIT {
+        return;
+    }
+    let deadline = std::time::Instant::now() + LIVE_BUFFER_MAX_WAIT;
+    loop {
+        // hand this thread's retired buffers to the collector and advance
+        // the epoch if we can.
+        pin().flush();
+        if LIVE_BUFFER_BYTES.load(Acquire) <= LIVE_BUFFER_LIMIT
+            || PENDING_WRITES.load(Acquire) == 0
+            || std::time::Instant::now() >= deadline
+        {
+            return;
+        }
+        // give the I/O pool the core.
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
 struct AlignedBuf(*mut u8, usize);
 
 #[allow(unsafe_code)]
@@ -41,6 +101,7 @@ impl AlignedBuf {
         let ptr = unsafe { alloc(layout) };
 
         assert!(!ptr.is_null(), "failed to allocate critical IO buffer");
+        LIVE_BUFFER_BYTES.fetch_add(len, Release);
 
         AlignedBuf(ptr, len)
     }
@@ -49,6 +110,7 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         let layout = Layout::from_size_align(self.1, 8192).unwrap();
+        LIVE_BUFFER_BYTES.fetch_sub(self.1, Release);
         unsafe {
             dealloc(self.0, layout);
         }
@@ -1161,7 +1223,14 @@ pub(in crate::pagecache) fn maybe_seal_and_write_iobuf(
 
     let old_arc = unsafe { Arc::from_raw(old_ptr) };
 
-    pin().defer(move || drop(old_arc));
+    // confine: flush the deferred drop to the global queue at once. Left
+    // in this thread's local bag, it waited for 63 more deferrals from the
+    // same thread, and a thread that seals rarely (the flusher, a writer
+    // gone idle) stranded megabytes of log buffers there indefinitely.
+    let guard = pin();
+    guard.defer(move || drop(old_arc));
+    guard.flush();
+    drop(guard);
 
     // having held the mutex makes this linearized
     // with the notify below.
@@ -1180,7 +1249,9 @@ pub(in crate::pagecache) fn maybe_seal_and_write_iobuf(
         );
         let iobufs = iobufs.clone();
         let iobuf = iobuf.clone();
+        let pending = PendingWrite::new();
         let _result = threadpool::spawn(move || {
+            let _pending = pending;
             if let Err(e) = iobufs.write_to_log(&iobuf) {
                 error!(
                     "hit error while writing iobuf with lsn {}: {:?}",

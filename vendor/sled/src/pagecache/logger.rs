@@ -435,7 +435,9 @@ impl Log {
             );
             let iobufs = self.iobufs.clone();
             let iobuf = iobuf.clone();
+            let pending = super::iobuf::PendingWrite::new();
             threadpool::spawn(move || {
+                let _pending = pending;
                 if let Err(e) = iobufs.write_to_log(&iobuf) {
                     error!(
                         "hit error while writing iobuf with lsn {}: {:?}",

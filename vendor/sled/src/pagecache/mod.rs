@@ -47,6 +47,7 @@ use self::{
     segment::{SegmentAccountant, SegmentCleaner, SegmentOp},
 };
 
+pub(crate) use self::iobuf::wait_for_log_buffers;
 pub(crate) use self::{
     logger::{
         read_message, read_segment_header, MessageHeader, SegmentHeader,
