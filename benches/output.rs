@@ -18,12 +18,11 @@
 //! `MALLOC_MMAP_THRESHOLD_` wins over it, here as there.)
 
 use confine::output::query::query_output;
-use confine::output::{capture, Capture, OutputConfig, QueryRequest};
+use confine::output::{capture, capture_pipe, Capture, OutputConfig, QueryRequest};
 use confine::store::artifacts::{ArtifactBackend, ArtifactError, ArtifactMeta, Artifacts, JobInfo, StreamName};
 use confine::store::Store;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
 
 /// Reset the peak RSS counter (Linux: `5` to clear_refs).
 fn reset_hwm() {
@@ -54,14 +53,15 @@ fn grow_pipe(out: &tokio::process::ChildStdout, bytes: i32) {
     unsafe { libc::fcntl(out.as_raw_fd(), libc::F_SETPIPE_SZ, bytes) };
 }
 
-/// Spawn `script`, capture `limit` bytes of its stdout (and its stderr),
-/// and return bytes drained and elapsed time.
+/// Spawn `script`, capture its stdout and stderr, and return bytes
+/// drained and elapsed time. `async_reads`: read the pipes on the runtime
+/// (`capture`, any async reader) instead of as `confine exec` does.
 async fn drain(
     artifacts: Option<&Artifacts>,
     cfg: &OutputConfig,
     script: &str,
-    limit: u64,
     pipe: i32,
+    async_reads: bool,
 ) -> (u64, Duration, bool) {
     let mut child = tokio::process::Command::new("sh")
         .args(["-c", script])
@@ -77,10 +77,17 @@ async fn drain(
     }
     let t0 = Instant::now();
     let cap = Capture::start(artifacts, "bench", cfg, cfg.redactor(|_| None), artifacts.is_some());
-    let (o, e) = tokio::join!(
-        capture(out.take(limit), cap.sink(StreamName::Stdout)),
-        capture(err, cap.sink(StreamName::Stderr))
-    );
+    let (o, e) = if async_reads {
+        tokio::join!(capture(out, cap.sink(StreamName::Stdout)), capture(err, cap.sink(StreamName::Stderr)))
+    } else {
+        // As `confine exec` reads a job's pipes: blocking reads on the
+        // stage-1 thread (`capture_pipe`).
+        let (out, err) = (out.into_owned_fd().unwrap(), err.into_owned_fd().unwrap());
+        tokio::join!(
+            capture_pipe(out, |_, _| {}, cap.sink(StreamName::Stdout)),
+            capture_pipe(err, |_, _| {}, cap.sink(StreamName::Stderr))
+        )
+    };
     let elapsed = t0.elapsed();
     let _ = child.kill().await;
     let total = o.meta.total_bytes;
@@ -88,26 +95,25 @@ async fn drain(
     (total, elapsed, c.artifact.is_some())
 }
 
-/// Plain pipe reading, nothing else: the ceiling for the numbers above.
-async fn baseline(script: &str, limit: u64) -> (u64, Duration) {
-    let mut child = tokio::process::Command::new("sh")
-        .args(["-c", script])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap().take(limit);
+/// Plain pipe reading, nothing else (blocking 128 KiB reads, as `cat`
+/// does): the ceiling for the numbers above.
+fn baseline(script: &str) -> (u64, Duration) {
+    use std::io::Read;
+    let mut child = std::process::Command::new("sh").args(["-c", script]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
     let mut buf = vec![0u8; 128 << 10];
     let t0 = Instant::now();
     let mut n = 0u64;
     loop {
-        let k = out.read(&mut buf).await.unwrap();
+        let k = out.read(&mut buf).unwrap();
         if k == 0 {
             break;
         }
         n += k as u64;
     }
-    (n, t0.elapsed())
+    let d = t0.elapsed();
+    let _ = child.wait();
+    (n, d)
 }
 
 /// Keeps metadata, drops chunks: the capture path without sled, to tell
@@ -206,7 +212,9 @@ fn main() {
     let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
     let g = gib << 30;
     let yes = format!("yes | head -c {g}");
-    let zero = "cat /dev/zero";
+    // `cat /dev/zero`, 1 GiB of it: dd writes 128 KiB blocks as cat does
+    // (head -c would write 8 KiB ones).
+    let zero = format!("dd if=/dev/zero bs=128K count={} status=none", g >> 17);
     let full = OutputConfig { stdout_stored_bytes: 4 << 30, ..OutputConfig::default() };
     let default = OutputConfig::default();
 
@@ -221,7 +229,7 @@ fn main() {
                 let d = t0.elapsed();
                 let e = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
                 cap.finish(JobInfo::default(), o, e);
-                println!("  {name:<16} stored                     {:>7.0} MB/s", mbps(1 << 30, d));
+                println!("  {name:<17} stored                     {:>7.0} MB/s", mbps(1 << 30, d));
             }
         });
     }
@@ -230,37 +238,39 @@ fn main() {
             "drain, {gib} GiB per run (MB/s; 'stored' = every byte redacted, hashed, gzipped and written to sled)"
         );
         rt.block_on(async {
-            for (name, script, limit) in [("yes | head -c", yes.as_str(), g), ("cat /dev/zero", zero, g)] {
-                let (n, d) = baseline(script, limit).await;
-                println!("  {name:<16} pipe read only              {:>7.0} MB/s", mbps(n, d));
+            for (name, script) in [("yes | head -c", yes.as_str()), ("cat /dev/zero", zero.as_str())] {
+                let (n, d) = baseline(script);
+                println!("  {name:<17} pipe read only              {:>7.0} MB/s", mbps(n, d));
                 for (label, pipe) in [("64 KiB pipe", 0), ("1 MiB pipe ", 1 << 20)] {
                     reset_hwm();
-                    let (n, d, ok) = drain(Some(&artifacts), &full, script, limit, pipe).await;
+                    let (n, d, ok) = drain(Some(&artifacts), &full, script, pipe, false).await;
                     assert!(ok);
                     println!(
-                        "  {name:<16} stored, {label}       {:>7.0} MB/s  ({:.2} s, peak RSS {:.1} MiB)",
+                        "  {name:<17} stored, {label}       {:>7.0} MB/s  ({:.2} s, peak RSS {:.1} MiB)",
                         mbps(n, d),
                         d.as_secs_f64(),
                         vm_hwm_kib() as f64 / 1024.0
                     );
                 }
+                let (n, d, _) = drain(Some(&artifacts), &full, script, 0, true).await;
+                println!("  {name:<17} stored, 64 KiB, async reads {:>7.0} MB/s", mbps(n, d));
                 reset_hwm();
                 let null = Artifacts::new(std::sync::Arc::new(NullBackend::default()));
-                let (n, d, _) = drain(Some(&null), &full, script, limit, 1 << 20).await;
+                let (n, d, _) = drain(Some(&null), &full, script, 1 << 20, false).await;
                 println!(
-                    "  {name:<16} no sled, 1 MiB pipe         {:>7.0} MB/s  (peak RSS {:.1} MiB)",
+                    "  {name:<17} no sled, 1 MiB pipe         {:>7.0} MB/s  (peak RSS {:.1} MiB)",
                     mbps(n, d),
                     vm_hwm_kib() as f64 / 1024.0
                 );
                 reset_hwm();
-                let (n, d, _) = drain(Some(&artifacts), &default, script, limit, 0).await;
+                let (n, d, _) = drain(Some(&artifacts), &default, script, 0, false).await;
                 println!(
-                    "  {name:<16} default caps (64 MiB kept)  {:>7.0} MB/s  (peak RSS {:.1} MiB)",
+                    "  {name:<17} default caps (64 MiB kept)  {:>7.0} MB/s  (peak RSS {:.1} MiB)",
                     mbps(n, d),
                     vm_hwm_kib() as f64 / 1024.0
                 );
-                let (n, d, _) = drain(None, &default, script, limit, 0).await;
-                println!("  {name:<16} persistOutput: false        {:>7.0} MB/s", mbps(n, d));
+                let (n, d, _) = drain(None, &default, script, 0, false).await;
+                println!("  {name:<17} persistOutput: false        {:>7.0} MB/s", mbps(n, d));
             }
         });
     }
@@ -270,7 +280,7 @@ fn main() {
             for run in 1..=3 {
                 reset_hwm();
                 let script = "head -c 192000000 /dev/urandom | base64";
-                let (n, d, _) = drain(Some(&artifacts), &default, script, u64::MAX, 0).await;
+                let (n, d, _) = drain(Some(&artifacts), &default, script, 0, false).await;
                 println!(
                     "  run {run}: {:>7.0} MB/s  ({:.2} s, peak RSS {:.1} MiB)",
                     mbps(n, d),

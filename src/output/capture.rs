@@ -1,10 +1,11 @@
 //! Streaming capture of a job's stdout and stderr.
 //!
-//! The async side only reads the pipe and hands buffers over a small
-//! bounded channel to the blocking workers ([`super::worker`]): one redacts,
-//! hashes (SHA-256), counts lines and keeps a bounded head and tail inline;
-//! the other writes gzip chunks of about 1 MiB to the artifact store as
-//! they fill. Memory per stream is a few MiB
+//! A job's pipes are read with blocking reads by the thread that also runs
+//! stage 1 of [`super::worker`] ([`capture_pipe`]); any other async reader
+//! is read on the runtime and its buffers handed over a small bounded
+//! channel to that stage ([`capture`]). Stage 1 redacts, hashes (SHA-256),
+//! counts lines and keeps a bounded head and tail inline; the store thread
+//! writes gzip chunks of about 1 MiB to the artifact store as they fill. Memory per stream is a few MiB
 //! whatever the output size. Past the stored cap the stream is still read
 //! to its end and counted, so the job never blocks on a full pipe; a store
 //! failure does not stop the draining either, it only leaves the artifact
@@ -107,6 +108,80 @@ pub async fn capture<R: AsyncRead + Unpin>(mut reader: R, sink: StreamSink) -> S
         summary.error = error;
     }
     summary
+}
+
+/// Read the pipe `fd` to its end into `sink`, with blocking reads on the
+/// thread that also runs stage 1 ([`Processor`]); `observe` sees every
+/// read first (and `(&[], true)` at the end). For a job's stdout and
+/// stderr. Against [`capture`], a flood of small writes (`yes | head`
+/// writes 8 KiB at a time) costs one wake-up per write instead of an
+/// epoll wake-up of a runtime thread plus a futex wake-up of the worker:
+/// measured with one core busy, `yes | head -c 1G` through `confine exec`
+/// went from 3.3–3.9 s to 2.0–2.1 s (idle: a tie). And while stage 1
+/// works, the pipe fills, so reads grow with the load.
+#[cfg(unix)]
+pub async fn capture_pipe(
+    fd: std::os::fd::OwnedFd,
+    mut observe: impl FnMut(&[u8], bool) + Send + 'static,
+    sink: StreamSink,
+) -> StreamSummary {
+    let stream = sink.stream;
+    let worker = tokio::task::spawn_blocking(move || {
+        let pool = Arc::new(Pool::default());
+        let mut p = Processor::new(sink, pool.clone());
+        let mut error = None;
+        loop {
+            let mut buf = pool.get();
+            match read_pipe(&fd, &mut buf) {
+                Ok(0) => {
+                    observe(&[], true);
+                    break;
+                }
+                Ok(_) => {
+                    observe(&buf, false);
+                    p.feed(buf);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    error = Some(format!("reading {stream}: {e}"));
+                    break;
+                }
+            }
+        }
+        let mut summary = p.finish();
+        if summary.error.is_none() {
+            summary.error = error;
+        }
+        summary
+    });
+    worker.await.unwrap_or_else(|e| StreamSummary {
+        stream,
+        meta: StreamMeta::default(),
+        head: Vec::new(),
+        tail: Vec::new(),
+        gap_bytes: 0,
+        error: Some(format!("{stream} capture failed: {e}")),
+    })
+}
+
+/// One blocking `read` of at most [`READ_BYTES`] into the spare capacity
+/// of `buf` (a pool buffer, empty and at least that big: nothing to zero).
+#[cfg(unix)]
+fn read_pipe(fd: &std::os::fd::OwnedFd, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    buf.clear();
+    buf.reserve(READ_BYTES);
+    let spare = buf.spare_capacity_mut();
+    let want = spare.len().min(READ_BYTES);
+    // SAFETY: `spare` is valid for writes of `want` bytes, and read(2)
+    // writes at most that many into it.
+    let n = unsafe { libc::read(fd.as_raw_fd(), spare.as_mut_ptr().cast(), want) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: read(2) initialised the first `n` bytes (n <= want).
+    unsafe { buf.set_len(n as usize) };
+    Ok(n as usize)
 }
 
 /// One job's capture: both streams, and the artifact they go to.

@@ -139,3 +139,57 @@ fn inline_lines_number_the_tail_from_the_end() {
     let m = src.find(&Terms::new(&["ROW 9"]), 1, 1000, 0, 10).unwrap();
     assert_eq!(m.lines, vec![96, 97, 98, 99]);
 }
+
+#[test]
+fn inline_lines_without_a_gap_are_the_whole_output() {
+    use crate::output::StreamSummary;
+    let summary = |head: &[u8], tail: &[u8], lines: u64| StreamSummary {
+        stream: StreamName::Stdout,
+        meta: StreamMeta { total_lines: lines, ..Default::default() },
+        head: head.to_vec(),
+        tail: tail.to_vec(),
+        gap_bytes: 0,
+        error: None,
+    };
+    let texts = |s: &StreamSummary| -> Vec<(u64, String, bool)> {
+        let src = crate::output::lines::InlineLines::new(s);
+        src.lines(1, 100).unwrap().into_iter().map(|l| (l.no, String::from_utf8(l.text).unwrap(), l.cut)).collect()
+    };
+    // A line straddles head and tail: it is one line.
+    let s = summary(b"one\ntw", b"o\nthree", 3);
+    let want = vec![(1, "one".into(), false), (2, "two".into(), false), (3, "three".into(), false)];
+    assert_eq!(texts(&s), want);
+    // The head ends on a newline: the tail's lines follow it.
+    let s = summary(b"one\ntwo\n", b"three\n", 3);
+    assert_eq!(texts(&s), want);
+    let src = crate::output::lines::InlineLines::new(&s);
+    assert_eq!(src.find(&Terms::new(&["T"]), 1, 3, 0, 10).unwrap().lines, vec![2, 3]);
+    assert_eq!(src.lines(2, 2).unwrap()[0].text, b"two");
+    // Nothing at all.
+    assert!(texts(&summary(b"", b"", 0)).is_empty());
+}
+
+#[test]
+fn inline_lines_mark_a_head_line_that_goes_on_in_the_gap() {
+    use crate::output::StreamSummary;
+    let s = StreamSummary {
+        stream: StreamName::Stdout,
+        meta: StreamMeta { total_lines: 50, ..Default::default() },
+        head: b"first\nsecond is lo".to_vec(),
+        tail: b"ng\nforty-nine\nfifty\n".to_vec(),
+        gap_bytes: 1000,
+        error: None,
+    };
+    let src = crate::output::lines::InlineLines::new(&s);
+    let got = src.lines(1, 100).unwrap();
+    let view: Vec<(u64, &[u8], bool)> = got.iter().map(|l| (l.no, &l.text[..], l.cut)).collect();
+    assert_eq!(
+        view,
+        vec![
+            (1, &b"first"[..], false),
+            (2, &b"second is lo"[..], true),
+            (49, &b"forty-nine"[..], false),
+            (50, &b"fifty"[..], false)
+        ]
+    );
+}

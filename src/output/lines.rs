@@ -175,53 +175,136 @@ pub trait LineSource: Sync {
 }
 
 /// The inline head and tail of a stream that was not stored.
+///
+/// The line index is built on first use (a `minimal` response never needs
+/// it) and holds two `u32` offsets a line into `summary`'s own buffers: a
+/// head and a tail of `y\n` are half a million lines each, and a `Vec` a
+/// line made a `confine exec` of `yes` peak at 57 MiB.
 pub struct InlineLines<'a> {
     summary: &'a StreamSummary,
-    lines: Vec<(u64, Vec<u8>, bool)>,
+    index: std::sync::OnceLock<LineIndex>,
 }
 
-fn split(bytes: &[u8]) -> Vec<&[u8]> {
-    let mut v: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
-    if bytes.last() == Some(&b'\n') || bytes.is_empty() {
-        v.pop();
+/// Where the lines of a head and a tail are.
+struct LineIndex {
+    /// Head and tail joined, when nothing is missing and a line straddles
+    /// them (rare; inline output is at most a MiB); `head` indexes it.
+    joined: Option<Vec<u8>>,
+    /// Lines of the head: `(start, end)` in `summary.head`, numbered from 1.
+    head: Vec<(u32, u32)>,
+    /// Whether the head's last line is cut short (it goes on in the gap).
+    head_cut: bool,
+    /// Lines of the tail: `(start, end)` in `summary.tail`, numbered from
+    /// `tail_first` (lines the head already holds are left out).
+    tail: Vec<(u32, u32)>,
+    tail_first: u64,
+}
+
+/// The `(start, end)` of each line of `bytes` (ends exclude the newline),
+/// from `from` on; a last line without a newline counts.
+fn spans(bytes: &[u8], from: usize) -> Vec<(u32, u32)> {
+    let mut v = Vec::new();
+    let mut start = from;
+    for nl in memchr::memchr_iter(b'\n', &bytes[from..]) {
+        v.push((start as u32, (from + nl) as u32));
+        start = from + nl + 1;
+    }
+    if start < bytes.len() {
+        v.push((start as u32, bytes.len() as u32));
     }
     v
 }
 
 impl<'a> InlineLines<'a> {
     pub fn new(summary: &'a StreamSummary) -> Self {
-        let own = |(i, l): (usize, &[u8])| (i as u64 + 1, l.to_vec(), false);
-        if summary.gap_bytes == 0 {
-            // Nothing is missing: head and tail are the whole output.
-            let all = [&summary.head[..], &summary.tail[..]].concat();
-            return InlineLines { summary, lines: split(&all).into_iter().enumerate().map(own).collect() };
-        }
-        let head = &summary.head[..];
-        let mut lines: Vec<(u64, Vec<u8>, bool)> = split(head).into_iter().enumerate().map(own).collect();
-        if head.last().is_some_and(|&b| b != b'\n') {
-            if let Some(l) = lines.last_mut() {
-                l.2 = true;
+        InlineLines { summary, index: std::sync::OnceLock::new() }
+    }
+
+    fn index(&self) -> &LineIndex {
+        self.index.get_or_init(|| {
+            let (head, tail) = (&self.summary.head[..], &self.summary.tail[..]);
+            let straddles = head.last().is_some_and(|&b| b != b'\n') && !tail.is_empty();
+            if self.summary.gap_bytes == 0 {
+                // Nothing is missing: head and tail are the whole output.
+                if straddles {
+                    let all = [head, tail].concat();
+                    let spans = spans(&all, 0);
+                    return LineIndex {
+                        joined: Some(all),
+                        head: spans,
+                        head_cut: false,
+                        tail: Vec::new(),
+                        tail_first: 1,
+                    };
+                }
+                let head = spans(head, 0);
+                let tail_first = head.len() as u64 + 1;
+                return LineIndex { joined: None, head, head_cut: false, tail: spans(tail, 0), tail_first };
             }
+            let head_spans = spans(head, 0);
+            let head_cut = head.last().is_some_and(|&b| b != b'\n');
+            // The tail starts anywhere in a line: drop up to its first
+            // newline, and number the rest back from the last line.
+            let skip = memchr::memchr(b'\n', tail).map_or(tail.len(), |i| i + 1);
+            let mut tail_spans = spans(tail, skip);
+            let first = (self.summary.meta.total_lines + 1).saturating_sub(tail_spans.len() as u64);
+            // Lines the head already holds are left out.
+            let head_last = head_spans.len() as u64;
+            let overlap = (head_last + 1).saturating_sub(first).min(tail_spans.len() as u64);
+            tail_spans.drain(..overlap as usize);
+            LineIndex { joined: None, head: head_spans, head_cut, tail: tail_spans, tail_first: first + overlap }
+        })
+    }
+
+    /// Lines held.
+    fn count(&self) -> usize {
+        let x = self.index();
+        x.head.len() + x.tail.len()
+    }
+
+    /// Line `i` of those held (0-based): its number, bytes, and whether it is cut.
+    fn raw(&self, i: usize) -> (u64, &[u8], bool) {
+        let x = self.index();
+        if i < x.head.len() {
+            let (a, b) = x.head[i];
+            let bytes = x.joined.as_deref().unwrap_or(&self.summary.head);
+            let cut = x.head_cut && i + 1 == x.head.len();
+            return (i as u64 + 1, &bytes[a as usize..b as usize], cut);
         }
-        // The tail starts anywhere in a line: drop up to its first newline,
-        // and number the rest back from the last line.
-        let tail = &summary.tail[..];
-        let tail = memchr::memchr(b'\n', tail).map_or(&tail[tail.len()..], |i| &tail[i + 1..]);
-        let tail_lines = split(tail);
-        let first = (summary.meta.total_lines + 1).saturating_sub(tail_lines.len() as u64);
-        let head_last = lines.last().map_or(0, |l| l.0);
-        for (i, l) in tail_lines.into_iter().enumerate() {
-            if first + i as u64 > head_last {
-                lines.push((first + i as u64, l.to_vec(), false));
-            }
+        let k = i - x.head.len();
+        let (a, b) = x.tail[k];
+        (x.tail_first + k as u64, &self.summary.tail[a as usize..b as usize], false)
+    }
+
+    /// The number of line `i` (0-based) of those held.
+    fn number(&self, i: usize) -> u64 {
+        let x = self.index();
+        if i < x.head.len() {
+            i as u64 + 1
+        } else {
+            x.tail_first + (i - x.head.len()) as u64
         }
-        InlineLines { summary, lines }
     }
 
     fn line(&self, i: usize) -> Line {
-        let (no, text, cut) = &self.lines[i];
+        let (no, text, cut) = self.raw(i);
         let n = text.len().min(LINE_VIEW_BYTES);
-        Line { no: *no, text: text[..n].to_vec(), cut: *cut || n < text.len() }
+        Line { no, text: text[..n].to_vec(), cut: cut || n < text.len() }
+    }
+
+    /// The first index whose line number passes `pred` no more (numbers
+    /// increase with the index).
+    fn partition_point(&self, pred: impl Fn(u64) -> bool) -> usize {
+        let (mut lo, mut hi) = (0, self.count());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if pred(self.number(mid)) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 }
 
@@ -239,12 +322,12 @@ impl LineSource for InlineLines<'_> {
         self.summary.gap_bytes == 0
     }
     fn lines(&self, first: u64, last: u64) -> Result<Vec<Line>, OutputError> {
-        let from = self.lines.partition_point(|l| l.0 < first);
-        let to = self.lines.partition_point(|l| l.0 <= last);
+        let from = self.partition_point(|no| no < first);
+        let to = self.partition_point(|no| no <= last);
         Ok((from..to.max(from)).map(|i| self.line(i)).collect())
     }
     fn scan(&self, f: &mut dyn FnMut(&Line) -> bool) -> Result<(), OutputError> {
-        for i in 0..self.lines.len() {
+        for i in 0..self.count() {
             if !f(&self.line(i)) {
                 break;
             }
@@ -254,11 +337,14 @@ impl LineSource for InlineLines<'_> {
     fn find(&self, terms: &Terms, first: u64, last: u64, ctx: u64, max_windows: usize) -> Result<Matches, OutputError> {
         let mut c = MatchCollector::new(ctx, max_windows);
         let mut lowered = Vec::new();
-        for (no, text, _) in self.lines.iter().filter(|l| l.0 >= first && l.0 <= last) {
+        let from = self.partition_point(|no| no < first);
+        let to = self.partition_point(|no| no <= last);
+        for i in from..to.max(from) {
+            let (no, text, _) = self.raw(i);
             lowered.clear();
             lowered.extend(text.iter().map(u8::to_ascii_lowercase));
             if terms.find_any(&lowered, 0).is_some() {
-                c.push(*no);
+                c.push(no);
             }
         }
         Ok(c.finish())

@@ -19,6 +19,8 @@ pub mod sections;
 mod worker;
 
 pub use crate::store::artifacts::{ArtifactError, JobInfo, StreamMeta, StreamName};
+#[cfg(unix)]
+pub use capture::capture_pipe;
 pub use capture::{capture, Capture, Captured, StreamSink, StreamSummary};
 pub use modes::{render, OutputView, RenderOptions};
 pub use query::{query_output, Excerpt, QueryRequest, QueryResponse, StreamSelect};

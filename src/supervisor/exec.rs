@@ -11,7 +11,7 @@
 use super::{cwd, Supervisor};
 use crate::config::{EffectiveLimits, LimitRequest};
 use crate::job::{Bind, JobFile, JobSpec, Network, Outcome, Status};
-use crate::output::capture::{capture, Capture, Captured};
+use crate::output::capture::{capture, capture_pipe, Capture, Captured, StreamSink, StreamSummary};
 use crate::output::modes::{render, OutputView, RenderOptions};
 use crate::output::redact::{RedactStream, Redactor};
 use crate::output::OutputConfig;
@@ -27,9 +27,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::io::AsyncWriteExt;
 
 /// One request to run code or a command, as the CLI and MCP give it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -138,9 +137,9 @@ pub type Mirror = Arc<std::sync::Mutex<Vec<u8>>>;
 /// Bytes a [`Mirror`] keeps; the artifact has the rest.
 pub const MIRROR_CAP: usize = 1 << 20;
 
-/// A reader that counts what passes and, in live mode, copies it to a writer.
-struct Tap<R> {
-    inner: R,
+/// What a job's output passes through before capture: a byte count (for
+/// progress), the mirror, and in live mode a copy to our own terminal.
+struct Tap {
     count: Arc<AtomicU64>,
     live: Option<StreamName>,
     mirror: Option<Mirror>,
@@ -149,15 +148,9 @@ struct Tap<R> {
     mirror_redact: Option<RedactStream>,
 }
 
-impl<R> Tap<R> {
-    fn new(
-        inner: R,
-        count: &Arc<AtomicU64>,
-        live: Option<StreamName>,
-        ctl: &ExecControl,
-        r: Option<&Redactor>,
-    ) -> Self {
-        Tap { inner, count: count.clone(), live, mirror: ctl.mirror.clone(), mirror_redact: r.map(Redactor::stream) }
+impl Tap {
+    fn new(count: &Arc<AtomicU64>, live: Option<StreamName>, ctl: &ExecControl, r: Option<&Redactor>) -> Self {
+        Tap { count: count.clone(), live, mirror: ctl.mirror.clone(), mirror_redact: r.map(Redactor::stream) }
     }
 }
 
@@ -180,29 +173,41 @@ fn mirror_append(mirror: &Mirror, new: &[u8], eof: bool, redact: Option<&mut Red
     }
 }
 
-impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = res {
-            let new = &buf.filled()[before..];
-            this.count.fetch_add(new.len() as u64, Ordering::Relaxed);
-            if let Some(m) = &this.mirror {
-                // Nothing read into a buffer with room: the end of the stream.
-                let eof = new.is_empty() && buf.remaining() > 0;
-                mirror_append(m, new, eof, this.mirror_redact.as_mut());
-            }
-            if let Some(stream) = this.live {
-                use std::io::Write;
-                // A closed terminal must not stop the capture.
-                let _ = match stream {
-                    StreamName::Stdout => std::io::stdout().lock().write_all(new),
-                    StreamName::Stderr => std::io::stderr().lock().write_all(new),
-                };
-            }
+impl Tap {
+    /// What was just read: count it, mirror it, echo it live. `eof`: the
+    /// stream ended (the redacting mirror flushes its carry).
+    fn observe(&mut self, new: &[u8], eof: bool) {
+        self.count.fetch_add(new.len() as u64, Ordering::Relaxed);
+        if let Some(m) = &self.mirror {
+            mirror_append(m, new, eof, self.mirror_redact.as_mut());
         }
-        res
+        if let Some(stream) = self.live {
+            use std::io::Write;
+            // A closed terminal must not stop the capture.
+            let _ = match stream {
+                StreamName::Stdout => std::io::stdout().lock().write_all(new),
+                StreamName::Stderr => std::io::stderr().lock().write_all(new),
+            };
+        }
+    }
+}
+
+/// Capture one of the job's pipes, handed back by tokio as a blocking fd,
+/// with blocking reads on a thread of its own ([`capture_pipe`]).
+async fn capture_job_pipe(
+    pipe: std::io::Result<std::os::fd::OwnedFd>,
+    mut tap: Tap,
+    sink: StreamSink,
+) -> StreamSummary {
+    match pipe {
+        Ok(fd) => capture_pipe(fd, move |new, eof| tap.observe(new, eof), sink).await,
+        // tokio could not deregister the pipe (it never fails in practice);
+        // the job's writes now fail with EPIPE, and the outcome says why.
+        Err(e) => {
+            let mut summary = capture(tokio::io::empty(), sink).await;
+            summary.error = Some(format!("reading {}: cannot take the pipe from the runtime: {e}", summary.stream));
+            summary
+        }
     }
 }
 
@@ -509,8 +514,10 @@ impl Supervisor {
         let count = Arc::new(AtomicU64::new(0));
         let live = ctl.live;
         let r = redactor.as_ref();
-        let out = job.stdout().map(|inner| Tap::new(inner, &count, live.then_some(StreamName::Stdout), ctl, r));
-        let err = job.stderr().map(|inner| Tap::new(inner, &count, live.then_some(StreamName::Stderr), ctl, r));
+        let out =
+            job.stdout().map(|p| (p.into_owned_fd(), Tap::new(&count, live.then_some(StreamName::Stdout), ctl, r)));
+        let err =
+            job.stderr().map(|p| (p.into_owned_fd(), Tap::new(&count, live.then_some(StreamName::Stderr), ctl, r)));
         if let (Some(text), Some(mut stdin)) = (req.stdin.clone(), job.take_stdin()) {
             tokio::spawn(async move {
                 // A job that does not read its stdin must not block us.
@@ -520,13 +527,13 @@ impl Supervisor {
         let (out_sink, err_sink) = (cap.sink(StreamName::Stdout), cap.sink(StreamName::Stderr));
         let out_task = tokio::spawn(async move {
             match out {
-                Some(r) => Some(capture(r, out_sink).await),
+                Some((pipe, tap)) => Some(capture_job_pipe(pipe, tap, out_sink).await),
                 None => None,
             }
         });
         let err_task = tokio::spawn(async move {
             match err {
-                Some(r) => Some(capture(r, err_sink).await),
+                Some((pipe, tap)) => Some(capture_job_pipe(pipe, tap, err_sink).await),
                 None => None,
             }
         });
