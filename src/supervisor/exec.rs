@@ -192,6 +192,9 @@ impl Tap {
     }
 }
 
+/// The size asked for each of a job's output pipes.
+const JOB_PIPE_BYTES: i32 = 1 << 20;
+
 /// Capture one of the job's pipes, handed back by tokio as a blocking fd,
 /// with blocking reads on a thread of its own ([`capture_pipe`]).
 async fn capture_job_pipe(
@@ -200,7 +203,15 @@ async fn capture_job_pipe(
     sink: StreamSink,
 ) -> StreamSummary {
     match pipe {
-        Ok(fd) => capture_pipe(fd, move |new, eof| tap.observe(new, eof), sink).await,
+        Ok(fd) => {
+            // A 1 MiB pipe instead of 64 KiB: a flood of small writes drains
+            // in fewer, larger reads (`yes | head -c 1G`, output bench:
+            // 459–601 -> 594–701 MB/s). Best effort: past the user's pipe
+            // quota (fs.pipe-user-pages-soft) the kernel refuses, and 64 KiB
+            // still works.
+            let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(JOB_PIPE_BYTES));
+            capture_pipe(fd, move |new, eof| tap.observe(new, eof), sink).await
+        }
         // tokio could not deregister the pipe (it never fails in practice);
         // the job's writes now fail with EPIPE, and the outcome says why.
         Err(e) => {
