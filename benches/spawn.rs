@@ -11,7 +11,8 @@
 //!
 //! `cargo bench --bench spawn` (release build). `SPAWN_RUNS=N` sets the
 //! number of runs per row (default 300); `SPAWN_ROWS=layers` runs only the
-//! layer rows; `CONFINE_LOG=confine=debug` logs each request's stages.
+//! layer rows, `SPAWN_ROWS=governance` only the two warm rows that price
+//! governance; `CONFINE_LOG=confine=debug` logs each request's stages.
 //! Rows whose tool is missing are reported as such, never invented.
 
 use std::process::{Command, Stdio};
@@ -73,6 +74,18 @@ fn main() {
     // `SPAWN_ROWS=layers`: only the landlock + seccomp A/B rows.
     if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "layers") {
         rows.extend(layer_cost(runs));
+        print_rows(&rows, runs);
+        return;
+    }
+    // `SPAWN_ROWS=governance`: only the two warm rows whose difference is
+    // what governance adds to an MCP request.
+    if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "governance") {
+        let warm_bash = warm_supervisor(runs, "/bin/bash", "warm supervisor, sandbox only: bash -c true");
+        rows.extend([warm_bash, warm_governed(runs)].into_iter().flatten());
+        if let [a, b] = &rows[..] {
+            let d = b.pct(0.5).as_secs_f64() - a.pct(0.5).as_secs_f64();
+            println!("governance adds {:.3} ms at p50 (budget 2 ms)", d * 1000.0);
+        }
         print_rows(&rows, runs);
         return;
     }
