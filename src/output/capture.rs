@@ -94,14 +94,7 @@ pub async fn capture<R: AsyncRead + Unpin>(mut reader: R, sink: StreamSink) -> S
     drop(tx);
     let mut summary = match worker.await {
         Ok(s) => s,
-        Err(e) => StreamSummary {
-            stream,
-            meta: StreamMeta::default(),
-            head: Vec::new(),
-            tail: Vec::new(),
-            gap_bytes: 0,
-            error: Some(format!("{stream} capture failed: {e}")),
-        },
+        Err(e) => StreamSummary::failed(stream, &e),
     };
     summary.meta.total_bytes += lost;
     if summary.error.is_none() {
@@ -154,14 +147,21 @@ pub async fn capture_pipe(
         }
         summary
     });
-    worker.await.unwrap_or_else(|e| StreamSummary {
-        stream,
-        meta: StreamMeta::default(),
-        head: Vec::new(),
-        tail: Vec::new(),
-        gap_bytes: 0,
-        error: Some(format!("{stream} capture failed: {e}")),
-    })
+    worker.await.unwrap_or_else(|e| StreamSummary::failed(stream, &e))
+}
+
+impl StreamSummary {
+    /// A stream whose capture thread died (a bug): nothing is known of it.
+    fn failed(stream: StreamName, e: &tokio::task::JoinError) -> StreamSummary {
+        StreamSummary {
+            stream,
+            meta: StreamMeta::default(),
+            head: Vec::new(),
+            tail: Vec::new(),
+            gap_bytes: 0,
+            error: Some(format!("{stream} capture failed: {e}")),
+        }
+    }
 }
 
 /// One blocking `read` of at most [`READ_BYTES`] into the spare capacity
