@@ -12,7 +12,7 @@
 //! `cargo bench --bench spawn` (release build). `SPAWN_RUNS=N` sets the
 //! number of runs per row (default 300); `SPAWN_ROWS=layers` runs only the
 //! layer rows, `SPAWN_ROWS=governance` only the two warm rows that price
-//! governance; `CONFINE_LOG=confine=debug` logs each request's stages.
+//! governance (interleaved); `CONFINE_LOG=confine=debug` logs each request's stages.
 //! Rows whose tool is missing are reported as such, never invented.
 
 use std::process::{Command, Stdio};
@@ -80,8 +80,7 @@ fn main() {
     // `SPAWN_ROWS=governance`: only the two warm rows whose difference is
     // what governance adds to an MCP request.
     if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "governance") {
-        let warm_bash = warm_supervisor(runs, "/bin/bash", "warm supervisor, sandbox only: bash -c true");
-        rows.extend([warm_bash, warm_governed(runs)].into_iter().flatten());
+        rows.extend(governance_cost(runs));
         if let [a, b] = &rows[..] {
             let d = b.pct(0.5).as_secs_f64() - a.pct(0.5).as_secs_f64();
             println!("governance adds {:.3} ms at p50 (budget 2 ms)", d * 1000.0);
@@ -252,6 +251,45 @@ fn warm_governed(runs: usize) -> Option<Row> {
     });
     let name = "warm supervisor, governed: exec --runtime shell --code true";
     interleaved(name, runs, vec![(name, once)])?.pop()
+}
+
+/// What governance adds to a warm request: the same sandbox running
+/// `bash -c true` bare, and as a governed `runtime shell` request for the
+/// code `true`, interleaved run by run.
+#[cfg(target_os = "linux")]
+fn governance_cost(runs: usize) -> Vec<Row> {
+    use confine::supervisor::exec::{ExecControl, ExecuteRequest};
+    let Some((bare_rt, profile)) = warm_parts() else { return vec![] };
+    let spec = confine::job::JobSpec::new(vec!["/bin/bash".into(), "-c".into(), "true".into()]);
+    let filter = Some((profile.name.as_str(), &profile.fd));
+    let Some(dir) = tempfile::tempdir().ok() else { return vec![] };
+    let Some(text) = bench_config(dir.path()) else { return vec![] };
+    let Ok(config) = confine::config::Config::parse(&text, &dir.path().join("confine.toml")) else { return vec![] };
+    let Ok(rt) = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() else {
+        return vec![];
+    };
+    let Ok(sup) = rt.block_on(async { confine::supervisor::Supervisor::open(config) }) else { return vec![] };
+    let (bare_rt, spec, rt, sup) = (&bare_rt, &spec, &rt, &sup);
+    let governed = move || {
+        let req = ExecuteRequest {
+            repo_id: Some("bench".into()),
+            runtime: "shell".into(),
+            code: Some("true".into()),
+            ..ExecuteRequest::default()
+        };
+        let resp = rt.block_on(sup.execute(req, ExecControl::default()));
+        (resp.exit_code == Some(0)).then_some(())
+    };
+    let variants: Vec<Variant<'_>> = vec![
+        ("warm supervisor, sandbox only: bash -c true", Box::new(move || warm_job(bare_rt, spec, filter, true))),
+        ("warm supervisor, governed: exec --runtime shell --code true", Box::new(governed)),
+    ];
+    interleaved("governance", runs, variants).unwrap_or_default()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn governance_cost(_runs: usize) -> Vec<Row> {
+    Vec::new()
 }
 
 /// What landlock and seccomp add to a spawn (the confinement issue's
