@@ -231,26 +231,37 @@ fn warm_supervisor(runs: usize, program: &str, name: &str) -> Option<Row> {
 /// above, it is what governance adds per request in `confine serve`.
 #[cfg(target_os = "linux")]
 fn warm_governed(runs: usize) -> Option<Row> {
-    use confine::supervisor::exec::{ExecControl, ExecuteRequest};
     let dir = tempfile::tempdir().ok()?;
-    let config = confine::config::Config::parse(&bench_config(dir.path())?, &dir.path().join("confine.toml")).ok()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().ok()?;
-    let sup = rt.block_on(async { confine::supervisor::Supervisor::open(config) }).ok()?;
-    let once = Box::new(|| {
-        let req = ExecuteRequest {
-            repo_id: Some("bench".into()),
-            runtime: "shell".into(),
-            code: Some("true".into()),
-            ..ExecuteRequest::default()
-        };
-        let resp = rt.block_on(sup.execute(req, ExecControl::default()));
-        (resp.exit_code == Some(0)).then_some(()).or_else(|| {
-            eprintln!("governed: {:?}", resp.error);
-            None
-        })
-    });
+    let (rt, sup) = governed_parts(dir.path())?;
+    let once = Box::new(|| governed_once(&rt, &sup));
     let name = "warm supervisor, governed: exec --runtime shell --code true";
     interleaved(name, runs, vec![(name, once)])?.pop()
+}
+
+/// A warm supervisor with the bench's config (store and repo under `dir`).
+#[cfg(target_os = "linux")]
+fn governed_parts(dir: &std::path::Path) -> Option<(tokio::runtime::Runtime, confine::supervisor::Supervisor)> {
+    let config = confine::config::Config::parse(&bench_config(dir)?, &dir.join("confine.toml")).ok()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().ok()?;
+    let sup = rt.block_on(async { confine::supervisor::Supervisor::open(config) }).ok()?;
+    Some((rt, sup))
+}
+
+/// One governed request: `runtime shell`, code `true`.
+#[cfg(target_os = "linux")]
+fn governed_once(rt: &tokio::runtime::Runtime, sup: &confine::supervisor::Supervisor) -> Option<()> {
+    use confine::supervisor::exec::{ExecControl, ExecuteRequest};
+    let req = ExecuteRequest {
+        repo_id: Some("bench".into()),
+        runtime: "shell".into(),
+        code: Some("true".into()),
+        ..ExecuteRequest::default()
+    };
+    let resp = rt.block_on(sup.execute(req, ExecControl::default()));
+    (resp.exit_code == Some(0)).then_some(()).or_else(|| {
+        eprintln!("governed: {:?}", resp.error);
+        None
+    })
 }
 
 /// What governance adds to a warm request: the same sandbox running
@@ -258,31 +269,15 @@ fn warm_governed(runs: usize) -> Option<Row> {
 /// code `true`, interleaved run by run.
 #[cfg(target_os = "linux")]
 fn governance_cost(runs: usize) -> Vec<Row> {
-    use confine::supervisor::exec::{ExecControl, ExecuteRequest};
     let Some((bare_rt, profile)) = warm_parts() else { return vec![] };
     let spec = confine::job::JobSpec::new(vec!["/bin/bash".into(), "-c".into(), "true".into()]);
     let filter = Some((profile.name.as_str(), &profile.fd));
     let Some(dir) = tempfile::tempdir().ok() else { return vec![] };
-    let Some(text) = bench_config(dir.path()) else { return vec![] };
-    let Ok(config) = confine::config::Config::parse(&text, &dir.path().join("confine.toml")) else { return vec![] };
-    let Ok(rt) = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() else {
-        return vec![];
-    };
-    let Ok(sup) = rt.block_on(async { confine::supervisor::Supervisor::open(config) }) else { return vec![] };
+    let Some((rt, sup)) = governed_parts(dir.path()) else { return vec![] };
     let (bare_rt, spec, rt, sup) = (&bare_rt, &spec, &rt, &sup);
-    let governed = move || {
-        let req = ExecuteRequest {
-            repo_id: Some("bench".into()),
-            runtime: "shell".into(),
-            code: Some("true".into()),
-            ..ExecuteRequest::default()
-        };
-        let resp = rt.block_on(sup.execute(req, ExecControl::default()));
-        (resp.exit_code == Some(0)).then_some(())
-    };
     let variants: Vec<Variant<'_>> = vec![
         ("warm supervisor, sandbox only: bash -c true", Box::new(move || warm_job(bare_rt, spec, filter, true))),
-        ("warm supervisor, governed: exec --runtime shell --code true", Box::new(governed)),
+        ("warm supervisor, governed: exec --runtime shell --code true", Box::new(move || governed_once(rt, sup))),
     ];
     interleaved("governance", runs, variants).unwrap_or_default()
 }
