@@ -5,8 +5,8 @@
 //! is read on the runtime and its buffers handed over a small bounded
 //! channel to that stage ([`capture`]). Stage 1 redacts, hashes (SHA-256),
 //! counts lines and keeps a bounded head and tail inline; the store thread
-//! writes gzip chunks of about 1 MiB to the artifact store as they fill. Memory per stream is a few MiB
-//! whatever the output size. Past the stored cap the stream is still read
+//! writes gzip chunks of about 1 MiB to the artifact store as they fill.
+//! Memory per stream is a few MiB whatever the output size. Past the stored cap the stream is still read
 //! to its end and counted, so the job never blocks on a full pipe; a store
 //! failure does not stop the draining either, it only leaves the artifact
 //! incomplete.

@@ -269,11 +269,10 @@ impl<'a> InlineLines<'a> {
             let (a, b) = x.head[i];
             let bytes = x.joined.as_deref().unwrap_or(&self.summary.head);
             let cut = x.head_cut && i + 1 == x.head.len();
-            return (i as u64 + 1, &bytes[a as usize..b as usize], cut);
+            return (self.number(i), &bytes[a as usize..b as usize], cut);
         }
-        let k = i - x.head.len();
-        let (a, b) = x.tail[k];
-        (x.tail_first + k as u64, &self.summary.tail[a as usize..b as usize], false)
+        let (a, b) = x.tail[i - x.head.len()];
+        (self.number(i), &self.summary.tail[a as usize..b as usize], false)
     }
 
     /// The number of line `i` (0-based) of those held.

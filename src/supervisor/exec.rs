@@ -152,6 +152,23 @@ impl Tap {
     fn new(count: &Arc<AtomicU64>, live: Option<StreamName>, ctl: &ExecControl, r: Option<&Redactor>) -> Self {
         Tap { count: count.clone(), live, mirror: ctl.mirror.clone(), mirror_redact: r.map(Redactor::stream) }
     }
+
+    /// What was just read: count it, mirror it, echo it live. `eof`: the
+    /// stream ended (the redacting mirror flushes its carry).
+    fn observe(&mut self, new: &[u8], eof: bool) {
+        self.count.fetch_add(new.len() as u64, Ordering::Relaxed);
+        if let Some(m) = &self.mirror {
+            mirror_append(m, new, eof, self.mirror_redact.as_mut());
+        }
+        if let Some(stream) = self.live {
+            use std::io::Write;
+            // A closed terminal must not stop the capture.
+            let _ = match stream {
+                StreamName::Stdout => std::io::stdout().lock().write_all(new),
+                StreamName::Stderr => std::io::stderr().lock().write_all(new),
+            };
+        }
+    }
 }
 
 /// Append what was read to the mirror while it has room.
@@ -169,25 +186,6 @@ fn mirror_append(mirror: &Mirror, new: &[u8], eof: bool, redact: Option<&mut Red
                 r.push(new, &mut out);
             }
             m.extend_from_slice(&out[..out.len().min(room)]);
-        }
-    }
-}
-
-impl Tap {
-    /// What was just read: count it, mirror it, echo it live. `eof`: the
-    /// stream ended (the redacting mirror flushes its carry).
-    fn observe(&mut self, new: &[u8], eof: bool) {
-        self.count.fetch_add(new.len() as u64, Ordering::Relaxed);
-        if let Some(m) = &self.mirror {
-            mirror_append(m, new, eof, self.mirror_redact.as_mut());
-        }
-        if let Some(stream) = self.live {
-            use std::io::Write;
-            // A closed terminal must not stop the capture.
-            let _ = match stream {
-                StreamName::Stdout => std::io::stdout().lock().write_all(new),
-                StreamName::Stderr => std::io::stderr().lock().write_all(new),
-            };
         }
     }
 }
