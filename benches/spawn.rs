@@ -288,24 +288,50 @@ fn governance_cost(_runs: usize) -> Vec<Row> {
 }
 
 /// What landlock and seccomp add to a spawn (the confinement issue's
-/// budget: ≤ 0.5 ms at p50). The same warm-supervisor job three ways,
-/// interleaved: every layer; landlock only; neither.
+/// budget: ≤ 0.5 ms at p50). The same warm-supervisor job four ways,
+/// interleaved: every layer; every layer with libseccomp's own program for the same profile; landlock only; neither.
 #[cfg(target_os = "linux")]
 fn layer_cost(runs: usize) -> Vec<Row> {
     let Some((rt, profile)) = warm_parts() else { return vec![] };
     let spec = confine::job::JobSpec::new(vec!["/bin/true".to_string()]);
     let filter = Some((profile.name.as_str(), &profile.fd));
     let (rt, spec) = (&rt, &spec);
+    // The same profile as libseccomp's generator writes it, for the row
+    // that prices confine's range compiler against it.
+    let Some(libseccomp) = libseccomp_program() else { return vec![] };
+    let old_filter = Some((profile.name.as_str(), &libseccomp));
     let variants: Vec<Variant<'_>> = vec![
         ("warm, landlock + seccomp (layer cost: A)", Box::new(move || warm_job(rt, spec, filter, true))),
+        ("warm, landlock + seccomp, libseccomp's program", Box::new(move || warm_job(rt, spec, old_filter, true))),
         ("warm, landlock only", Box::new(move || warm_job(rt, spec, None, true))),
         ("warm, neither (layer cost: B)", Box::new(move || warm_job(rt, spec, None, false))),
     ];
     let Some(rows) = interleaved("layer cost", runs, variants) else { return vec![] };
-    let a = rows[0].pct(0.5).as_secs_f64() * 1000.0;
-    let b = rows[2].pct(0.5).as_secs_f64() * 1000.0;
-    println!("landlock + seccomp add {:.3} ms at p50 (A − B; budget 0.5 ms)", a - b);
+    let p50 = |i: usize| rows[i].pct(0.5).as_secs_f64() * 1000.0;
+    let insns =
+        |fd: &std::os::fd::OwnedFd| std::fs::File::from(fd.try_clone().ok()?).metadata().ok().map(|m| m.len() / 8);
+    println!(
+        "seccomp program: {} instructions; libseccomp's: {}",
+        insns(&profile.fd).unwrap_or(0),
+        insns(&libseccomp).unwrap_or(0)
+    );
+    println!("landlock + seccomp add {:.3} ms at p50 (A − B; budget 0.5 ms)", p50(0) - p50(3));
+    println!("with libseccomp's program they would add {:.3} ms", p50(1) - p50(3));
     rows
+}
+
+/// The default profile compiled by libseccomp's own generator, in a file.
+#[cfg(target_os = "linux")]
+fn libseccomp_program() -> Option<std::os::fd::OwnedFd> {
+    use confine::sandbox::linux::seccomp::{compile, profile, DEFAULT_NAME, DEFAULT_PROFILE};
+    use std::io::{Seek, SeekFrom};
+    let host = profile::HostFacts::current().ok()?;
+    let plan = profile::plan(DEFAULT_NAME, &profile::parse(DEFAULT_NAME, DEFAULT_PROFILE).ok()?, &host).ok()?;
+    let ctx = compile::filter(DEFAULT_NAME, &plan).ok()?;
+    let mut file = tempfile::tempfile().ok()?;
+    compile::export(DEFAULT_NAME, &ctx, &file).ok()?;
+    file.seek(SeekFrom::Start(0)).ok()?;
+    Some(file.into())
 }
 
 #[cfg(not(target_os = "linux"))]

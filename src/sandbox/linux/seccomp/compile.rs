@@ -84,7 +84,7 @@ pub fn newer_syscall(name: &str) -> Option<Option<i32>> {
 /// via `int 0x80`, x32 on x86_64): kill the whole process. Only the native
 /// architecture is in the filter, and an ordinary program never makes such
 /// a call, so one is an attack or a 32-bit binary that could not work anyway.
-pub const BAD_ARCH_ACTION: ScmpAction = ScmpAction::KillProcess;
+pub const BAD_ARCH: Action = Action::KillProcess;
 
 fn scmp_action(a: Action) -> ScmpAction {
     match a {
@@ -112,14 +112,14 @@ fn scmp_cond(c: &Cond) -> ScmpArgCompare {
 }
 
 /// The rules of one syscall number, in profile order.
-struct PerSyscall<'a> {
-    unconditional: Option<&'a Rule>,
-    conditional: Vec<&'a Rule>,
+pub(super) struct PerSyscall<'a> {
+    pub(super) unconditional: Option<&'a Rule>,
+    pub(super) conditional: Vec<&'a Rule>,
 }
 
 /// Group the plan's rules by syscall number, dropping names of other
 /// architectures, and refuse what libseccomp would silently reduce.
-fn group<'a>(file: &str, plan: &'a Plan) -> Result<BTreeMap<i32, PerSyscall<'a>>, SeccompError> {
+pub(super) fn group<'a>(file: &str, plan: &'a Plan) -> Result<BTreeMap<i32, PerSyscall<'a>>, SeccompError> {
     let mut by_nr: BTreeMap<i32, PerSyscall<'a>> = BTreeMap::new();
     for rule in &plan.rules {
         let nr = match resolve(&rule.name) {
@@ -172,7 +172,7 @@ pub fn filter(file: &str, plan: &Plan) -> Result<ScmpFilterContext, SeccompError
     let lib = |step: &str, source| SeccompError::Libseccomp { file: file.into(), step: step.into(), source };
     let by_nr = group(file, plan)?;
     let mut ctx = ScmpFilterContext::new(scmp_action(plan.default_action)).map_err(|e| lib("create a filter", e))?;
-    ctx.set_act_badarch(BAD_ARCH_ACTION).map_err(|e| lib("set the foreign-architecture action", e))?;
+    ctx.set_act_badarch(scmp_action(BAD_ARCH)).map_err(|e| lib("set the foreign-architecture action", e))?;
     // A binary tree of syscall numbers: a few comparisons per call instead
     // of a walk through some 300 allowed ones.
     ctx.set_ctl_optimize(2).map_err(|e| lib("enable the binary-tree layout", e))?;

@@ -1,0 +1,328 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The range compiler against libseccomp's generator, both run by a small
+//! classic-BPF interpreter over every syscall number and the argument
+//! values where a condition can flip; and the kernel's own verdict on the
+//! programs.
+
+use super::super::profile::{self, Action, Plan};
+use super::super::{compile, DEFAULT_PROFILE};
+use super::*;
+
+/// `struct seccomp_data`, as the filter sees it.
+struct Data {
+    nr: u32,
+    arch: u32,
+    args: [u64; 6],
+}
+
+impl Data {
+    fn word(&self, off: u32) -> u32 {
+        match off {
+            0 => self.nr,
+            4 => self.arch,
+            8 | 12 => 0,
+            16..=63 if off.is_multiple_of(4) => {
+                let arg = self.args[((off - 16) / 8) as usize];
+                if off.is_multiple_of(8) {
+                    arg as u32
+                } else {
+                    (arg >> 32) as u32
+                }
+            }
+            _ => panic!("load outside seccomp_data: {off}"),
+        }
+    }
+}
+
+/// Run a classic BPF program the way the kernel does; panics on an
+/// instruction seccomp would refuse or this test does not know.
+fn run(prog: &[libc::sock_filter], d: &Data) -> u32 {
+    let (mut pc, mut a) = (0usize, 0u32);
+    loop {
+        let i = prog[pc];
+        let k = i.k;
+        let jump = |cond: bool| pc + 1 + usize::from(if cond { i.jt } else { i.jf });
+        pc = match i.code {
+            LD_W_ABS => {
+                a = d.word(k);
+                pc + 1
+            }
+            ALU_AND_K => {
+                a &= k;
+                pc + 1
+            }
+            JA => pc + 1 + k as usize,
+            JEQ_K => jump(a == k),
+            JGT_K => jump(a > k),
+            JGE_K => jump(a >= k),
+            JSET_K => jump(a & k != 0),
+            RET_K => return k,
+            c => panic!("unexpected BPF opcode {c:#x} at {pc}"),
+        };
+    }
+}
+
+fn from_bytes(bytes: &[u8]) -> Vec<libc::sock_filter> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect()
+}
+
+fn libseccomp_program(plan: &Plan) -> Vec<libc::sock_filter> {
+    let ctx = compile::filter("p", plan).unwrap();
+    let mut file = tempfile::tempfile().unwrap();
+    compile::export("p", &ctx, &file).unwrap();
+    use std::io::{Read, Seek};
+    file.rewind().unwrap();
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).unwrap();
+    from_bytes(&bytes)
+}
+
+fn ours(plan: &Plan) -> Vec<libc::sock_filter> {
+    program("p", plan, native_arch().unwrap()).unwrap()
+}
+
+fn plan_of(json: &str) -> Plan {
+    let host = profile::HostFacts::current().unwrap();
+    profile::plan("p", &profile::parse("p", json).unwrap(), &host).unwrap()
+}
+
+fn default_plan() -> Plan {
+    plan_of(DEFAULT_PROFILE)
+}
+
+fn docker_plan() -> Plan {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/docker-default-seccomp.json"))
+            .unwrap();
+    plan_of(&text)
+}
+
+/// Argument values around every constant of `plan`'s conditions: the
+/// value, its neighbours, its high and low halves alone, with every
+/// masked bit flipped, and some fixed and random others.
+fn interesting_args(plan: &Plan) -> Vec<u64> {
+    let mut v = vec![0, 1, u64::MAX, 0xffff_ffff, 0x1_0000_0000, 0x8000_0000_0000_0000];
+    for c in plan.rules.iter().flat_map(|r| &r.conds) {
+        let x = c.value;
+        v.extend([x, x.wrapping_add(1), x.wrapping_sub(1), x & 0xffff_ffff, x | 0xdead_0000_0000, x ^ (1 << 32)]);
+        v.extend([x | 0xffff_ffff_0000_0000, x ^ 0x8000_0000]);
+        if let profile::Op::MaskedEq(m) = c.op {
+            for bit in 0..64 {
+                if m & (1 << bit) != 0 {
+                    v.push(x ^ (1 << bit));
+                }
+            }
+            v.extend([m, !m, x | !m]);
+        }
+    }
+    let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+    for i in 0..512 {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        v.push(if i % 2 == 0 { s } else { s & 0xffff_ffff });
+    }
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Both programs give the same return value for every syscall number up
+/// to 1100, the x32 and tracer-skip numbers, a foreign architecture, and,
+/// for every number that has conditions, every interesting value in every
+/// argument the conditions name (the others 0, and all at once).
+fn assert_same(plan: &Plan) {
+    let (arch, _) = native_arch().unwrap();
+    let a = ours(plan);
+    let b = libseccomp_program(plan);
+    let values = interesting_args(plan);
+    let numbers: Vec<u32> =
+        (0..1100).chain([0x4000_0000, 0x4000_0001, 0x4000_0000 + 59, u32::MAX, 0x7fff_ffff]).collect();
+    let mut checked = 0u64;
+    for &nr in &numbers {
+        for arch in [arch, 0x4000_0003 /* i386 */] {
+            let d = Data { nr, arch, args: [0; 6] };
+            assert_eq!(run(&a, &d), run(&b, &d), "nr {nr} arch {arch:#x}");
+            checked += 1;
+        }
+        let name = plan.rules.iter().find(|r| {
+            matches!(compile::resolve(&r.name), Some(compile::Resolved::Native(n)) if n as u32 == nr)
+                && !r.conds.is_empty()
+        });
+        let Some(rule) = name else { continue };
+        let indexes: Vec<usize> = plan
+            .rules
+            .iter()
+            .filter(|r| r.name == rule.name)
+            .flat_map(|r| r.conds.iter().map(|c| c.index as usize))
+            .collect();
+        for &x in &values {
+            for &i in &indexes {
+                let mut args = [0u64; 6];
+                args[i] = x;
+                let d = Data { nr, arch, args };
+                assert_eq!(run(&a, &d), run(&b, &d), "{} nr {nr} args {args:x?}", rule.name);
+                let d = Data { nr, arch, args: [x; 6] };
+                assert_eq!(run(&a, &d), run(&b, &d), "{} nr {nr} all args {x:#x}", rule.name);
+                checked += 2;
+            }
+        }
+    }
+    assert!(checked > 2000, "{checked}");
+}
+
+#[test]
+fn the_default_profile_compiles_as_libseccomp_does() {
+    assert_same(&default_plan());
+}
+
+#[test]
+fn dockers_profile_compiles_as_libseccomp_does() {
+    assert_same(&docker_plan());
+}
+
+#[test]
+fn every_comparison_and_mask_shape_compiles_as_libseccomp_does() {
+    // Each operator on low and high halves, masks that need `and`, single
+    // and multi-bit masks, a mask with a high half, and a rule that can
+    // never hold; rules of one syscall with different actions.
+    let plan = plan_of(
+        r#"{"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38, "syscalls": [
+        {"names": ["read", "write", "openat"], "action": "SCMP_ACT_ALLOW"},
+        {"names": ["mount"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
+        {"names": ["lseek"], "action": "SCMP_ACT_ALLOW", "args": [
+            {"index": 2, "op": "SCMP_CMP_LT", "value": 3},
+            {"index": 1, "op": "SCMP_CMP_GE", "value": 4294967296}]},
+        {"names": ["mmap"], "action": "SCMP_ACT_ALLOW", "args": [
+            {"index": 2, "op": "SCMP_CMP_LE", "value": 7},
+            {"index": 3, "op": "SCMP_CMP_GT", "value": 21474836482}]},
+        {"names": ["fcntl"], "action": "SCMP_ACT_ALLOW", "args": [
+            {"index": 1, "op": "SCMP_CMP_NE", "value": 1031}]},
+        {"names": ["kill"], "action": "SCMP_ACT_ALLOW", "args": [
+            {"index": 0, "op": "SCMP_CMP_EQ", "value": 18446744073709551615}]},
+        {"names": ["prctl"], "action": "SCMP_ACT_ALLOW", "args": [
+            {"index": 0, "op": "SCMP_CMP_MASKED_EQ", "value": 1099511627775, "valueTwo": 1095216660480}]},
+        {"names": ["prctl"], "action": "SCMP_ACT_TRAP", "args": [
+            {"index": 0, "op": "SCMP_CMP_MASKED_EQ", "value": 12, "valueTwo": 4}]},
+        {"names": ["ioctl"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1, "args": [
+            {"index": 1, "op": "SCMP_CMP_MASKED_EQ", "value": 255, "valueTwo": 17}]},
+        {"names": ["ioctl"], "action": "SCMP_ACT_LOG", "args": [
+            {"index": 1, "op": "SCMP_CMP_MASKED_EQ", "value": 16, "valueTwo": 0}]},
+        {"names": ["getpid"], "action": "SCMP_ACT_KILL_THREAD"},
+        {"names": ["getppid"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}
+        ]}"#,
+    );
+    assert_same(&plan);
+}
+
+#[test]
+fn the_default_profile_is_a_third_of_libseccomps_size() {
+    let plan = default_plan();
+    let (a, b) = (ours(&plan).len(), libseccomp_program(&plan).len());
+    eprintln!("default profile: {a} instructions here, {b} from libseccomp");
+    assert!(a * 3 < b, "{a} vs {b}");
+    let plan = docker_plan();
+    let (a, b) = (ours(&plan).len(), libseccomp_program(&plan).len());
+    eprintln!("Docker's profile: {a} instructions here, {b} from libseccomp");
+    assert!(a * 3 < b, "{a} vs {b}");
+}
+
+#[test]
+fn wide_trees_jump_over_long_subtrees() {
+    // Every other syscall allowed: hundreds of intervals, too many for the
+    // compact tree's jumps to its shared `ret`s, so the inline tree is
+    // used, and its upper levels need `ja` to reach their right halves.
+    let names: Vec<String> = (0..330)
+        .step_by(2)
+        .filter_map(|n| libseccomp::ScmpSyscall::from(n).get_name().ok())
+        .map(|n| format!("\"{n}\""))
+        .collect();
+    let plan = plan_of(&format!(
+        r#"{{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{{"names": [{}], "action": "SCMP_ACT_ALLOW"}}]}}"#,
+        names.join(",")
+    ));
+    let prog = ours(&plan);
+    assert!(prog.iter().any(|i| i.code == JA), "expected a long jump in {} instructions", prog.len());
+    assert_same(&plan);
+}
+
+#[test]
+fn the_kernel_applies_the_program_as_the_interpreter_does() {
+    // In a forked child: load the default program, then make calls whose
+    // verdicts differ, and report the errno of each.
+    let compiled = super::super::compile_default().unwrap();
+    let bytes = compiled.bpf().unwrap();
+    let prog = from_bytes(&bytes);
+    let (arch, _) = native_arch().unwrap();
+    // SAFETY: the child only makes raw syscalls and exits with _exit.
+    match unsafe { libc::fork() } {
+        0 => {
+            let code = (|| {
+                // SAFETY: plain syscalls on no memory of ours but locals.
+                unsafe {
+                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                        return 10;
+                    }
+                }
+                if super::super::install(&bytes).is_err() {
+                    return 11;
+                }
+                let errno = |ret: libc::c_long| {
+                    if ret < 0 {
+                        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+                    } else {
+                        0
+                    }
+                };
+                // SAFETY: syscalls with invalid or harmless arguments.
+                let checks = unsafe {
+                    [
+                        (errno(libc::syscall(libc::SYS_getpid)), 0),
+                        (errno(libc::syscall(libc::SYS_unshare, 0)), libc::EPERM),
+                        (errno(libc::syscall(libc::SYS_socket, 38, 5, 0)), libc::EAFNOSUPPORT),
+                        (errno(libc::syscall(libc::SYS_ioctl, -1, 0x5412)), libc::EPERM),
+                        (errno(libc::syscall(libc::SYS_ioctl, -1, 0x5401)), libc::EBADF),
+                        (errno(libc::syscall(1000)), libc::ENOSYS),
+                    ]
+                };
+                for (i, (got, want)) in checks.iter().enumerate() {
+                    if got != want {
+                        return 20 + i as i32;
+                    }
+                }
+                0
+            })();
+            // SAFETY: ends the forked child without running the parent's atexit state.
+            unsafe { libc::_exit(code) }
+        }
+        pid => {
+            let mut status = 0;
+            // SAFETY: waits for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(libc::WIFEXITED(status), "child died: {status:#x}");
+            assert_eq!(libc::WEXITSTATUS(status), 0, "check failed (10: prctl, 11: load, 20+i: check i)");
+        }
+    }
+    // And the interpreter agrees with those verdicts.
+    let errno_of = |nr: libc::c_long, args: [u64; 6]| run(&prog, &Data { nr: nr as u32, arch, args });
+    assert_eq!(errno_of(libc::SYS_unshare, [0; 6]), 0x0005_0000 | libc::EPERM as u32);
+    assert_eq!(errno_of(libc::SYS_ioctl, [u64::MAX, 0x5412, 0, 0, 0, 0]), 0x0005_0000 | libc::EPERM as u32);
+    assert_eq!(errno_of(libc::SYS_ioctl, [u64::MAX, 0x5401, 0, 0, 0, 0]), 0x7fff_0000);
+    assert_eq!(errno_of(1000, [0; 6]), 0x0005_0000 | libc::ENOSYS as u32);
+}
+
+#[test]
+fn compiled_profiles_come_from_the_range_compiler() {
+    let compiled = super::super::compile_default().unwrap();
+    let plan = default_plan();
+    assert_eq!(compiled.bpf().unwrap(), super::super::to_bytes(&ours(&plan)));
+    let _ = Action::Allow;
+}
