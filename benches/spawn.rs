@@ -1,13 +1,16 @@
 //! Spawn latency: /bin/true run three ways in one run — plain fork/exec,
 //! bubblewrap with full namespaces, and `confine run` — with p50/p99 and
-//! the ratios the README quotes.
+//! the ratios the README quotes. A floor row runs util-linux `unshare`
+//! with the same seven namespaces and nothing else: what the kernel alone
+//! charges for them.
 //!
 //! A last row times the same job started from a warm supervisor (one
 //! process, profile compiled once), which is what every MCP request gets:
 //! no supervisor start, no seccomp profile to load.
 //!
-//! The last three rows price landlock and seccomp: the same warm job with
-//! every layer, landlock only, and neither, interleaved run by run.
+//! The last four rows price landlock and seccomp: the same warm job with
+//! every layer, every layer with libseccomp's own program for the same
+//! profile, landlock only, and neither, interleaved run by run.
 //!
 //! `cargo bench --bench spawn` (release build). `SPAWN_RUNS=N` sets the
 //! number of runs per row (default 300); `SPAWN_ROWS=layers` runs only the
@@ -97,6 +100,26 @@ fn main() {
     if bwrap.is_none() {
         eprintln!("bwrap: not measured (apt-get install bubblewrap)");
     }
+    // A floor for any tool that gives a job these seven namespaces:
+    // util-linux's unshare creates them, forks and execs, and does nothing
+    // else (no root, no mounts, no /proc, no filters).
+    let floor = time(
+        "floor: unshare(1), the same 7 namespaces, nothing else",
+        runs,
+        &[
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--net",
+            "--ipc",
+            "--uts",
+            "--cgroup",
+            "/bin/true",
+        ],
+    );
     let confine_row = time("confine run", runs, &[confine, "run", "--", "/bin/true"]);
     let limits = time(
         "confine run + limits",
@@ -108,7 +131,7 @@ fn main() {
     let warm = warm_supervisor(runs, "/bin/true", "confine, warm supervisor (MCP path)");
     let warm_bash = warm_supervisor(runs, "/bin/bash", "warm supervisor, sandbox only: bash -c true");
     let governed = warm_governed(runs);
-    rows.extend([plain, bwrap, confine_row, limits, exec_cli, warm, warm_bash, governed].into_iter().flatten());
+    rows.extend([plain, bwrap, floor, confine_row, limits, exec_cli, warm, warm_bash, governed].into_iter().flatten());
     rows.extend(layer_cost(runs));
     print_rows(&rows, runs);
 }
