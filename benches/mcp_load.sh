@@ -9,6 +9,8 @@ calls="${1:-200}"
 py=target/mcp-venv/bin/python
 [ -x "$py" ] || { echo "no $py: run ./dev test once (it sets up the MCP client venv)" >&2; exit 2; }
 cargo build --release --quiet
+# .cargo/config.toml builds for the host's target tuple.
+bin="target/$(rustc -vV | sed -n 's/^host: //p')/release/confine"
 dir=$(mktemp -d)
 trap 'kill $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 mkdir -p "$dir/repo"
@@ -25,7 +27,7 @@ path = "$dir/store"
 id = "load"
 root = "$dir/repo"
 TOML
-target/release/confine --config "$dir/confine.toml" serve --http 127.0.0.1:0 2> "$dir/log" &
+"$bin" --config "$dir/confine.toml" serve --http 127.0.0.1:0 2> "$dir/log" &
 pid=$!
 for _ in $(seq 100); do grep -q "streamable HTTP at" "$dir/log" && break; sleep 0.1; done
 url=$(grep -o "http://[0-9.:]*/mcp" "$dir/log" | head -1)
@@ -40,5 +42,5 @@ settled=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
 kill $sampler 2>/dev/null || true
 peak=$(sort -n "$dir/rss" | tail -1)
 kill -TERM $pid; wait $pid || true
-records=$(target/release/confine --config "$dir/confine.toml" audit export --jsonl | grep -c . || true)
+records=$("$bin" --config "$dir/confine.toml" audit export --jsonl | grep -c . || true)
 echo "{\"serverPeakRssMiB\": $((peak / 1024)), \"serverSettledRssMiB\": $((settled / 1024)), \"auditRecords\": $records}"

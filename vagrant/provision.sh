@@ -38,5 +38,5 @@ esac
 # Build dependencies and Rust for the vagrant user, by the repository's own script.
 sudo -u vagrant -H bash -c 'cd /confine && source scripts/setup.sh'
 sudo -u vagrant -H bash -c 'cd /confine && export PATH="$HOME/.cargo/bin:$PATH" && cargo build --release --quiet'
-/confine/target/release/confine doctor || true
+/confine/target/"$(sudo -u vagrant -H bash -c 'export PATH="$HOME/.cargo/bin:$PATH" && rustc -vV' | sed -n 's/^host: //p')"/release/confine doctor || true
 echo "provision: ready ($layout, /sys/fs/cgroup is $fs_type); run the suite with: cd /confine && sudo env \"PATH=\$HOME/.cargo/bin:\$PATH\" \"HOME=\$HOME\" bash .ci/run"
