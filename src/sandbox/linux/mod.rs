@@ -173,14 +173,7 @@ pub async fn spawn_adjusted(
     let job_id = new_job_id();
     let mut init = init_spec(spec);
     init.seccomp = seccomp.map(|(name, _)| name.to_string());
-    // Before the init stage exists, so that it joins the cgroups first.
-    let mut missing = Vec::new();
-    let cgroup = job_cgroup(&job_id, spec, &mut missing)?;
-    tracing::debug!(cgroup = cgroup.is_some(), "job cgroup ready");
-    init.rlimits = limit_rlimits(&spec.limits, cgroup.is_some());
-    init.cgroup_procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
     let seccomp_fd = seccomp.map(|(_, fd)| fd.as_raw_fd());
-    adjust(&mut init);
 
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(SandboxError::Spawn)?;
     let theirs_fd = theirs.as_raw_fd();
@@ -210,9 +203,25 @@ pub async fn spawn_adjusted(
         });
     }
     let started = Instant::now();
-    let child = cmd.spawn().map_err(SandboxError::Spawn)?;
+    let mut child = cmd.spawn().map_err(SandboxError::Spawn)?;
     tracing::debug!(pid = child.id(), "init stage started");
     drop(theirs);
+    // The cgroups are made while the init stage loads (its dynamic loader
+    // alone takes about as long), and before it has the spec: it can't
+    // create a process before it has joined them. On an error here the
+    // child is killed and reaped, having read no spec.
+    let mut missing = Vec::new();
+    let cgroup = match job_cgroup(&job_id, spec, &mut missing) {
+        Ok(cgroup) => cgroup,
+        Err(e) => {
+            let _ = child.kill().await;
+            return Err(e);
+        }
+    };
+    tracing::debug!(cgroup = cgroup.is_some(), "job cgroup ready");
+    init.rlimits = limit_rlimits(&spec.limits, cgroup.is_some());
+    init.cgroup_procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
+    adjust(&mut init);
     {
         let mut w = &ours;
         protocol::write_spec(&mut w, &init).map_err(SandboxError::Spawn)?;
