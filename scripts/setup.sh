@@ -5,7 +5,8 @@ set -euo pipefail
 
 need_apt=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for pkg in libseccomp-dev pkg-config gcc g++ make bubblewrap git perl; do
+# libc6-dev and libseccomp-dev hold the archives the static binary links.
+for pkg in libseccomp-dev libc6-dev pkg-config gcc g++ make bubblewrap git perl; do
   have_pkg "$pkg" || need_apt+=("$pkg")
 done
 # Runtimes the tests exercise: take the ones on PATH, install the rest.
@@ -28,6 +29,18 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: no Rust toolchain; installing rustup (stable)" >&2
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy,rustfmt
     export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+fi
+# .cargo/config.toml builds for `host-tuple`, which cargo knows since 1.92
+# (Cargo.toml's rust-version).
+cargo_minor=$(cargo --version | sed -n 's/^cargo 1\.\([0-9]*\).*/\1/p')
+if [ -n "$cargo_minor" ] && [ "$cargo_minor" -lt 92 ]; then
+  if command -v rustup >/dev/null 2>&1; then
+    echo "setup: cargo 1.$cargo_minor is older than 1.92; updating the stable toolchain" >&2
+    rustup update stable --no-self-update >/dev/null
+  else
+    echo "setup: cargo 1.$cargo_minor is older than 1.92, which confine needs; install Rust 1.92+ (https://rustup.rs)" >&2
+    exit 1
   fi
 fi
 
