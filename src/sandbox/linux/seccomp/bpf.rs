@@ -26,16 +26,20 @@ use super::compile::{group, PerSyscall};
 use super::profile::{Action, Cond, Op, Plan, Rule};
 use super::SeccompError;
 
-const LD_W_ABS: u16 = 0x20;
-const ALU_AND_K: u16 = 0x54;
-const JA: u16 = 0x05;
-const JEQ_K: u16 = 0x15;
-const JGT_K: u16 = 0x25;
-const JGE_K: u16 = 0x35;
-const JSET_K: u16 = 0x45;
-const RET_K: u16 = 0x06;
+/// The classic BPF opcodes this module emits (`linux/filter.h`).
+const fn op(parts: u32) -> u16 {
+    parts as u16
+}
+const LD_W_ABS: u16 = op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS);
+const ALU_AND_K: u16 = op(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K);
+const JA: u16 = op(libc::BPF_JMP | libc::BPF_JA);
+const JEQ_K: u16 = op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K);
+const JGT_K: u16 = op(libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K);
+const JGE_K: u16 = op(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K);
+const JSET_K: u16 = op(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K);
+const RET_K: u16 = op(libc::BPF_RET | libc::BPF_K);
 
-/// Offsets into `struct seccomp_data`.
+/// Offsets into `struct seccomp_data`: nr, arch, then ip and the arguments.
 const NR: u32 = 0;
 const ARCH: u32 = 4;
 const ARGS: u32 = 16;
@@ -499,7 +503,7 @@ impl Asm {
         for (i, &(code, jt, jf, k)) in self.code.iter().enumerate() {
             out.push(if code == JA {
                 insn(JA, 0, 0, u32::try_from(offset(i, jt)?).ok()?)
-            } else if code & 0x07 == 0x05 {
+            } else if u32::from(code) & 0x07 == libc::BPF_JMP {
                 insn(code, u8::try_from(offset(i, jt)?).ok()?, u8::try_from(offset(i, jf)?).ok()?, k)
             } else {
                 insn(code, 0, 0, k)
