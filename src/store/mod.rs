@@ -61,7 +61,8 @@ impl Store {
         Ok(self.db.open_tree(name)?)
     }
 
-    /// Flush everything to disk (fsync).
+    /// Flush everything to disk, durably (sled's flush plus fdatasync:
+    /// `vendor/sled/CONFINE-PATCH.md`, change 7).
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())

@@ -34,7 +34,15 @@ impl Log {
     /// Flushes any pending IO buffers to disk to ensure durability.
     /// Returns the number of bytes written during this call.
     pub fn flush(&self) -> Result<usize> {
-        iobuf::flush(&self.iobufs)
+        let written = iobuf::flush(&self.iobufs)?;
+        // confine patch 7: on Linux the buffers above are made stable with
+        // sync_file_range, which writes no metadata (an appended segment's
+        // size) and flushes no device cache, so a flushed write could be
+        // lost to a power cut or a host crash. fdatasync makes it durable.
+        if !self.config.temporary {
+            self.config.file.sync_data()?;
+        }
+        Ok(written)
     }
 
     /// Return an iterator over the log, starting with
