@@ -94,6 +94,7 @@ fn strictness(a: Action) -> u8 {
 /// The program for `plan` on the native architecture, `arch` as
 /// [`native_arch`] gives it.
 pub fn program(file: &str, plan: &Plan, arch: (u32, bool)) -> Result<Vec<libc::sock_filter>, SeccompError> {
+    check_actions(file, plan)?;
     let by_nr = group(file, plan)?;
     let bad_arch = ret_value(super::compile::BAD_ARCH);
     let mut out = vec![
@@ -115,6 +116,39 @@ pub fn program(file: &str, plan: &Plan, arch: (u32, bool)) -> Result<Vec<libc::s
     Ok(out)
 }
 
+/// Refuse a plan whose actions this kernel lacks (LOG before 4.14, say):
+/// the kernel would treat such a return value as kill, not as written.
+/// libseccomp's own generator makes the same check. One query per distinct
+/// action: rootless supervisors compile on every start.
+fn check_actions(file: &str, plan: &Plan) -> Result<(), SeccompError> {
+    const GET_ACTION_AVAIL: libc::c_uint = 2;
+    let mut actions: Vec<Action> = Vec::new();
+    for a in plan.rules.iter().map(|r| r.action).chain([plan.default_action, super::compile::BAD_ARCH]) {
+        if !actions.contains(&a) {
+            actions.push(a);
+        }
+    }
+    for action in actions {
+        let value = ret_value(action) & 0xffff_0000;
+        // SAFETY: SECCOMP_GET_ACTION_AVAIL reads one u32 through the pointer,
+        // which points at a live local.
+        let ret = unsafe { libc::syscall(libc::SYS_seccomp, GET_ACTION_AVAIL, 0u32, &value as *const u32) };
+        match nix::errno::Errno::result(ret) {
+            Ok(_) => {}
+            // Kernels before 4.14 can't be asked; they have every action but LOG and KILL_PROCESS.
+            Err(nix::errno::Errno::EINVAL) if !matches!(action, Action::Log | Action::KillProcess) => {}
+            Err(_) => {
+                return Err(SeccompError::Field {
+                    file: file.into(),
+                    field: format!("action {action:?}"),
+                    reason: "this kernel does not support it: use another action".into(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The tree with no code in its leaves: each node is one `jge` whose
 /// targets are other nodes, one shared `ret` per action after the tree, or
 /// the argument blocks after those. About a quarter smaller than
@@ -131,12 +165,14 @@ fn compact_tree(leaves: &[(u32, Verdict<'_>)], default: Action) -> Option<Vec<li
         blocks: &mut Vec<(Label, &'r [&'r Rule])>,
     ) {
         let mut target = |asm: &mut Asm, v: &'r Verdict<'_>| -> Tgt {
+            if let Verdict::Ret(a) = v {
+                if let Some((_, existing)) = rets.iter().find(|(r, _)| r == a) {
+                    return Tgt::To(*existing);
+                }
+            }
             let l = asm.label();
             match v {
-                Verdict::Ret(a) => match rets.iter().find(|(r, _)| r == a) {
-                    Some((_, existing)) => return Tgt::To(*existing),
-                    None => rets.push((*a, l)),
-                },
+                Verdict::Ret(a) => rets.push((*a, l)),
                 Verdict::Args(rules) => blocks.push((l, rules)),
             }
             Tgt::To(l)

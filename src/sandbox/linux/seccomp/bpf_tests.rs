@@ -4,7 +4,7 @@
 //! values where a condition can flip; and the kernel's own verdict on the
 //! programs.
 
-use super::super::profile::{self, Action, Plan};
+use super::super::profile::{self, Plan};
 use super::super::{compile, DEFAULT_PROFILE};
 use super::*;
 
@@ -324,5 +324,4 @@ fn compiled_profiles_come_from_the_range_compiler() {
     let compiled = super::super::compile_default().unwrap();
     let plan = default_plan();
     assert_eq!(compiled.bpf().unwrap(), super::super::to_bytes(&ours(&plan)));
-    let _ = Action::Allow;
 }

@@ -138,7 +138,6 @@ pub fn compile_str(name: &str, text: &str, host: &profile::HostFacts) -> Result<
         let ctx = compile::filter(name, &plan)?;
         return sealed(name, |fd| compile::export(name, &ctx, fd));
     };
-    check_actions(name, &plan)?;
     let program = bpf::program(name, &plan, arch)?;
     sealed(name, |fd| {
         fd.try_clone()
@@ -156,34 +155,6 @@ pub fn to_bytes(program: &[libc::sock_filter]) -> Vec<u8> {
         out.extend_from_slice(&i.k.to_ne_bytes());
     }
     out
-}
-
-/// Refuse a plan whose actions this kernel lacks (LOG before 4.14, say):
-/// the kernel would treat such a return value as kill, not as written.
-/// libseccomp's own generator makes the same check.
-fn check_actions(name: &str, plan: &profile::Plan) -> Result<(), SeccompError> {
-    const GET_ACTION_AVAIL: libc::c_uint = 2;
-    let mut actions: Vec<profile::Action> = plan.rules.iter().map(|r| r.action).collect();
-    actions.extend([plan.default_action, compile::BAD_ARCH]);
-    for action in actions {
-        let value = bpf::ret_value(action) & 0xffff_0000;
-        // SAFETY: SECCOMP_GET_ACTION_AVAIL reads one u32 through the pointer,
-        // which points at a live local.
-        let ret = unsafe { libc::syscall(libc::SYS_seccomp, GET_ACTION_AVAIL, 0u32, &value as *const u32) };
-        match Errno::result(ret) {
-            Ok(_) => {}
-            // Kernels before 4.14 can't be asked; they have every action but LOG and KILL_PROCESS.
-            Err(Errno::EINVAL) if !matches!(action, profile::Action::Log | profile::Action::KillProcess) => {}
-            Err(_) => {
-                return Err(SeccompError::Field {
-                    file: name.into(),
-                    field: format!("action {action:?}"),
-                    reason: "this kernel does not support it: use another action".into(),
-                })
-            }
-        }
-    }
-    Ok(())
 }
 
 fn io_errno(e: std::io::Error) -> Errno {
