@@ -77,9 +77,20 @@ impl Queue {
 static QUEUE: Lazy<Queue, fn() -> Queue> = Lazy::new(init_queue);
 static BROKEN: AtomicBool = AtomicBool::new(false);
 
+/// confine: threads the pool starts with; it grows (up to
+/// `DESIRED_WAITING_THREADS` idle ones, `MAX_THREADS` in all) when work
+/// waits with no idle thread to take it.
+const INITIAL_THREADS: usize = 2;
+
+/// confine: start the pool now (it starts on first use otherwise), so a
+/// database's first write does not wait for its threads.
+pub(crate) fn start() {
+    let _ = &*QUEUE;
+}
+
 fn init_queue() -> Queue {
     debug_delay();
-    for _ in 0..DESIRED_WAITING_THREADS {
+    for _ in 0..INITIAL_THREADS {
         debug_delay();
         if let Err(e) = spawn_new_thread(true) {
             log::error!("failed to initialize threadpool: {:?}", e);
@@ -208,7 +219,9 @@ where
 
     let depth = QUEUE.send(Box::new(task));
 
-    if depth > DESIRED_WAITING_THREADS {
+    // confine: grow when more work is queued than threads wait for it
+    // (upstream: more than `DESIRED_WAITING_THREADS`, which it started with).
+    if depth > WAITING_THREAD_COUNT.load(Acquire) {
         maybe_spawn_new_thread()?;
     }
 

@@ -333,29 +333,40 @@ fn scan_segment_headers_and_tail(
         segments
     );
 
-    // scatter
-    let header_promises_res: Result<Vec<_>> = (0..segments)
-        .map({
-            // let config = config.clone();
-            move |idx| {
-                threadpool::spawn({
-                    let config = config.clone();
-                    move || fetch(idx, min, &config)
-                })
-            }
-        })
-        .collect();
-
-    let header_promises = header_promises_res?;
-
-    // gather
+    // A small log's headers are read here, in order: the pool's first use
+    // would start its threads (milliseconds on a small host) for a few
+    // page-cached reads of some bytes each. A large log scatters them.
     let mut headers: Vec<(LogOffset, SegmentHeader)> = vec![];
-    for promise in header_promises {
-        let read_attempt =
-            promise.wait().expect("thread pool should not crash");
+    if segments <= INLINE_HEADER_READS {
+        for idx in 0..segments {
+            if let Some(completed_result) = fetch(idx, min, config) {
+                headers.push(completed_result);
+            }
+        }
+    } else {
+        // scatter
+        let header_promises_res: Result<Vec<_>> = (0..segments)
+            .map({
+                // let config = config.clone();
+                move |idx| {
+                    threadpool::spawn({
+                        let config = config.clone();
+                        move || fetch(idx, min, &config)
+                    })
+                }
+            })
+            .collect();
 
-        if let Some(completed_result) = read_attempt {
-            headers.push(completed_result);
+        let header_promises = header_promises_res?;
+
+        // gather
+        for promise in header_promises {
+            let read_attempt =
+                promise.wait().expect("thread pool should not crash");
+
+            if let Some(completed_result) = read_attempt {
+                headers.push(completed_result);
+            }
         }
     }
 
@@ -467,6 +478,9 @@ fn check_contiguity_in_unstable_tail(
 /// and a set of segments that can be
 /// zeroed after the new snapshot is written,
 /// but no sooner, otherwise it is not crash-safe.
+/// Logs of at most this many segments have their headers read inline.
+const INLINE_HEADER_READS: u64 = 64;
+
 pub fn raw_segment_iter_from(
     lsn: Lsn,
     config: &RunningConfig,

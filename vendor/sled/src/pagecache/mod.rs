@@ -34,6 +34,43 @@ use parallel_io_unix::{pread_exact, pread_exact_or_eof, pwrite_all};
 #[cfg(all(windows, not(miri)))]
 use parallel_io_windows::{pread_exact, pread_exact_or_eof, pwrite_all};
 
+/// confine: make `len` bytes at `offset` all `byte`, writing only the
+/// 64 KiB chunks that differ (or lie past the end of the file). Returns
+/// whether anything was written.
+///
+/// sled fills free segments and the tail of the recovered one with the
+/// `Corrupted` marker on every start. Those bytes are nearly always there
+/// already, from the previous start; rewriting them dirtied up to
+/// megabytes of page cache that the next flush then had to write back.
+/// Skipping a chunk that already holds the bytes leaves the file and its
+/// page cache exactly as the write would have: callers that need the
+/// bytes durable still sync, as before.
+pub(crate) fn fill_if_differs(
+    file: &std::fs::File,
+    byte: u8,
+    len: usize,
+    offset: LogOffset,
+) -> std::io::Result<bool> {
+    const CHUNK: usize = 64 * 1024;
+    let mut buf = vec![0_u8; CHUNK.min(len)];
+    let mut wrote = false;
+    let mut done = 0_usize;
+    while done < len {
+        let n = CHUNK.min(len - done);
+        let at = offset + LogOffset::try_from(done).unwrap();
+        let chunk = &mut buf[..n];
+        let read = pread_exact_or_eof(file, chunk, at)?;
+        // An OR over XORs vectorises; an early-exit search does not.
+        if read < n || chunk.iter().fold(0_u8, |acc, b| acc | (b ^ byte)) != 0 {
+            chunk.iter_mut().for_each(|b| *b = byte);
+            pwrite_all(file, chunk, at)?;
+            wrote = true;
+        }
+        done += n;
+    }
+    Ok(wrote)
+}
+
 use self::{
     blob_io::{gc_blobs, read_blob, remove_blob, write_blob},
     constants::{

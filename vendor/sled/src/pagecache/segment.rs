@@ -635,9 +635,11 @@ impl SegmentAccountant {
         for segment_base in to_free {
             self.free_segment(segment_base)?;
             io_fail!(self.config, "zero garbage segment SA");
-            pwrite_all(
+            // confine: only the chunks that differ (`fill_if_differs`).
+            fill_if_differs(
                 &self.config.file,
-                &*vec![MessageKind::Corrupted.into(); self.config.segment_size],
+                MessageKind::Corrupted.into(),
+                self.config.segment_size,
                 segment_base,
             )?;
         }

@@ -4,7 +4,7 @@ use zstd::block::{compress, decompress};
 use crate::*;
 
 use super::{
-    arr_to_u32, gc_blobs, pwrite_all, raw_segment_iter_from, u32_to_arr,
+    arr_to_u32, fill_if_differs, gc_blobs, raw_segment_iter_from, u32_to_arr,
     u64_to_arr, BasedBuf, DiskPtr, LogIter, LogKind, LogOffset, Lsn,
     MessageKind,
 };
@@ -317,7 +317,6 @@ fn advance_snapshot(
                 let shred_len = config.segment_size
                     - usize::try_from(segment_progress).unwrap()
                     - 1;
-                let shred_zone = vec![MessageKind::Corrupted.into(); shred_len];
                 let shred_base =
                     offset + LogOffset::try_from(segment_progress).unwrap();
 
@@ -332,8 +331,17 @@ fn advance_snapshot(
                     shred_base,
                     shred_base + shred_len as LogOffset
                 );
-                pwrite_all(&config.file, &shred_zone, shred_base)?;
-                config.file.sync_all()?;
+                // confine: only the bytes that differ are written (see
+                // `fill_if_differs`); the sync stays, as upstream.
+                fill_if_differs(
+                    &config.file,
+                    MessageKind::Corrupted.into(),
+                    shred_len,
+                    shred_base,
+                )?;
+                // confine: fdatasync, not fsync: the shred needs its data
+                // (and a grown size) durable, not the file's mtime.
+                config.file.sync_data()?;
             }
             (iterated_lsn, iter.segment_base.map(|bb| bb.offset))
         };
@@ -416,9 +424,10 @@ fn advance_snapshot(
         // from being allocated which would duplicate its LSN, messing
         // up recovery in the future.
         io_fail!(config, "segment initial free zero");
-        pwrite_all(
+        fill_if_differs(
             &config.file,
-            &*vec![MessageKind::Corrupted.into(); config.segment_size],
+            MessageKind::Corrupted.into(),
+            config.segment_size,
             *to_zero,
         )?;
         if !config.temporary {

@@ -1,0 +1,118 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The sled store across many short lives, as users live them: `confine
+//! exec` run again and again, each a process that opens the store, writes
+//! an artifact and an audit record (a transaction), flushes and exits
+//! without closing. After enough of them for sled to free and reuse log
+//! segments, every record must still verify and every artifact read back.
+//!
+//! Why: confine's vendored sled changes what sled does at start
+//! (`vendor/sled/CONFINE-PATCH.md`). One tried change, a snapshot written
+//! only every few MiB of log, passed single-session tests and broke the
+//! store here after about 120 runs: sled reuses log segments on the
+//! strength of the snapshot it wrote at start.
+
+mod common;
+
+use confine::store::Store;
+use std::process::{Command, Output};
+
+/// `confine exec` runs in the test: about twice what broke the store.
+const EXECS: usize = 240;
+
+fn confine(config: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(common::bin()).arg("--config").arg(config).args(args).output().unwrap()
+}
+
+#[test]
+fn hundreds_of_execs_leave_a_store_that_verifies() {
+    if !common::is_root() {
+        return common::skip("confine exec needs the sandbox (run as root)");
+    }
+    if !common::sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("repo")).unwrap();
+    let config = dir.path().join("confine.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runtime]\nenabled = true\n[store]\npath = \"{}\"\n[[repos]]\nid = \"t\"\nroot = \"{}\"\n",
+            dir.path().join("store").display(),
+            dir.path().join("repo").display()
+        ),
+    )
+    .unwrap();
+    let mut handles = Vec::new();
+    for i in 0..EXECS {
+        let code = format!("echo run {i}; echo err {i} >&2");
+        let out = confine(&config, &["exec", "--repo-id", "t", "--runtime", "shell", "--json", "--code", &code]);
+        assert!(out.status.success(), "exec {i}: {}", common::stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        handles.push(v["artifactHandle"].as_str().unwrap().to_string());
+    }
+    let verify = confine(&config, &["audit", "verify"]);
+    assert!(verify.status.success(), "{}{}", common::stdout(&verify), common::stderr(&verify));
+    assert!(
+        common::stdout(&verify).contains(&format!("ok: {EXECS} records, hash chain intact")),
+        "{}",
+        common::stdout(&verify)
+    );
+    // Every artifact, old and new, reads back as written.
+    for (i, h) in handles.iter().enumerate().step_by(7).chain(handles.iter().enumerate().rev().take(3)) {
+        let out = confine(&config, &["artifacts", "show", h]);
+        assert!(out.status.success(), "artifact {i}: {}", common::stderr(&out));
+        assert_eq!(common::stdout(&out), format!("run {i}\n"), "artifact {i}");
+    }
+}
+
+fn record(i: u64) -> Vec<u8> {
+    vec![(i % 251) as u8; 600]
+}
+
+/// Bytes this thread has passed to write calls so far (`wchar`).
+fn thread_wchar() -> u64 {
+    let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+    io.lines().find_map(|l| l.strip_prefix("wchar: ")).unwrap().trim().parse().unwrap()
+}
+
+/// Open the store at `dir`, and the bytes this thread wrote doing it.
+fn open_counting_writes(dir: &std::path::Path) -> (Store, u64) {
+    // sled releases its lock a moment after the last handle is dropped.
+    for _ in 0..200 {
+        let before = thread_wchar();
+        if let Ok(s) = Store::open(dir) {
+            return (s, thread_wchar() - before);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("the store at {} did not open", dir.display());
+}
+
+/// Write records `from..to` to `audit`, flush, close.
+fn session(s: Store, from: u64, to: u64) {
+    let t = s.tree("audit").unwrap();
+    for i in from..to {
+        t.insert(i.to_be_bytes(), record(i)).unwrap();
+    }
+    s.flush().unwrap();
+}
+
+#[test]
+fn reopening_a_store_rewrites_almost_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // The first two lives lay out the log (the second extends the file to
+    // a whole segment, as upstream does).
+    session(open_counting_writes(dir.path()).0, 0, 50);
+    session(open_counting_writes(dir.path()).0, 50, 60);
+    let (s, wrote) = open_counting_writes(dir.path());
+    let t = s.tree("audit").unwrap();
+    assert_eq!(t.len(), 60);
+    for i in 0u64..60 {
+        assert_eq!(t.get(i.to_be_bytes()).unwrap().unwrap().as_ref(), &record(i)[..]);
+    }
+    // Upstream sled rewrote the tail of the log's last segment and every
+    // free segment on each start (here over 400 KiB), for the next flush
+    // to write back. Now it writes only the start's snapshot (under 4 KiB).
+    assert!(wrote < 16 * 1024, "opening the store wrote {wrote} bytes");
+}
