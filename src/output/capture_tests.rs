@@ -166,3 +166,53 @@ async fn a_store_failure_still_drains_and_leaves_the_artifact_incomplete() {
     assert!(captured.notes[0].starts_with("output was not stored"), "{:?}", captured.notes);
     assert!(matches!(artifacts.get(&handle), Err(ArtifactError::Incomplete(_))));
 }
+
+/// Small output is stored by the capture thread itself at the end, larger
+/// output by a store thread started once `STORE_THREAD_AFTER` bytes came:
+/// both read back byte for byte, on either side of the switch, from reads
+/// of any size.
+#[tokio::test]
+async fn output_around_the_store_thread_threshold_reads_back_exactly() {
+    use crate::output::worker::STORE_THREAD_AFTER as T;
+    let dir = tempfile::tempdir().unwrap();
+    let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
+    let cfg = OutputConfig::default();
+    for (len, step) in [(1usize, 1usize), (100_000, 997), (T - 1, 4096), (T, 1 << 20), (T + 1, 333), (3 << 20, 65_536)]
+    {
+        let data: Vec<u8> = (0..len).map(|i| if i % 61 == 60 { b'\n' } else { b'a' + (i % 26) as u8 }).collect();
+        let cap = Capture::start(Some(&artifacts), "r", &cfg, None, true);
+        let out = capture(Trickle { data: data.clone(), at: 0, step }, cap.sink(StreamName::Stdout)).await;
+        assert!(out.error.is_none(), "{len}: {:?}", out.error);
+        let err = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+        let captured = cap.finish(JobInfo::default(), out, err);
+        let meta = artifacts.get(captured.handle().unwrap()).unwrap();
+        let mut back = Vec::new();
+        artifacts.copy_stream(&meta, StreamName::Stdout, &mut back).unwrap();
+        assert!(back == data, "{len} bytes in reads of {step}: {} came back", back.len());
+        assert_eq!(meta.stdout.sha256, sha(&data));
+        // Chunks end at newlines, so a large output takes one or two more.
+        let chunks = meta.stdout.chunks.len();
+        assert!(chunks >= len.div_ceil(CHUNK_BYTES) && chunks <= len.div_ceil(CHUNK_BYTES) + 2, "{len}: {chunks}");
+        assert!(meta.stderr.chunks.is_empty());
+    }
+}
+
+/// A small output's store failure (written at the end, by the capture
+/// thread) is reported like a large one's.
+#[tokio::test]
+async fn a_small_outputs_store_failure_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    // The first chunk write succeeds: stderr's goes first here.
+    let backend = Failing(SledBackend::open(&Store::open(dir.path()).unwrap()).unwrap(), 0.into());
+    let artifacts = Artifacts::new(Arc::new(backend));
+    let cap = Capture::start(Some(&artifacts), "r", &OutputConfig::default(), None, true);
+    let handle = cap.handle().unwrap().to_string();
+    let err = capture(&b"warning\n"[..], cap.sink(StreamName::Stderr)).await;
+    assert!(err.error.is_none());
+    let out = capture(&b"hello\n"[..], cap.sink(StreamName::Stdout)).await;
+    let error = out.error.as_deref().unwrap_or_default();
+    assert!(error.starts_with("storing stdout: ") && error.contains("disk full"), "{error}");
+    let captured = cap.finish(JobInfo::default(), out, err);
+    assert!(captured.artifact.is_none());
+    assert!(matches!(artifacts.get(&handle), Err(ArtifactError::Incomplete(_))));
+}

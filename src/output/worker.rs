@@ -92,10 +92,21 @@ impl Storer {
     }
 }
 
+/// Stored bytes stage 1 holds back before it starts the store thread.
+/// Output this small (most jobs' is) is stored by stage 1 itself at the
+/// end, as one chunk: a job's two streams then start no thread each.
+pub(crate) const STORE_THREAD_AFTER: usize = 256 << 10;
+// What stage 1 holds is stored as a single chunk.
+const _: () = assert!(STORE_THREAD_AFTER < CHUNK_BYTES);
+
 /// Stage 1.
 pub(crate) struct Processor {
     sink: StreamSink,
     pool: Arc<Pool>,
+    /// The chunk writer while no store thread has it.
+    chunks: Option<ChunkSink>,
+    /// Stored bytes not yet handed to a store thread.
+    held: Vec<u8>,
     storer: Option<Storer>,
     hasher: Sha256,
     head: Vec<u8>,
@@ -113,16 +124,13 @@ pub(crate) struct Processor {
 
 impl Processor {
     pub(crate) fn new(mut sink: StreamSink, pool: Arc<Pool>) -> Self {
-        let mut error = None;
-        let storer = sink.chunks.take().and_then(|c| {
-            Storer::spawn(c, pool.clone(), sink.stream.as_str())
-                .map_err(|e| error = Some(format!("storing {}: cannot start a thread: {e}", sink.stream)))
-                .ok()
-        });
+        let chunks = sink.chunks.take();
         Processor {
             sink,
             pool,
-            storer,
+            chunks,
+            held: Vec::new(),
+            storer: None,
             hasher: Sha256::new(),
             head: Vec::new(),
             tail: Vec::new(),
@@ -134,7 +142,27 @@ impl Processor {
             stored_lines: 0,
             stored_last: None,
             truncated: false,
-            error,
+            error: None,
+        }
+    }
+
+    /// Hand what is held, and from now on everything stored, to a store
+    /// thread.
+    fn start_storer(&mut self) {
+        let Some(c) = self.chunks.take() else { return };
+        match Storer::spawn(c, self.pool.clone(), self.sink.stream.as_str()) {
+            Ok(s) => {
+                let held = std::mem::take(&mut self.held);
+                if s.tx.send(held).is_err() {
+                    self.error.get_or_insert_with(|| format!("storing {}: the store thread stopped", self.sink.stream));
+                } else {
+                    self.storer = Some(s);
+                }
+            }
+            Err(e) => {
+                self.held = Vec::new();
+                self.error = Some(format!("storing {}: cannot start a thread: {e}", self.sink.stream));
+            }
         }
     }
 
@@ -178,6 +206,14 @@ impl Processor {
                     self.storer = None;
                 }
             }
+            None if self.chunks.is_some() => {
+                // Copied, not kept: small reads must not each pin a buffer.
+                self.held.extend_from_slice(&bytes);
+                self.pool.put(bytes);
+                if self.held.len() >= STORE_THREAD_AFTER {
+                    self.start_storer();
+                }
+            }
             None => self.pool.put(bytes),
         }
     }
@@ -211,6 +247,16 @@ impl Processor {
         }
         let mut chunks = Vec::new();
         let mut compressed_bytes = 0;
+        // Small output: stored here, as the store thread would have (one
+        // chunk: it is under CHUNK_BYTES).
+        if let Some(mut sink) = self.chunks.take() {
+            if !self.held.is_empty() {
+                if let Err(e) = sink.write_chunk(&self.held) {
+                    self.error.get_or_insert_with(|| format!("storing {}: {e}", self.sink.stream));
+                }
+            }
+            (chunks, compressed_bytes) = sink.into_parts();
+        }
         if let Some(Storer { tx, thread }) = self.storer.take() {
             drop(tx);
             match thread.join() {
