@@ -147,7 +147,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     let live = args.output_mode.is_none() && !args.json;
     // Before the runtime's threads: output capture must not grow the heap.
     crate::supervisor::tune_allocator();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
