@@ -339,6 +339,49 @@ fn no_cgroup_is_left_after_100_runs() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// `confine exec` answers while its job's cgroups are still being removed
+/// (on another thread, beside the audit append): the process must still
+/// not exit before they are gone, nor leave the job's escapees alive.
+#[test]
+fn a_governed_job_leaves_no_cgroup_and_no_process() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("repo")).unwrap();
+    let config = dir.path().join("confine.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runtime]\nenabled = true\n[store]\npath = \"{}\"\n[[repos]]\nid = \"t\"\nroot = \"{}\"\n",
+            dir.path().join("store").display(),
+            dir.path().join("repo").display()
+        ),
+    )
+    .unwrap();
+    for i in 0..10 {
+        let m = marker(20 + i);
+        let code = format!("setsid sleep {m} & sleep {m} & echo started");
+        let child = Command::new(bin())
+            .arg("--config")
+            .arg(&config)
+            .args(["exec", "--repo-id", "t", "--runtime", "shell", "--code", &code])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id().to_string();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "started\n");
+        // Named <job-id>.<supervisor pid>.<start time>; checked the moment
+        // the supervisor has exited, before any other start could clean up.
+        let left = cgroup_dirs(&|name| name.split('.').nth(1) == Some(pid.as_str()));
+        assert!(left.is_empty(), "exec {i} left cgroups behind: {left:?}");
+        assert_no_survivors(&m);
+    }
+}
+
 #[test]
 fn a_crashed_supervisors_cgroups_are_removed_at_next_start() {
     if !ready() {

@@ -18,6 +18,7 @@ use crate::output::OutputConfig;
 use crate::policy::input::{ExecRequest, PolicyInput};
 use crate::policy::Decision;
 use crate::runtimes::{self, plan};
+use crate::sandbox::linux::supervise::Teardown;
 use crate::sandbox::unix_fallback::PrivateTmp;
 use crate::sandbox::{Backend, BackendKind};
 use crate::store::artifacts::{JobInfo, StreamName};
@@ -106,8 +107,9 @@ pub struct ExecuteResponse {
     pub output: Option<OutputView>,
 }
 
-/// What a job that ran left: its outcome, its captured output, the view.
-type Ran = (Outcome, Captured, Option<OutputView>);
+/// What a job that ran left: its outcome, its captured output, the view,
+/// and its cgroups' removal, still under way.
+type Ran = (Outcome, Captured, Option<OutputView>, Teardown);
 
 /// Live progress of a running job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -400,7 +402,7 @@ impl Supervisor {
         let response = self.run_job(&job_id, &repo.id, &req, &output, placed, &mut ctl).await;
         tracing::debug!("job ended and output stored");
         drop(slot);
-        let (outcome, captured, output) = match response {
+        let (outcome, captured, output, teardown) = match response {
             Ok(parts) => parts,
             Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e),
         };
@@ -422,6 +424,8 @@ impl Supervisor {
             }
         });
         tracing::debug!("audit record flushed");
+        // The job's cgroups were removed meanwhile, on another thread.
+        teardown.finish().await;
         // The artifact and the audit record are flushed: GC may run beside the answer.
         self.collect_garbage_if_due();
         ExecuteResponse {
@@ -563,7 +567,7 @@ impl Supervisor {
             })
         });
         let cancel = ctl.cancel.take();
-        let outcome = job
+        let (outcome, teardown) = job
             .supervise(async move {
                 match cancel {
                     Some(c) => c.await,
@@ -594,7 +598,7 @@ impl Supervisor {
         // (artifact and record, one fsync) before the caller is answered.
         let captured = cap.finish_unflushed(info.clone(), stdout, stderr);
         let view = render(&captured, Some(&stores.artifacts), &info, &req.render).ok();
-        Ok((outcome, captured, view))
+        Ok((outcome, captured, view, teardown))
     }
 
     /// Record a request that did not run, and answer it.
@@ -689,8 +693,9 @@ impl Started {
     }
 
     /// To the end, with the timeout and the default grace; `cancel`
-    /// resolving kills the whole tree at once.
-    async fn supervise(self, cancel: impl Future<Output = ()>) -> Outcome {
+    /// resolving kills the whole tree at once. Returns once the tree is
+    /// dead; the cgroups' removal may still be under way.
+    async fn supervise(self, cancel: impl Future<Output = ()>) -> (Outcome, Teardown) {
         use crate::sandbox::linux::supervise::DEFAULT_KILL_GRACE;
         match self {
             Started::Linux(job) => {
@@ -698,7 +703,7 @@ impl Started {
                     cancel.await;
                     nix::sys::signal::Signal::SIGKILL
                 };
-                (*job).supervise(DEFAULT_KILL_GRACE, cancel).await
+                (*job).supervise_until_dead(DEFAULT_KILL_GRACE, cancel).await
             }
             // The stage's "kill the tree now", not SIGKILL: a killed stage
             // could not kill the job's escapees or report.
@@ -707,7 +712,7 @@ impl Started {
                     cancel.await;
                     crate::sandbox::unix_fallback::KILL_TREE_SIGNAL
                 };
-                (*job).supervise(DEFAULT_KILL_GRACE, cancel).await
+                ((*job).supervise(DEFAULT_KILL_GRACE, cancel).await, Teardown::none())
             }
         }
     }

@@ -43,7 +43,21 @@ impl RunningJob {
     /// timeout SIGTERM is (status `timeout`). Either way the whole tree is
     /// killed `kill_grace` later if it is still there. When the main
     /// process exits, whatever it left behind is killed at once.
-    pub async fn supervise<C>(mut self, kill_grace: Duration, cancel: C) -> Outcome
+    pub async fn supervise<C>(self, kill_grace: Duration, cancel: C) -> Outcome
+    where
+        C: Future<Output = Signal>,
+    {
+        let (outcome, teardown) = self.supervise_until_dead(kill_grace, cancel).await;
+        teardown.finish().await;
+        outcome
+    }
+
+    /// As [`RunningJob::supervise`], but returning as soon as the tree is
+    /// dead and counted: the job's cgroups are removed on a blocking thread
+    /// meanwhile, for the caller to [`Teardown::finish`] after its own
+    /// work (the supervisor stores the output and appends the audit record
+    /// in that time, instead of after it).
+    pub async fn supervise_until_dead<C>(mut self, kill_grace: Duration, cancel: C) -> (Outcome, Teardown)
     where
         C: Future<Output = Signal>,
     {
@@ -144,13 +158,15 @@ impl RunningJob {
         tracing::debug!("job tree killed");
         let mut outcome = self.outcome(status, &buf, killed);
         self.account(&mut outcome, ending);
-        if let Some(cg) = self.cgroup.take() {
-            if let Err(e) = cg.remove().await {
-                tracing::warn!(error = %e, "job cgroup left behind");
-            }
-            tracing::debug!("job cgroup removed");
-        }
-        outcome
+        let removal = self.cgroup.take().map(|cg| {
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = cg.remove_blocking() {
+                    tracing::warn!(error = %e, "job cgroup left behind");
+                }
+                tracing::debug!("job cgroup removed");
+            })
+        });
+        (outcome, Teardown { removal })
     }
 
     /// Usage from the cgroup's counters, and the status the supervisor
@@ -178,6 +194,27 @@ impl RunningJob {
             None if cpu_hit && outcome.status != Status::Success => Status::Timeout,
             None => outcome.status,
         };
+    }
+}
+
+/// The job's cgroups being removed, its tree already dead. Dropped
+/// unfinished, the removal still runs to its end on its thread.
+#[must_use = "finish() waits for the job's cgroups to be removed"]
+pub struct Teardown {
+    removal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Teardown {
+    /// Nothing to tear down (a backend without cgroups).
+    pub fn none() -> Teardown {
+        Teardown { removal: None }
+    }
+
+    /// Wait until the job's cgroups are gone (or reported left behind).
+    pub async fn finish(self) {
+        if let Some(r) = self.removal {
+            let _ = r.await;
+        }
     }
 }
 
