@@ -248,7 +248,7 @@ impl LogIter {
 
         trace!("read segment header {:?}", segment_header);
 
-        let mut buf = vec![0; self.config.segment_size];
+        let mut buf = super::segment_buf(self.config.segment_size);
         let size = pread_exact_or_eof(f, &mut buf, offset)?;
 
         trace!("setting stored segment buffer length to {} after read", size);
