@@ -229,3 +229,66 @@ async fn a_store_that_fails_to_open_stops_the_job_before_it_runs() {
     // Opened eagerly, the same supervisor refuses to start.
     assert!(Supervisor::open(config).is_err());
 }
+
+/// A one-shot supervisor's early init stage (`open_one_shot`): used by a
+/// job whose streams match, passed over (and a fresh stage started) for
+/// one whose don't, and left unused by a denied request, all with the
+/// same results as without it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_prestarted_init_stage_runs_the_job_or_is_passed_over() {
+    use confine::supervisor::Prestart;
+    if !sandbox_available() {
+        return;
+    }
+    confine::sandbox::linux::set_init_executable(bin().into());
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    // A store each: sled lets go of its lock a moment after a drop.
+    let config = |n: usize| {
+        let text = format!(
+            "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
+            dir.path().join(format!("store-{n}")).display(),
+            repo.display()
+        );
+        Config::parse(&text, &dir.path().join("confine.toml")).unwrap()
+    };
+    let req = |code: &str, stdin: Option<&str>| ExecuteRequest {
+        code: Some(code.into()),
+        stdin: stdin.map(str::to_string),
+        render: confine::output::RenderOptions {
+            output_mode: confine::output::OutputMode::Summary,
+            ..Default::default()
+        },
+        ..sleep_req("0")
+    };
+    let out = |r: &confine::supervisor::exec::ExecuteResponse| {
+        r.output.as_ref().and_then(|v| v.stdout_summary.clone()).unwrap_or_default()
+    };
+    let cases = [
+        // (prestart stdin piped, request stdin, expected stdout)
+        (false, None, "no input"),
+        (true, Some("fed\n"), "fed\nno input"),
+        (false, Some("fed\n"), "fed\nno input"),
+        (true, None, "no input"),
+    ];
+    for (n, (piped, stdin, want)) in cases.into_iter().enumerate() {
+        let sup = Supervisor::open_one_shot(config(n), Some(Prestart { stdin_piped: piped })).unwrap();
+        let resp = sup.execute(req("cat; echo no input", stdin), ExecControl::default()).await;
+        assert_eq!(serde_json::to_value(resp.status).unwrap(), "success", "{piped} {stdin:?}: {:?}", resp.error);
+        assert_eq!(out(&resp), want, "prestart stdin piped {piped}, request stdin {stdin:?}");
+        sup.discard_prestarted();
+    }
+    // Denied: the early stage never gets a spec, and the request is
+    // audited as any other.
+    let sup = Supervisor::open_one_shot(config(10), Some(Prestart { stdin_piped: false })).unwrap();
+    let denied = sup
+        .execute(
+            ExecuteRequest { network: confine::job::Network::Host, ..req("echo out", None) },
+            ExecControl::default(),
+        )
+        .await;
+    assert_eq!(serde_json::to_value(denied.status).unwrap(), "denied", "{:?}", denied.error);
+    assert_eq!(sup.stores().unwrap().audit.len(), 1);
+    sup.discard_prestarted();
+}

@@ -145,6 +145,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         ..ExecuteRequest::default()
     };
     let live = args.output_mode.is_none() && !args.json;
+    let stdin_piped = req.stdin.is_some();
     // Before the runtime's threads: output capture must not grow the heap.
     crate::supervisor::tune_allocator();
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -152,8 +153,10 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
     let resp = rt.block_on(async move {
-        // One request: the store opens while it is admitted and sandboxed.
-        let sup = Supervisor::open_deferred(config).map_err(|e| e.to_string())?;
+        // One request: the store opens while it is admitted and sandboxed,
+        // and the sandbox's init stage is started before anything else.
+        let prestart = crate::supervisor::Prestart { stdin_piped };
+        let sup = Supervisor::open_one_shot(config, Some(prestart)).map_err(|e| e.to_string())?;
         let cancel = Box::pin(async {
             use tokio::signal::unix::{signal, SignalKind};
             match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
@@ -170,6 +173,8 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
+    // A stage left unused (the request was denied) is killed now.
+    sup.discard_prestarted();
     let code = report(&resp, &args);
     // After the answer: a GC run the job started finishes before we exit.
     rt.block_on(sup.wait_for_gc());

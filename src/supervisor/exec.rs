@@ -8,7 +8,7 @@
 //! This module decides; it never touches the kernel itself (the sandbox
 //! backend does) and never prints (the CLI and MCP adapters do).
 
-use super::{cwd, Supervisor};
+use super::{cwd, Prestart, Supervisor};
 use crate::config::{EffectiveLimits, LimitRequest};
 use crate::job::{Bind, JobFile, JobSpec, Network, Outcome, Status};
 use crate::output::capture::{capture, capture_pipe, Capture, Captured, StreamSink, StreamSummary};
@@ -472,12 +472,21 @@ impl Supervisor {
     }
 
     /// Start the job on the supervisor's backend.
-    async fn start(&self, job_id: &str, job: Placed, stdio: crate::sandbox::StdioSpec) -> Result<Started, String> {
+    async fn start(&self, job_id: &str, job: Placed, prestart: Prestart) -> Result<Started, String> {
+        let stdio = prestart.stdio();
         match self.backend {
             BackendKind::Linux => {
                 let seccomp = self.seccomp.as_ref().map(|p| (p.name.as_str(), &p.fd));
-                let mut started =
-                    crate::sandbox::linux::spawn(&job.spec, stdio, seccomp).await.map_err(|e| e.to_string())?;
+                // The stage a one-shot supervisor started early, if its
+                // streams are this job's.
+                let stage = self.prestarted.lock().ok().and_then(|mut p| p.take());
+                let started = match stage {
+                    Some((stage, p)) if p == prestart => {
+                        stage.configure(&job.spec, seccomp.map(|(name, _)| name), |_| {}).await
+                    }
+                    _ => crate::sandbox::linux::spawn(&job.spec, stdio, seccomp).await,
+                };
+                let mut started = started.map_err(|e| e.to_string())?;
                 started.job_id = job_id.to_string();
                 Ok(Started::Linux(Box::new(started)))
             }
@@ -503,10 +512,7 @@ impl Supervisor {
         // Secrets: the listed variables' values, and what the caller passes
         // to the job under a secret-like name (API_TOKEN, DB_PASSWORD, …).
         let redactor = output.job_redactor(&req.env, |k| std::env::var(k).ok());
-        let mut stdio = crate::sandbox::StdioSpec::piped();
-        if req.stdin.is_some() {
-            stdio.stdin = std::process::Stdio::piped();
-        }
+        let stdio = Prestart { stdin_piped: req.stdin.is_some() };
         // A store still opening (`Supervisor::open_deferred`): the Linux
         // sandbox is built meanwhile and its job held before execve; other
         // backends wait for the store first. No job runs unaudited.

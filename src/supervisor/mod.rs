@@ -70,6 +70,33 @@ pub struct Supervisor {
     /// Built for one request ([`Supervisor::open_deferred`]): the policy is
     /// evaluated on the calling thread, as nothing else waits for it.
     one_shot: bool,
+    /// The one job's init stage, started early ([`Supervisor::open_one_shot`]).
+    #[cfg(target_os = "linux")]
+    pub(crate) prestarted: std::sync::Mutex<Option<(crate::sandbox::linux::InitStage, Prestart)>>,
+}
+
+/// The compiled seccomp profile, on Linux.
+#[cfg(target_os = "linux")]
+type Seccomp = Option<crate::sandbox::linux::seccomp::CompiledProfile>;
+#[cfg(not(target_os = "linux"))]
+type Seccomp = ();
+
+/// The standard streams of a one-shot supervisor's job, known before the
+/// request is decided: output captured, stdin piped or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prestart {
+    pub stdin_piped: bool,
+}
+
+impl Prestart {
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn stdio(self) -> crate::sandbox::StdioSpec {
+        let mut stdio = crate::sandbox::StdioSpec::piped();
+        if self.stdin_piped {
+            stdio.stdin = std::process::Stdio::piped();
+        }
+        stdio
+    }
 }
 
 impl Supervisor {
@@ -89,9 +116,35 @@ impl Supervisor {
     /// are held before their execve until the store is open, and killed
     /// unreleased if it fails to open (`supervisor/stores.rs`).
     pub fn open_deferred(config: Config) -> Result<Supervisor, SupervisorError> {
+        Supervisor::open_one_shot(config, None)
+    }
+
+    /// As [`Supervisor::open_deferred`], and with `prestart` (the streams
+    /// its one job will have) the Linux backend's `__init` stage is started
+    /// first of all: forked while this process is still small, before the
+    /// store's threads and the policy's compile, and loading beside them.
+    /// It builds nothing until the request is allowed and its spec sent; a
+    /// request denied, or one whose streams differ, leaves it unused, and
+    /// it is killed with the supervisor.
+    #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+    pub fn open_one_shot(config: Config, prestart: Option<Prestart>) -> Result<Supervisor, SupervisorError> {
+        let (backend, seccomp) = Supervisor::backend(&config)?;
+        #[cfg(target_os = "linux")]
+        let prestarted = match (prestart, backend, &seccomp) {
+            (Some(p), crate::sandbox::BackendKind::Linux, Some(profile)) if config.runtime.enabled => {
+                let stage = crate::sandbox::linux::InitStage::start(p.stdio(), Some(&profile.fd));
+                // Not fatal: the job then starts its own stage, as usual.
+                stage.map_err(|e| tracing::debug!(error = %e, "init stage not prestarted")).ok().map(|s| (s, p))
+            }
+            _ => None,
+        };
         let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
-        let mut sup = Supervisor::build(config, stores)?;
+        let mut sup = Supervisor::build_with(config, stores, backend, seccomp)?;
         sup.one_shot = true;
+        #[cfg(target_os = "linux")]
+        {
+            sup.prestarted = std::sync::Mutex::new(prestarted);
+        }
         Ok(sup)
     }
 
@@ -102,20 +155,13 @@ impl Supervisor {
     }
 
     fn build(config: Config, stores: StoreSlot) -> Result<Supervisor, SupervisorError> {
-        #[cfg(target_os = "linux")]
-        if let Some(parent) = &config.sandbox.cgroup_parent {
-            let cgroups = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
-            if let Err(earlier) = crate::sandbox::linux::cgroup::configure(cgroups) {
-                if earlier.parent.as_ref() != Some(parent) {
-                    tracing::warn!(
-                        configured = %parent.display(),
-                        "sandbox.cgroup_parent ignored: this process already chose its cgroup parent"
-                    );
-                }
-            }
-        }
-        let policy = Arc::new(PolicyChain::from_config(&config.policy)?);
-        tracing::debug!("policy compiled");
+        let (backend, seccomp) = Supervisor::backend(&config)?;
+        Supervisor::build_with(config, stores, backend, seccomp)
+    }
+
+    /// The backend every job runs on (`runtime.backend`; a weaker one needs
+    /// `runtime.allow_degraded`) and, for Linux, the compiled seccomp profile.
+    fn backend(config: &Config) -> Result<(crate::sandbox::BackendKind, Seccomp), SupervisorError> {
         let backend = crate::sandbox::select_with_config(
             None,
             config.runtime.backend,
@@ -131,7 +177,32 @@ impl Supervisor {
             ),
             _ => None,
         };
+        #[cfg(not(target_os = "linux"))]
+        let seccomp = ();
         tracing::debug!("backend ready");
+        Ok((backend, seccomp))
+    }
+
+    fn build_with(
+        config: Config,
+        stores: StoreSlot,
+        backend: crate::sandbox::BackendKind,
+        #[cfg_attr(not(target_os = "linux"), allow(unused_variables))] seccomp: Seccomp,
+    ) -> Result<Supervisor, SupervisorError> {
+        #[cfg(target_os = "linux")]
+        if let Some(parent) = &config.sandbox.cgroup_parent {
+            let cgroups = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
+            if let Err(earlier) = crate::sandbox::linux::cgroup::configure(cgroups) {
+                if earlier.parent.as_ref() != Some(parent) {
+                    tracing::warn!(
+                        configured = %parent.display(),
+                        "sandbox.cgroup_parent ignored: this process already chose its cgroup parent"
+                    );
+                }
+            }
+        }
+        let policy = Arc::new(PolicyChain::from_config(&config.policy)?);
+        tracing::debug!("policy compiled");
         Ok(Supervisor {
             queue: queue::JobQueue::new(config.max_concurrent_jobs(), config.runtime.max_queued),
             host: Host::from_env(),
@@ -143,6 +214,8 @@ impl Supervisor {
             seccomp,
             pending_gc: std::sync::Mutex::new(None),
             one_shot: false,
+            #[cfg(target_os = "linux")]
+            prestarted: std::sync::Mutex::new(None),
         })
     }
 
@@ -167,6 +240,15 @@ impl Supervisor {
         let handle = self.pending_gc.lock().ok().and_then(|mut p| p.take());
         if let Some(handle) = handle {
             let _ = handle.await;
+        }
+    }
+
+    /// Kill the init stage started early for a job that did not run.
+    pub fn discard_prestarted(&self) {
+        #[cfg(target_os = "linux")]
+        if let Ok(mut p) = self.prestarted.lock() {
+            // Dropped: tokio kills it (kill_on_drop).
+            p.take();
         }
     }
 

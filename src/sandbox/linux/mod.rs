@@ -160,88 +160,133 @@ pub async fn spawn_adjusted(
     seccomp: Option<(&str, &OwnedFd)>,
     adjust: impl FnOnce(&mut InitSpec),
 ) -> Result<RunningJob, SandboxError> {
-    if std::env::var_os(INIT_MARKER).is_some() {
-        // We are an init stage that the program did not dispatch: spawning
-        // again would re-exec ourselves without end.
-        return Err(SandboxError::Spawn(std::io::Error::other(
-            "this process was started as confine's __init stage but ran the program instead: \
-             call confine::sandbox::linux::init::main() when argv[1] is \"__init\", \
-             or point set_init_executable() at a confine binary",
-        )));
-    }
     check_workspace(spec)?;
-    let job_id = new_job_id();
-    let mut init = init_spec(spec);
-    init.seccomp = seccomp.map(|(name, _)| name.to_string());
-    let seccomp_fd = seccomp.map(|(_, fd)| fd.as_raw_fd());
+    let stage = InitStage::start(stdio, seccomp.map(|(_, fd)| fd))?;
+    stage.configure(spec, seccomp.map(|(name, _)| name), adjust).await
+}
 
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(SandboxError::Spawn)?;
-    let theirs_fd = theirs.as_raw_fd();
-    let mut cmd = tokio::process::Command::new(init_executable());
-    cmd.arg0("confine-init")
-        .arg("__init")
-        .env_clear()
-        .env(INIT_MARKER, "1")
-        .stdin(stdio.stdin)
-        .stdout(stdio.stdout)
-        .stderr(stdio.stderr)
-        .kill_on_drop(true);
-    // SAFETY: the closure runs in the forked child before exec and only
-    // calls async-signal-safe syscalls (dup2, fcntl, prctl) on fds that
-    // stay open in the parent until spawn returns.
-    unsafe {
-        cmd.pre_exec(move || {
-            place_fd(theirs_fd, CONTROL_FD)?;
-            if let Some(fd) = seccomp_fd {
-                place_fd(fd, SECCOMP_FD)?;
-            }
-            // If the supervisor dies, the init stage dies, and pid 1 after it.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+/// An `__init` stage started and waiting for its spec: nothing is built
+/// yet, and it runs nothing. A one-shot supervisor starts it before it has
+/// decided on the request (`Supervisor::open_deferred`), while the process
+/// is still small and quick to fork and while the stage loads beside the
+/// policy's compile. Dropped, it is killed; it also exits at EOF on its
+/// control socket, having read no spec.
+pub struct InitStage {
+    child: tokio::process::Child,
+    ours: std::os::unix::net::UnixStream,
+    /// Whether the seccomp memfd was placed (a spec naming a profile
+    /// needs it).
+    has_seccomp: bool,
+}
+
+impl InitStage {
+    /// Start the stage with the job's standard streams and, if any, the
+    /// compiled seccomp profile's memfd.
+    pub fn start(stdio: StdioSpec, seccomp_fd: Option<&OwnedFd>) -> Result<InitStage, SandboxError> {
+        if std::env::var_os(INIT_MARKER).is_some() {
+            // We are an init stage that the program did not dispatch: spawning
+            // again would re-exec ourselves without end.
+            return Err(SandboxError::Spawn(std::io::Error::other(
+                "this process was started as confine's __init stage but ran the program instead: \
+                 call confine::sandbox::linux::init::main() when argv[1] is \"__init\", \
+                 or point set_init_executable() at a confine binary",
+            )));
+        }
+        let seccomp_raw = seccomp_fd.map(|fd| fd.as_raw_fd());
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(SandboxError::Spawn)?;
+        let theirs_fd = theirs.as_raw_fd();
+        let mut cmd = tokio::process::Command::new(init_executable());
+        cmd.arg0("confine-init")
+            .arg("__init")
+            .env_clear()
+            .env(INIT_MARKER, "1")
+            .stdin(stdio.stdin)
+            .stdout(stdio.stdout)
+            .stderr(stdio.stderr)
+            .kill_on_drop(true);
+        // SAFETY: the closure runs in the forked child before exec and only
+        // calls async-signal-safe syscalls (dup2, fcntl, prctl) on fds that
+        // stay open in the parent until spawn returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                place_fd(theirs_fd, CONTROL_FD)?;
+                if let Some(fd) = seccomp_raw {
+                    place_fd(fd, SECCOMP_FD)?;
+                }
+                // If the supervisor dies, the init stage dies, and pid 1 after it.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(SandboxError::Spawn)?;
+        tracing::debug!(pid = child.id(), "init stage started");
+        drop(theirs);
+        Ok(InitStage { child, ours, has_seccomp: seccomp_raw.is_some() })
     }
-    let started = Instant::now();
-    let mut child = cmd.spawn().map_err(SandboxError::Spawn)?;
-    tracing::debug!(pid = child.id(), "init stage started");
-    drop(theirs);
-    // The cgroups are made while the init stage loads (its dynamic loader
-    // alone takes about as long), and before it has the spec: it can't
-    // create a process before it has joined them. On an error here the
-    // child is killed and reaped, having read no spec.
-    let mut missing = Vec::new();
-    let cgroup = match job_cgroup(&job_id, spec, &mut missing) {
-        Ok(cgroup) => cgroup,
-        Err(e) => {
+
+    /// Give the stage its job: make the job's cgroups, then send the spec
+    /// (the stage can't create a process before it has joined them). On an
+    /// error the stage is killed and reaped, having read no spec.
+    pub async fn configure(
+        self,
+        spec: &JobSpec,
+        seccomp_name: Option<&str>,
+        adjust: impl FnOnce(&mut InitSpec),
+    ) -> Result<RunningJob, SandboxError> {
+        let InitStage { mut child, ours, has_seccomp } = self;
+        if seccomp_name.is_some() && !has_seccomp {
+            let _ = child.kill().await;
+            return Err(SandboxError::Spawn(std::io::Error::other(
+                "the init stage was started without the seccomp profile its job names",
+            )));
+        }
+        if let Err(e) = check_workspace(spec) {
             let _ = child.kill().await;
             return Err(e);
         }
-    };
-    tracing::debug!(cgroup = cgroup.is_some(), "job cgroup ready");
-    init.rlimits = limit_rlimits(&spec.limits, cgroup.is_some());
-    init.cgroup_procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
-    adjust(&mut init);
-    {
-        let mut w = &ours;
-        protocol::write_spec(&mut w, &init).map_err(SandboxError::Spawn)?;
+        let started = Instant::now();
+        let job_id = new_job_id();
+        let mut init = init_spec(spec);
+        init.seccomp = seccomp_name.map(str::to_string);
+        // The cgroups are made while the init stage loads (its dynamic loader
+        // alone takes about as long), and before it has the spec: it can't
+        // create a process before it has joined them. On an error here the
+        // child is killed and reaped, having read no spec.
+        let mut missing = Vec::new();
+        let cgroup = match job_cgroup(&job_id, spec, &mut missing) {
+            Ok(cgroup) => cgroup,
+            Err(e) => {
+                let _ = child.kill().await;
+                return Err(e);
+            }
+        };
+        tracing::debug!(cgroup = cgroup.is_some(), "job cgroup ready");
+        init.rlimits = limit_rlimits(&spec.limits, cgroup.is_some());
+        init.cgroup_procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
+        adjust(&mut init);
+        {
+            let mut w = &ours;
+            protocol::write_spec(&mut w, &init).map_err(SandboxError::Spawn)?;
+        }
+        ours.set_nonblocking(true).map_err(SandboxError::Spawn)?;
+        let ctl = tokio::net::UnixStream::from_std(ours).map_err(SandboxError::Spawn)?;
+        let base_layers = Layers {
+            userns: true,
+            mountns: true,
+            pidns: true,
+            netns: init.new_netns,
+            ipcns: true,
+            utsns: true,
+            cgroupns: true,
+            host_uid: init.uid.outside,
+            cgroup: cgroup.as_ref().map(|c| c.layer().to_string()),
+            missing,
+            ..Layers::default()
+        };
+        Ok(RunningJob { job_id, child, ctl, started, base_layers, spec: spec.clone(), cgroup })
     }
-    ours.set_nonblocking(true).map_err(SandboxError::Spawn)?;
-    let ctl = tokio::net::UnixStream::from_std(ours).map_err(SandboxError::Spawn)?;
-    let base_layers = Layers {
-        userns: true,
-        mountns: true,
-        pidns: true,
-        netns: init.new_netns,
-        ipcns: true,
-        utsns: true,
-        cgroupns: true,
-        host_uid: init.uid.outside,
-        cgroup: cgroup.as_ref().map(|c| c.layer().to_string()),
-        missing,
-        ..Layers::default()
-    };
-    Ok(RunningJob { job_id, child, ctl, started, base_layers, spec: spec.clone(), cgroup })
 }
 
 /// The job's cgroups. Without them (rootless and not delegated, or no
