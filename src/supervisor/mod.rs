@@ -138,6 +138,18 @@ impl Supervisor {
             }
             _ => None,
         };
+        // The cgroup hierarchies are found (and a crashed supervisor's
+        // leftovers removed) beside the policy's compile, not after it.
+        #[cfg(target_os = "linux")]
+        if prestarted.is_some() {
+            if let Some(parent) = &config.sandbox.cgroup_parent {
+                let cgroups = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
+                let _ = crate::sandbox::linux::cgroup::configure(cgroups);
+            }
+            let _ = std::thread::Builder::new().name("confine-cgroups".into()).spawn(|| {
+                let _ = crate::sandbox::linux::cgroup::supervisor();
+            });
+        }
         let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
         let mut sup = Supervisor::build_with(config, stores, backend, seccomp)?;
         sup.one_shot = true;
