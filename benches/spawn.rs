@@ -14,7 +14,8 @@
 //!
 //! `cargo bench --bench spawn` (release build). `SPAWN_RUNS=N` sets the
 //! number of runs per row (default 300); `SPAWN_ROWS=layers` runs only the
-//! layer rows, `SPAWN_ROWS=governance` only the two warm rows that price
+//! layer rows, `SPAWN_ROWS=governance-cli` the CLI's `exec` against its
+//! `run` (interleaved), `SPAWN_ROWS=governance` only the two warm rows that price
 //! governance (interleaved); `CONFINE_LOG=confine=debug` logs each request's stages.
 //! Rows whose tool is missing are reported as such, never invented.
 
@@ -88,6 +89,18 @@ fn main() {
     // `SPAWN_ROWS=layers`: only the landlock + seccomp A/B rows.
     if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "layers") {
         rows.extend(layer_cost(runs));
+        print_rows(&rows, runs);
+        return;
+    }
+    // `SPAWN_ROWS=governance-cli`: the governance issue's own measure,
+    // `confine exec --runtime shell --code true` against `confine run --
+    // /bin/true`, both from the command line, interleaved run by run.
+    if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "governance-cli") {
+        rows.extend(governance_cli_cost(confine, runs));
+        if let [a, b] = &rows[..] {
+            let d = b.pct(0.5).as_secs_f64() - a.pct(0.5).as_secs_f64();
+            println!("governance from the CLI adds {:.3} ms at p50 (budget 2 ms)", d * 1000.0);
+        }
         print_rows(&rows, runs);
         return;
     }
@@ -182,6 +195,33 @@ fn bench_config(dir: &std::path::Path) -> Option<String> {
         dir.join("store").display(),
         repo.display()
     ))
+}
+
+/// `confine run -- /bin/true` and the governed `confine exec` of the code
+/// `true`, each a process as a user starts it, interleaved run by run.
+fn governance_cli_cost(confine: &str, runs: usize) -> Vec<Row> {
+    let Some(dir) = tempfile::tempdir().ok() else { return vec![] };
+    let config = dir.path().join("confine.toml");
+    let Some(text) = bench_config(dir.path()) else { return vec![] };
+    if std::fs::write(&config, text).is_err() {
+        return vec![];
+    }
+    let Some(cfg) = config.to_str() else { return vec![] };
+    let status = |argv: &[&str]| {
+        let out = Command::new(argv[0]).args(&argv[1..]).stdin(Stdio::null()).stdout(Stdio::null()).output().ok()?;
+        if !out.status.success() {
+            eprintln!("{}: {}", argv.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+            return None;
+        }
+        Some(())
+    };
+    let run_argv = [confine, "run", "--", "/bin/true"];
+    let exec_argv = [confine, "--config", cfg, "exec", "--repo-id", "bench", "--runtime", "shell", "--code", "true"];
+    let variants: Vec<Variant<'_>> = vec![
+        ("confine run -- /bin/true (CLI)", Box::new(move || status(&run_argv))),
+        ("confine exec --runtime shell --code true (CLI)", Box::new(move || status(&exec_argv))),
+    ];
+    interleaved("governance-cli", runs, variants).unwrap_or_default()
 }
 
 /// `confine exec` from the command line, with a config of its own in a
