@@ -350,15 +350,7 @@ fn a_governed_job_leaves_no_cgroup_and_no_process() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("repo")).unwrap();
     let config = dir.path().join("confine.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[runtime]\nenabled = true\n[store]\npath = \"{}\"\n[[repos]]\nid = \"t\"\nroot = \"{}\"\n",
-            dir.path().join("store").display(),
-            dir.path().join("repo").display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, exec_config(&dir.path().join("store"), "t", &dir.path().join("repo"))).unwrap();
     for i in 0..10 {
         let m = marker(20 + i);
         let code = format!("setsid sleep {m} & sleep {m} & echo started");

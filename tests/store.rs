@@ -34,15 +34,7 @@ fn hundreds_of_execs_leave_a_store_that_verifies() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("repo")).unwrap();
     let config = dir.path().join("confine.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[runtime]\nenabled = true\n[store]\npath = \"{}\"\n[[repos]]\nid = \"t\"\nroot = \"{}\"\n",
-            dir.path().join("store").display(),
-            dir.path().join("repo").display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, common::exec_config(&dir.path().join("store"), "t", &dir.path().join("repo"))).unwrap();
     let mut handles = Vec::new();
     for i in 0..EXECS {
         let code = format!("echo run {i}; echo err {i} >&2");

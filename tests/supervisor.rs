@@ -28,6 +28,16 @@ fn supervisor_with(dir: &std::path::Path, running: usize, queued: usize, extra: 
     Supervisor::open(config).unwrap()
 }
 
+/// A temp dir with a repository in it, and the init stage pointed at the
+/// binary under test.
+fn scratch() -> (tempfile::TempDir, std::path::PathBuf) {
+    confine::sandbox::linux::set_init_executable(bin().into());
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    (dir, repo)
+}
+
 fn sleep_req(secs: &str) -> ExecuteRequest {
     ExecuteRequest {
         repo_id: Some("demo".into()),
@@ -205,17 +215,10 @@ async fn a_store_that_fails_to_open_stops_the_job_before_it_runs() {
     if !sandbox_available() {
         return;
     }
-    confine::sandbox::linux::set_init_executable(bin().into());
-    let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
+    let (dir, repo) = scratch();
     // A store path below a regular file can't be created.
     std::fs::write(dir.path().join("file"), "").unwrap();
-    let text = format!(
-        "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
-        dir.path().join("file/store").display(),
-        repo.display()
-    );
+    let text = exec_config(&dir.path().join("file/store"), "demo", &repo);
     let config = Config::parse(&text, &dir.path().join("confine.toml")).unwrap();
     let sup = Supervisor::open_deferred(config.clone()).unwrap();
     let tok = token("nostore");
@@ -240,17 +243,10 @@ async fn a_prestarted_init_stage_runs_the_job_or_is_passed_over() {
     if !sandbox_available() {
         return;
     }
-    confine::sandbox::linux::set_init_executable(bin().into());
-    let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
+    let (dir, repo) = scratch();
     // A store each: sled lets go of its lock a moment after a drop.
     let config = |n: usize| {
-        let text = format!(
-            "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
-            dir.path().join(format!("store-{n}")).display(),
-            repo.display()
-        );
+        let text = exec_config(&dir.path().join(format!("store-{n}")), "demo", &repo);
         Config::parse(&text, &dir.path().join("confine.toml")).unwrap()
     };
     let req = |code: &str, stdin: Option<&str>| ExecuteRequest {

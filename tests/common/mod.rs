@@ -59,6 +59,16 @@ pub fn host_pids_with(token: &str) -> Vec<u32> {
     found
 }
 
+/// A confine.toml with execution enabled, the store at `store`, and one
+/// repository `id` at `root`.
+pub fn exec_config(store: &std::path::Path, id: &str, root: &std::path::Path) -> String {
+    format!(
+        "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"{id}\"\nroot = \"{}\"\n",
+        store.display(),
+        root.display()
+    )
+}
+
 /// A unique token for this test process.
 pub fn token(name: &str) -> String {
     format!("confinetest-{name}-{}", std::process::id())
