@@ -19,7 +19,7 @@ pub mod supervise;
 pub mod sys;
 
 use crate::job::{JobSpec, Layers, Network, Outcome, Status, Usage};
-use crate::sandbox::unix_fallback::place_fd;
+use crate::sandbox::unix_fallback::{place_fd, place_fds};
 use crate::sandbox::{SandboxError, StdioSpec};
 use protocol::{IdMap, InitSpec, LandlockPlan, MountOp, Report, CONTROL_FD, SECCOMP_FD};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -209,9 +209,9 @@ impl InitStage {
         // stay open in the parent until spawn returns.
         unsafe {
             cmd.pre_exec(move || {
-                place_fd(theirs_fd, CONTROL_FD)?;
-                if let Some(fd) = seccomp_raw {
-                    place_fd(fd, SECCOMP_FD)?;
+                match seccomp_raw {
+                    Some(fd) => place_fds(&[(theirs_fd, CONTROL_FD), (fd, SECCOMP_FD)])?,
+                    None => place_fd(theirs_fd, CONTROL_FD)?,
                 }
                 // If the supervisor dies, the init stage dies, and pid 1 after it.
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
