@@ -275,14 +275,7 @@ pub fn spawn(spec: &JobSpec, stdio: StdioSpec, tmp: Option<PrivateTmp>) -> Resul
 
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(SandboxError::Spawn)?;
     let theirs_fd = theirs.as_raw_fd();
-    let mut cmd = tokio::process::Command::new(stage_executable()?);
-    cmd.arg0("confine-fallback")
-        .arg("__fallback-init")
-        .env_clear()
-        .stdin(stdio.stdin)
-        .stdout(stdio.stdout)
-        .stderr(stdio.stderr)
-        .kill_on_drop(true);
+    let mut cmd = stage_command(&stage_executable()?, "confine-fallback", "__fallback-init", stdio);
     // SAFETY: runs in the forked child before exec; only async-signal-safe
     // syscalls (dup2/fcntl, setpgid, prctl) on an fd open until spawn returns.
     unsafe {
@@ -469,33 +462,49 @@ fn outcome(
     o
 }
 
-/// dup2 `fd` to `target`, clearing close-on-exec even when they are equal.
-/// Shared with the Linux backend, which places its fds the same way.
+/// A stage of ours (`confine <stage>`, shown as `name`) with an empty
+/// environment and the job's streams, killed if dropped: both backends'
+/// init stages start this way.
+pub(crate) fn stage_command(
+    program: &std::path::Path,
+    name: &str,
+    stage: &str,
+    stdio: StdioSpec,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.arg0(name)
+        .arg(stage)
+        .env_clear()
+        .stdin(stdio.stdin)
+        .stdout(stdio.stdout)
+        .stderr(stdio.stderr)
+        .kill_on_drop(true);
+    cmd
+}
+
 /// Put each `(fd, target)` at its target, whatever their numbers: every
 /// source is first copied above all targets, so that placing one can't
 /// overwrite another's source (a seccomp memfd that happened to be fd 3
 /// was replaced by the control socket placed at 3, and the init stage read
 /// a socket as its seccomp program). For `pre_exec`: async-signal-safe.
-pub(crate) fn place_fds(fds: &[(i32, i32)]) -> std::io::Result<()> {
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) fn place_fds<const N: usize>(mut fds: [(i32, i32); N]) -> std::io::Result<()> {
     let above = fds.iter().map(|&(_, target)| target).max().unwrap_or(0) + 1;
-    let mut lifted = [(-1, -1); 4];
-    if fds.len() > lifted.len() {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    for (slot, &(fd, target)) in lifted.iter_mut().zip(fds) {
+    for (fd, _) in fds.iter_mut() {
         // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an fd we own; async-signal-safe.
-        let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, above) };
-        if copy < 0 {
+        *fd = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, above) };
+        if *fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        *slot = (copy, target);
     }
-    for &(copy, target) in &lifted[..fds.len()] {
+    for (copy, target) in fds {
         place_fd(copy, target)?;
     }
     Ok(())
 }
 
+/// dup2 `fd` to `target`, clearing close-on-exec even when they are equal.
+/// Shared with the Linux backend, which places its fds the same way.
 pub(crate) fn place_fd(fd: i32, target: i32) -> std::io::Result<()> {
     // SAFETY: dup2/fcntl on fds we own; async-signal-safe.
     unsafe {
@@ -534,7 +543,7 @@ mod tests {
                         (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
                     };
                     let (want_ctl, want_sec) = (ino(4), ino(3));
-                    if !ok || place_fds(&[(4, 3), (3, 4)]).is_err() {
+                    if !ok || place_fds([(4, 3), (3, 4)]).is_err() {
                         2
                     } else if ino(3) == want_ctl && ino(4) == want_sec {
                         0

@@ -512,7 +512,7 @@ impl Supervisor {
         // Secrets: the listed variables' values, and what the caller passes
         // to the job under a secret-like name (API_TOKEN, DB_PASSWORD, …).
         let redactor = output.job_redactor(&req.env, |k| std::env::var(k).ok());
-        let stdio = Prestart { stdin_piped: req.stdin.is_some() };
+        let streams = Prestart { stdin_piped: req.stdin.is_some() };
         // A store still opening (`Supervisor::open_deferred`): the Linux
         // sandbox is built meanwhile and its job held before execve; other
         // backends wait for the store first. No job runs unaudited.
@@ -521,7 +521,7 @@ impl Supervisor {
         if !hold {
             self.stores.wait().await.map_err(|e| e.to_string())?;
         }
-        let mut job = self.start(job_id, placed, stdio).await?;
+        let mut job = self.start(job_id, placed, streams).await?;
         // Ready at once unless the job is held. On error the held job is
         // dropped unreleased, which kills its tree.
         let stores = self.stores.wait().await.map_err(|e| e.to_string())?;

@@ -142,10 +142,6 @@ impl Supervisor {
         // leftovers removed) beside the policy's compile, not after it.
         #[cfg(target_os = "linux")]
         if prestarted.is_some() {
-            if let Some(parent) = &config.sandbox.cgroup_parent {
-                let cgroups = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
-                let _ = crate::sandbox::linux::cgroup::configure(cgroups);
-            }
             let _ = std::thread::Builder::new().name("confine-cgroups".into()).spawn(|| {
                 let _ = crate::sandbox::linux::cgroup::supervisor();
             });
@@ -172,8 +168,21 @@ impl Supervisor {
     }
 
     /// The backend every job runs on (`runtime.backend`; a weaker one needs
-    /// `runtime.allow_degraded`) and, for Linux, the compiled seccomp profile.
+    /// `runtime.allow_degraded`) and, for Linux, the compiled seccomp
+    /// profile; the job cgroups' parent (`sandbox.cgroup_parent`) is set.
     fn backend(config: &Config) -> Result<(crate::sandbox::BackendKind, Seccomp), SupervisorError> {
+        #[cfg(target_os = "linux")]
+        if let Some(parent) = &config.sandbox.cgroup_parent {
+            let cgroups = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
+            if let Err(earlier) = crate::sandbox::linux::cgroup::configure(cgroups) {
+                if earlier.parent.as_ref() != Some(parent) {
+                    tracing::warn!(
+                        configured = %parent.display(),
+                        "sandbox.cgroup_parent ignored: this process already chose its cgroup parent"
+                    );
+                }
+            }
+        }
         let backend = crate::sandbox::select_with_config(
             None,
             config.runtime.backend,
@@ -201,18 +210,6 @@ impl Supervisor {
         backend: crate::sandbox::BackendKind,
         #[cfg_attr(not(target_os = "linux"), allow(unused_variables))] seccomp: Seccomp,
     ) -> Result<Supervisor, SupervisorError> {
-        #[cfg(target_os = "linux")]
-        if let Some(parent) = &config.sandbox.cgroup_parent {
-            let cgroups = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
-            if let Err(earlier) = crate::sandbox::linux::cgroup::configure(cgroups) {
-                if earlier.parent.as_ref() != Some(parent) {
-                    tracing::warn!(
-                        configured = %parent.display(),
-                        "sandbox.cgroup_parent ignored: this process already chose its cgroup parent"
-                    );
-                }
-            }
-        }
         let policy = Arc::new(PolicyChain::from_config(&config.policy)?);
         tracing::debug!("policy compiled");
         Ok(Supervisor {

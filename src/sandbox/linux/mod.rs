@@ -19,7 +19,7 @@ pub mod supervise;
 pub mod sys;
 
 use crate::job::{JobSpec, Layers, Network, Outcome, Status, Usage};
-use crate::sandbox::unix_fallback::{place_fd, place_fds};
+use crate::sandbox::unix_fallback::{place_fd, place_fds, stage_command};
 use crate::sandbox::{SandboxError, StdioSpec};
 use protocol::{IdMap, InitSpec, LandlockPlan, MountOp, Report, CONTROL_FD, SECCOMP_FD};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -160,14 +160,14 @@ pub async fn spawn_adjusted(
     seccomp: Option<(&str, &OwnedFd)>,
     adjust: impl FnOnce(&mut InitSpec),
 ) -> Result<RunningJob, SandboxError> {
-    check_workspace(spec)?;
+    // `configure` checks the workspace, before it makes anything.
     let stage = InitStage::start(stdio, seccomp.map(|(_, fd)| fd))?;
     stage.configure(spec, seccomp.map(|(name, _)| name), adjust).await
 }
 
 /// An `__init` stage started and waiting for its spec: nothing is built
 /// yet, and it runs nothing. A one-shot supervisor starts it before it has
-/// decided on the request (`Supervisor::open_deferred`), while the process
+/// decided on the request (`Supervisor::open_one_shot`), while the process
 /// is still small and quick to fork and while the stage loads beside the
 /// policy's compile. Dropped, it is killed; it also exits at EOF on its
 /// control socket, having read no spec.
@@ -195,22 +195,15 @@ impl InitStage {
         let seccomp_raw = seccomp_fd.map(|fd| fd.as_raw_fd());
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(SandboxError::Spawn)?;
         let theirs_fd = theirs.as_raw_fd();
-        let mut cmd = tokio::process::Command::new(init_executable());
-        cmd.arg0("confine-init")
-            .arg("__init")
-            .env_clear()
-            .env(INIT_MARKER, "1")
-            .stdin(stdio.stdin)
-            .stdout(stdio.stdout)
-            .stderr(stdio.stderr)
-            .kill_on_drop(true);
+        let mut cmd = stage_command(init_executable(), "confine-init", "__init", stdio);
+        cmd.env(INIT_MARKER, "1");
         // SAFETY: the closure runs in the forked child before exec and only
         // calls async-signal-safe syscalls (dup2, fcntl, prctl) on fds that
         // stay open in the parent until spawn returns.
         unsafe {
             cmd.pre_exec(move || {
                 match seccomp_raw {
-                    Some(fd) => place_fds(&[(theirs_fd, CONTROL_FD), (fd, SECCOMP_FD)])?,
+                    Some(fd) => place_fds([(theirs_fd, CONTROL_FD), (fd, SECCOMP_FD)])?,
                     None => place_fd(theirs_fd, CONTROL_FD)?,
                 }
                 // If the supervisor dies, the init stage dies, and pid 1 after it.
