@@ -1,7 +1,7 @@
 use std::{collections::BTreeMap, io};
 
 use super::{
-    pread_exact_or_eof, read_message, read_segment_header, BasedBuf, DiskPtr,
+    read_message, read_segment_header, BasedBuf, DiskPtr,
     LogKind, LogOffset, LogRead, Lsn, SegmentHeader, SegmentNumber,
     MAX_MSG_HEADER_LEN, SEG_HEADER_LEN,
 };
@@ -248,11 +248,11 @@ impl LogIter {
 
         trace!("read segment header {:?}", segment_header);
 
-        let mut buf = super::segment_buf(self.config.segment_size);
-        let size = pread_exact_or_eof(f, &mut buf, offset)?;
+        // confine: mapped, not read whole (see `SegmentBytes`).
+        let buf =
+            super::read_segment_bytes(f, offset, self.config.segment_size)?;
 
-        trace!("setting stored segment buffer length to {} after read", size);
-        buf.truncate(size);
+        trace!("stored segment buffer length is {} after read", buf.len());
 
         self.cur_lsn = Some(segment_header.lsn + SEG_HEADER_LEN as Lsn);
 

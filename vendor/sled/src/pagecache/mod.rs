@@ -52,23 +52,40 @@ pub(crate) fn fill_if_differs(
     offset: LogOffset,
 ) -> std::io::Result<bool> {
     const CHUNK: usize = 64 * 1024;
-    let mut buf = vec![0_u8; CHUNK.min(len)];
+    // The bytes are compared where they lie, in the page cache, through a
+    // mapping; reading them would copy them all (hundreds of KiB a start).
+    let mapped = map_file_range(file, offset, len)?;
+    let mut buf = Vec::new();
     let mut wrote = false;
     let mut done = 0_usize;
     while done < len {
         let n = CHUNK.min(len - done);
         let at = offset + LogOffset::try_from(done).unwrap();
-        let chunk = &mut buf[..n];
-        let read = pread_exact_or_eof(file, chunk, at)?;
-        // An OR over XORs vectorises; an early-exit search does not.
-        if read < n || chunk.iter().fold(0_u8, |acc, b| acc | (b ^ byte)) != 0 {
-            chunk.iter_mut().for_each(|b| *b = byte);
-            pwrite_all(file, chunk, at)?;
+        let differs = match &mapped {
+            // Past the end of the file: the fill extends it.
+            Some(m) if m.len() < done + n => true,
+            Some(m) => differs_from(&m[done..done + n], byte),
+            None => {
+                buf.resize(n, 0);
+                let read = pread_exact_or_eof(file, &mut buf[..n], at)?;
+                read < n || differs_from(&buf[..n], byte)
+            }
+        };
+        if differs {
+            buf.clear();
+            buf.resize(n, byte);
+            pwrite_all(file, &buf, at)?;
             wrote = true;
         }
         done += n;
     }
     Ok(wrote)
+}
+
+/// Whether any of `bytes` is not `byte`. An OR over XORs vectorises; an
+/// early-exit search does not.
+fn differs_from(bytes: &[u8], byte: u8) -> bool {
+    bytes.iter().fold(0_u8, |acc, b| acc | (b ^ byte)) != 0
 }
 
 use self::{
@@ -128,23 +145,84 @@ pub struct BatchManifest(pub Lsn);
 /// batching many reads over a file segment.
 #[derive(Debug)]
 pub struct BasedBuf {
-    pub buf: Vec<u8>,
+    pub buf: SegmentBytes,
     pub offset: LogOffset,
 }
 
-// confine: recovery reads whole segments (512 KiB) one after another, each
-// into a fresh buffer. A fresh buffer of that size is a new mapping, and
-// every page of it faulted in while `pread` filled it: most of a start's
-// CPU time on a small VM. Segment buffers are recycled instead, through a
-// pool that holds at most two and is emptied when the start is done.
-impl Drop for BasedBuf {
+// confine: recovery reads whole segments (512 KiB each), one after another.
+// Upstream read each into a fresh zeroed buffer: at that size a new
+// mapping, every page of which faulted in, was zeroed, and then had the
+// segment copied over it, although recovery reads only the messages the
+// segment holds (a tail segment is mostly empty). On unix the segment is
+// now mapped from the file instead (read-only, private): only the pages
+// recovery reads are faulted in, from the page cache, with no copy.
+// Elsewhere buffers are recycled through a pool of at most two, emptied
+// when the start is done.
+
+/// A segment's bytes, as read for recovery.
+pub enum SegmentBytes {
+    /// Read into memory (recycled on drop).
+    Heap(Vec<u8>),
+    /// Mapped from the log file: a mapping of `map_len` bytes at `ptr`,
+    /// of which the bytes from `start` on are the ones asked for.
+    #[cfg(unix)]
+    Mapped { ptr: std::ptr::NonNull<u8>, map_len: usize, start: usize },
+}
+
+// SAFETY: a `Mapped` segment is a private, read-only mapping owned by this
+// value alone (unmapped in Drop); reading it from any thread is sound.
+unsafe impl Send for SegmentBytes {}
+// SAFETY: as above; nothing writes through the mapping.
+unsafe impl Sync for SegmentBytes {}
+
+impl std::fmt::Debug for SegmentBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SegmentBytes({} bytes)", self.len())
+    }
+}
+
+impl std::ops::Deref for SegmentBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            SegmentBytes::Heap(v) => v,
+            // SAFETY: ptr..ptr+map_len is a live read-only mapping of the
+            // file, owned by self, and start <= map_len; the log file is
+            // never truncated below it while sled runs (segments are only
+            // ever rewritten in place).
+            #[cfg(unix)]
+            SegmentBytes::Mapped { ptr, map_len, start } => unsafe {
+                std::slice::from_raw_parts(
+                    ptr.as_ptr().add(*start),
+                    *map_len - *start,
+                )
+            },
+        }
+    }
+}
+
+impl Drop for SegmentBytes {
     fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        if buf.capacity() > 0 {
-            let mut pool =
-                SEGMENT_BUFS.lock().unwrap_or_else(|p| p.into_inner());
-            if pool.len() < 2 {
-                pool.push(buf);
+        match self {
+            SegmentBytes::Heap(v) => {
+                let buf = std::mem::take(v);
+                if buf.capacity() > 0 {
+                    let mut pool = SEGMENT_BUFS
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if pool.len() < 2 {
+                        pool.push(buf);
+                    }
+                }
+            }
+            #[cfg(unix)]
+            SegmentBytes::Mapped { ptr, map_len, .. } => {
+                // SAFETY: the mapping was made by `map_file_range` with this
+                // address and length, and is unmapped only here.
+                unsafe {
+                    libc::munmap(ptr.as_ptr().cast(), *map_len);
+                }
             }
         }
     }
@@ -160,6 +238,87 @@ pub(crate) fn segment_buf(len: usize) -> Vec<u8> {
     let mut buf = pooled.unwrap_or_default();
     buf.resize(len, 0);
     buf
+}
+
+/// confine: the bytes of the segment at `offset`, up to `len` of them or
+/// to the end of the file: mapped on unix, else read.
+pub(crate) fn read_segment_bytes(
+    file: &std::fs::File,
+    offset: LogOffset,
+    len: usize,
+) -> std::io::Result<SegmentBytes> {
+    match map_file_range(file, offset, len)? {
+        Some(mapped) => Ok(mapped),
+        None => read_segment_heap(file, offset, len),
+    }
+}
+
+/// confine: `len` bytes of `file` at `offset`, or as many as the file
+/// holds, mapped read-only. None where files can't be mapped (or the range
+/// is empty): read them instead.
+#[cfg(unix)]
+pub(crate) fn map_file_range(
+    file: &std::fs::File,
+    offset: LogOffset,
+    len: usize,
+) -> std::io::Result<Option<SegmentBytes>> {
+    use std::os::unix::io::AsRawFd;
+    let file_len = file.metadata()?.len();
+    let avail = usize::try_from(file_len.saturating_sub(offset))
+        .unwrap_or(usize::MAX)
+        .min(len);
+    // SAFETY: sysconf has no memory effects.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(4096)
+        .max(1);
+    let base = offset - offset % page;
+    let start = usize::try_from(offset - base).unwrap_or(0);
+    let (Ok(file_off), Some(map_len)) =
+        (libc::off_t::try_from(base), avail.checked_add(start))
+    else {
+        return Ok(None);
+    };
+    if avail == 0 {
+        return Ok(None);
+    }
+    // SAFETY: a new private read-only mapping of `map_len` bytes of an open
+    // file at a page-aligned offset; the kernel picks the address. Checked
+    // for MAP_FAILED below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            file.as_raw_fd(),
+            file_off,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Ok(None);
+    }
+    Ok(std::ptr::NonNull::new(ptr.cast::<u8>())
+        .map(|ptr| SegmentBytes::Mapped { ptr, map_len, start }))
+}
+
+#[cfg(not(unix))]
+pub(crate) fn map_file_range(
+    _file: &std::fs::File,
+    _offset: LogOffset,
+    _len: usize,
+) -> std::io::Result<Option<SegmentBytes>> {
+    Ok(None)
+}
+
+fn read_segment_heap(
+    file: &std::fs::File,
+    offset: LogOffset,
+    len: usize,
+) -> std::io::Result<SegmentBytes> {
+    let mut buf = segment_buf(len);
+    let size = pread_exact_or_eof(file, &mut buf, offset)?;
+    buf.truncate(size);
+    Ok(SegmentBytes::Heap(buf))
 }
 
 /// confine: let go of the pooled segment buffers (recovery is over).
