@@ -197,6 +197,21 @@ fn remove_reports_whether_it_existed() {
 }
 
 #[test]
+fn chunks_too_short_to_shrink_are_raw_and_make_no_deflate_state() {
+    let mut enc = ChunkEncoder::new();
+    for raw in [&b""[..], b"ok\n", &[b'a'; 20]] {
+        assert_eq!(enc.encode(raw), Encoding::Raw, "{raw:?}");
+    }
+    assert!(!enc.has_deflate_state());
+    // Past the smallest gzip member, a run of one letter shrinks.
+    assert_eq!(enc.encode(&[b'a'; 64]), Encoding::Gzip);
+    assert!(enc.has_deflate_state());
+    let mut back = Vec::new();
+    flate2::read::GzDecoder::new(&enc.out[..]).read_to_end(&mut back).unwrap();
+    assert_eq!(back, [b'a'; 64]);
+}
+
+#[test]
 fn gzip_chunks_are_plain_gzip_members() {
     let raw = b"a gzip member that any gunzip reads\n".repeat(3000);
     let mut enc = ChunkEncoder::new();
