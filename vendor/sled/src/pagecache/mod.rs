@@ -52,26 +52,21 @@ pub(crate) fn fill_if_differs(
     offset: LogOffset,
 ) -> std::io::Result<bool> {
     const CHUNK: usize = 64 * 1024;
-    // The bytes are compared where they lie, in the page cache, through a
-    // mapping; reading them would copy them all (hundreds of KiB a start).
-    let mapped = map_file_range(file, offset, len)?;
-    let mut buf = Vec::new();
+    // confine: the bytes are read to be compared, never mapped. The
+    // segment accountant frees segments while it starts, and may truncate
+    // the file's tail on an I/O thread meanwhile: a page of a mapping that
+    // the truncation cut off raises SIGBUS when it is read (seen: 6 in
+    // 4,000 `confine exec` starts). A read there returns short instead.
+    let mut buf = Vec::with_capacity(CHUNK.min(len));
     let mut wrote = false;
     let mut done = 0_usize;
     while done < len {
         let n = CHUNK.min(len - done);
         let at = offset + LogOffset::try_from(done).unwrap();
-        let differs = match &mapped {
-            // Past the end of the file: the fill extends it.
-            Some(m) if m.len() < done + n => true,
-            Some(m) => differs_from(&m[done..done + n], byte),
-            None => {
-                buf.resize(n, 0);
-                let read = pread_exact_or_eof(file, &mut buf[..n], at)?;
-                read < n || differs_from(&buf[..n], byte)
-            }
-        };
-        if differs {
+        buf.resize(n, 0);
+        let read = pread_exact_or_eof(file, &mut buf[..n], at)?;
+        // Short: past the end of the file, which the fill extends.
+        if read < n || differs_from(&buf[..n], byte) {
             buf.clear();
             buf.resize(n, byte);
             pwrite_all(file, &buf, at)?;
@@ -188,9 +183,11 @@ impl std::ops::Deref for SegmentBytes {
         match self {
             SegmentBytes::Heap(v) => v,
             // SAFETY: ptr..ptr+map_len is a live read-only mapping of the
-            // file, owned by self, and start <= map_len; the log file is
-            // never truncated below it while sled runs (segments are only
-            // ever rewritten in place).
+            // file, owned by self, and start <= map_len. Segments are
+            // mapped only by recovery's iterator, which is done before the
+            // segment accountant starts: nothing truncates the file while
+            // such a mapping lives (the accountant's truncations run after,
+            // on I/O threads, and `fill_if_differs` therefore reads).
             #[cfg(unix)]
             SegmentBytes::Mapped { ptr, map_len, start } => unsafe {
                 std::slice::from_raw_parts(
