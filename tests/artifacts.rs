@@ -5,9 +5,10 @@
 //! a store under a temporary `XDG_DATA_HOME`. A writer killed with SIGKILL
 //! mid-capture leaves a store that opens, with the artifact incomplete.
 
+mod common;
+
 use confine::output::{capture, Capture, Captured, OutputConfig};
 use confine::store::artifacts::{ArtifactError, Artifacts, JobInfo, StreamName};
-use confine::store::Store;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -36,14 +37,7 @@ impl Home {
 }
 
 fn open(path: &Path) -> Artifacts {
-    // sled releases its lock a moment after the last handle is dropped.
-    for _ in 0..200 {
-        if let Ok(s) = Store::open(path) {
-            return Artifacts::open(&s).unwrap();
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    Artifacts::open(&Store::open(path).unwrap()).unwrap()
+    Artifacts::open(&common::open_store(path)).unwrap()
 }
 
 /// Run `script` under sh and capture both streams into `artifacts`.

@@ -2,6 +2,8 @@
 //! each run as the real binary with its own config and data directory.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use confine::config::{LimitRequest, LimitsConfig, PolicyConfig};
 use confine::policy::input::ExecRequest;
 use confine::policy::PolicyChain;
@@ -275,7 +277,7 @@ fn audit_verify_finds_an_edited_record() {
     let env = Env::new("");
     append_records(&env.store_path(), 3);
     {
-        let store = Store::open(&env.store_path()).unwrap();
+        let store = common::open_store(&env.store_path());
         let tree = store.tree(RECORDS_TREE).unwrap();
         let key = 2u64.to_be_bytes();
         let mut v: serde_json::Value = serde_json::from_slice(&tree.get(key).unwrap().unwrap()).unwrap();

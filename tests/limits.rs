@@ -110,28 +110,6 @@ fn assert_no_survivors(marker: &str) {
     assert!(left.is_empty(), "processes with {marker} survived: {left:?}");
 }
 
-/// Every cgroup directory on the host whose name satisfies `f`.
-fn cgroup_dirs(f: &dyn Fn(&str) -> bool) -> Vec<PathBuf> {
-    fn walk(dir: &Path, depth: usize, f: &dyn Fn(&str) -> bool, out: &mut Vec<PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
-        for e in entries.flatten() {
-            let Ok(ft) = e.file_type() else { continue };
-            if !ft.is_dir() {
-                continue;
-            }
-            if f(&e.file_name().to_string_lossy()) {
-                out.push(e.path());
-            }
-            if depth < 12 {
-                walk(&e.path(), depth + 1, f, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(Path::new("/sys/fs/cgroup"), 0, f, &mut out);
-    out
-}
-
 #[test]
 fn fork_bomb_is_contained_and_the_host_stays_responsive() {
     if !ready() {

@@ -74,3 +74,43 @@ pub fn token(name: &str) -> String {
     format!("confinetest-{name}-{}", std::process::id())
 }
 pub mod mcp;
+
+/// Open the store at `path`, waiting up to 4 s for a handle just dropped
+/// in this process: sled lets go of its file lock a moment after the last
+/// handle of a store is dropped (its flusher thread holds the file until
+/// it notices).
+#[allow(dead_code)]
+pub fn open_store(path: &std::path::Path) -> confine::store::Store {
+    for _ in 0..200 {
+        if let Ok(s) = confine::store::Store::open(path) {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    match confine::store::Store::open(path) {
+        Ok(s) => s,
+        Err(e) => panic!("the store at {} did not open: {e}", path.display()),
+    }
+}
+
+/// Every cgroup directory on the host whose name satisfies `f`.
+pub fn cgroup_dirs(f: &dyn Fn(&str) -> bool) -> Vec<std::path::PathBuf> {
+    fn walk(dir: &std::path::Path, depth: usize, f: &dyn Fn(&str) -> bool, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            if !ft.is_dir() {
+                continue;
+            }
+            if f(&e.file_name().to_string_lossy()) {
+                out.push(e.path());
+            }
+            if depth < 12 {
+                walk(&e.path(), depth + 1, f, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(std::path::Path::new("/sys/fs/cgroup"), 0, f, &mut out);
+    out
+}
