@@ -54,7 +54,7 @@ pub struct Limits {
 pub const DEFAULT_TMP_SIZE: u64 = 64 * 1024 * 1024;
 
 /// Everything the sandbox needs to start one job.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JobSpec {
     /// Command and arguments. `argv[0]` is looked up in the sandbox's PATH.

@@ -145,7 +145,6 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         ..ExecuteRequest::default()
     };
     let live = args.output_mode.is_none() && !args.json;
-    let stdin_piped = req.stdin.is_some();
     // Before the runtime's threads: output capture must not grow the heap.
     crate::supervisor::tune_allocator();
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -154,9 +153,9 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     };
     let resp = rt.block_on(async move {
         // One request: the store opens while it is admitted and sandboxed,
-        // and the sandbox's init stage is started before anything else.
-        let prestart = crate::supervisor::Prestart { stdin_piped };
-        let sup = Supervisor::open_one_shot(config, Some(prestart)).map_err(|e| e.to_string())?;
+        // and its sandbox is built while the policy compiles and decides
+        // (held before the job's execve until both are done).
+        let sup = Supervisor::open_one_shot(config, Some(&req)).await.map_err(|e| e.to_string())?;
         let cancel = Box::pin(async {
             use tokio::signal::unix::{signal, SignalKind};
             match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
@@ -173,7 +172,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    // A stage left unused (the request was denied) is killed now.
+    // A stage or held sandbox left unused (the request was denied) is killed now.
     sup.discard_prestarted();
     let code = report(&resp, &args);
     // After the answer: a GC run the job started finishes before we exit.

@@ -8,18 +8,18 @@
 //! This module decides; it never touches the kernel itself (the sandbox
 //! backend does) and never prints (the CLI and MCP adapters do).
 
-use super::{cwd, Prestart, Supervisor};
-use crate::config::{EffectiveLimits, LimitRequest};
-use crate::job::{Bind, JobFile, JobSpec, Network, Outcome, Status};
+use super::one_shot::Prestarted;
+use super::plan::{self, Placed};
+use super::{Prestart, Supervisor};
+use crate::job::{Network, Outcome, Status};
 use crate::output::capture::{capture, capture_pipe, Capture, Captured, StreamSink, StreamSummary};
 use crate::output::modes::{render, OutputView, RenderOptions};
 use crate::output::redact::{RedactStream, Redactor};
 use crate::output::OutputConfig;
-use crate::policy::input::{ExecRequest, PolicyInput};
+use crate::policy::input::PolicyInput;
 use crate::policy::Decision;
-use crate::runtimes::{self, plan};
+use crate::runtimes;
 use crate::sandbox::linux::supervise::Teardown;
-use crate::sandbox::unix_fallback::PrivateTmp;
 use crate::sandbox::{Backend, BackendKind};
 use crate::store::artifacts::{JobInfo, StreamName};
 use crate::store::audit::{AuditEntry, AuditSink};
@@ -257,28 +257,11 @@ impl Supervisor {
     /// Run one request through every governance step.
     pub async fn execute(&self, req: ExecuteRequest, mut ctl: ExecControl) -> ExecuteResponse {
         let job_id = req.job_id.clone().unwrap_or_else(new_job_id);
-        let policy_req = ExecRequest {
-            repo_id: req.repo_id.clone(),
-            runtime: req.runtime.clone(),
-            executable: req.executable.clone(),
-            code: req.code.clone(),
-            args: req.args.clone(),
-            relative_cwd: req.relative_cwd.clone(),
-            limits: LimitRequest {
-                timeout_ms: req.timeout_ms,
-                memory_bytes: req.memory_bytes,
-                cpus: req.cpus,
-                pids: req.pids,
-                output_bytes: None,
-            },
-            network: req.network,
-            env_keys: req.env.iter().map(|(k, _)| k.clone()).collect(),
-            stdin_bytes: req.stdin.as_ref().map_or(0, |s| s.len() as u64),
-        };
+        let policy_req = plan::policy_request(&req);
         let mut limits = self.config.resolve_limits(&policy_req.limits);
         let command = req.executable.clone().unwrap_or_else(|| {
             runtimes::lookup(&req.runtime)
-                .map(|rt| plan::requested_command(rt, None, req.code.is_some()).to_string())
+                .map(|rt| runtimes::plan::requested_command(rt, None, req.code.is_some()).to_string())
                 .unwrap_or_else(|_| req.runtime.clone())
         });
         let input = policy_req.to_input(&command, limits.clone());
@@ -289,28 +272,14 @@ impl Supervisor {
             let decision = Decision::disabled(&input, &digest);
             return self.deny(job_id, &input, &decision, Status::Denied, crate::policy::DISABLED_REASON.into());
         }
-        // Bad input is refused before the policy sees it, and still audited.
-        if let Err(e) = policy_req.check(&self.config.limits) {
-            let decision = Decision::rejected(&input, e.to_string(), &digest);
-            return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, e.to_string());
-        }
-        let runtime = match runtimes::lookup(&req.runtime) {
-            Ok(rt) => rt,
+        // Bad input, an unknown runtime or repo: refused before the policy
+        // sees the request, and still audited.
+        let planner = self.planner();
+        let admitted = match planner.admit(&req, &policy_req) {
+            Ok(a) => a,
             Err(e) => {
-                let decision = Decision::rejected(&input, e.to_string(), &digest);
-                return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, e.to_string());
-            }
-        };
-        let repo = match req.repo_id.as_deref().map(|id| self.config.repo(id)) {
-            Some(Ok(repo)) => repo.clone(),
-            Some(Err(e)) => {
-                let decision = Decision::rejected(&input, e.to_string(), &digest);
-                return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, e.to_string());
-            }
-            None => {
-                let reason = "repoId is required: name a repository of [[repos]] in confine.toml".to_string();
-                let decision = Decision::rejected(&input, reason.clone(), &digest);
-                return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, reason);
+                let decision = Decision::rejected(&input, e.clone(), &digest);
+                return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, e);
             }
         };
 
@@ -326,49 +295,12 @@ impl Supervisor {
         }
         limits.clamp_to(&decision.limits);
 
-        // 3. executable validation and toolchain resolution.
-        let resolved =
-            match runtimes::toolchain::resolve(runtime, req.executable.as_deref(), req.code.is_some(), &self.host) {
-                Ok(r) => r,
-                Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e.to_string()),
-            };
-        tracing::debug!(executable = %resolved.executable.display(), "toolchain resolved");
-        let exec_plan = match &req.code {
-            Some(code) => plan::code_plan(&resolved, code),
-            None => plan::args_plan(&resolved, &req.args),
+        // 3–5. executable validation and toolchain, environment, cwd jail.
+        let prepared = match planner.prepare(&req, &admitted) {
+            Ok(p) => p,
+            Err(r) => return self.deny(job_id, &input, &decision, r.status, r.message),
         };
-
-        // 4. environment: scrubbed, plus the toolchain's and allowlisted keys.
-        let not_allowed: Vec<&str> = req
-            .env
-            .iter()
-            .map(|(k, _)| k.as_str())
-            .filter(|k| !self.config.sandbox.env_allowlist.iter().any(|a| a == k))
-            .collect();
-        if !not_allowed.is_empty() {
-            let msg = format!(
-                "environment variable(s) {} not allowed (add them to sandbox.env_allowlist)",
-                not_allowed.join(", ")
-            );
-            return self.deny(job_id, &input, &decision, Status::Denied, msg);
-        }
-        let mut env = crate::env::scrubbed(&[], |_| None);
-        if !exec_plan.path_dirs.is_empty() {
-            let dirs: Vec<String> = exec_plan.path_dirs.iter().map(|d| d.display().to_string()).collect();
-            env[0].1 = format!("{}:{}", dirs.join(":"), crate::env::SANDBOX_PATH);
-        }
-        for (k, v) in exec_plan.env.iter().chain(req.env.iter()) {
-            match env.iter_mut().find(|(ek, _)| ek == k) {
-                Some(slot) => slot.1 = v.clone(),
-                None => env.push((k.clone(), v.clone())),
-            }
-        }
-
-        // 5. cwd jail.
-        let jailed = match cwd::jail(&repo.root, req.relative_cwd.as_deref()) {
-            Ok(j) => j,
-            Err(e) => return self.deny(job_id, &input, &decision, Status::Denied, e.to_string()),
-        };
+        tracing::debug!("toolchain resolved");
 
         // 6. concurrency: the queue wait counts against the timeout.
         let timeout = Duration::from_millis(limits.timeout_ms);
@@ -378,28 +310,14 @@ impl Supervisor {
         };
 
         // 7. the sandbox, with the timeout that is left after the wait.
-        let (argv, fallback_tmp) = match self.place_plan(&exec_plan, &jailed.root) {
+        let placed = match planner.place(&req, &prepared, &limits, slot.remaining(timeout)) {
             Ok(placed) => placed,
-            Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e),
+            Err(r) => return self.deny(job_id, &input, &decision, r.status, r.message),
         };
-        let mut spec = JobSpec::new(argv);
-        spec.env = env;
-        spec.workspace = Some(jailed.root.clone());
-        spec.workspace_rw = self.config.sandbox.workspace_rw;
-        spec.cwd = jailed.in_sandbox(std::path::Path::new("/workspace"));
-        spec.network = req.network;
-        spec.allow_degraded = self.config.runtime.allow_degraded;
-        spec.binds =
-            exec_plan.ro_paths.iter().map(|p| Bind { source: p.clone(), dest: p.clone(), writable: false }).collect();
-        if let Some(src) = &exec_plan.source {
-            spec.files.push(JobFile { path: src.path.clone(), contents: src.contents.clone() });
-        }
-        spec.limits = effective_job_limits(&limits, self.config.sandbox.tmp_size_bytes, slot.remaining(timeout));
         let queued_ms = slot.queued.as_millis() as u64;
         // 8. output: the stored caps, lowered by the policy's outputBytes.
         let output = self.config.output.with_stored_cap(limits.output_bytes);
-        let placed = Placed { spec, fallback_tmp };
-        let response = self.run_job(&job_id, &repo.id, &req, &output, placed, &mut ctl).await;
+        let response = self.run_job(&job_id, &admitted.repo.id, &req, &output, placed, &mut ctl).await;
         tracing::debug!("job ended and output stored");
         drop(slot);
         let (outcome, captured, output, teardown) = match response {
@@ -449,42 +367,28 @@ impl Supervisor {
         }
     }
 
-    /// The plan's argv for this supervisor's backend. The Linux sandbox
-    /// mounts `/tmp` and `/workspace`; the unix-fallback backend has no
-    /// mount namespace, so the sandbox paths in the plan's words (code
-    /// mode's source and build products) become host paths in the job's
-    /// private /tmp, made here, before the words are joined into a script.
-    fn place_plan(
-        &self,
-        exec_plan: &plan::ExecPlan,
-        workspace: &std::path::Path,
-    ) -> Result<(Vec<String>, Option<PrivateTmp>), String> {
-        if self.backend != BackendKind::UnixFallback {
-            return Ok((exec_plan.argv(), None));
-        }
-        let tmp = PrivateTmp::create().map_err(|e| format!("cannot create the job's private /tmp: {e}"))?;
-        let layout = tmp.layout(Some(workspace.to_path_buf()));
-        let mut placed = exec_plan.clone();
-        for word in placed.steps.iter_mut().flatten() {
-            *word = layout.host_word(word);
-        }
-        Ok((placed.argv(), Some(tmp)))
-    }
-
     /// Start the job on the supervisor's backend.
     async fn start(&self, job_id: &str, job: Placed, prestart: Prestart) -> Result<Started, String> {
         let stdio = prestart.stdio();
         match self.backend {
             BackendKind::Linux => {
                 let seccomp = self.seccomp.as_ref().map(|p| (p.name.as_str(), &p.fd));
-                // The stage a one-shot supervisor started early, if its
-                // streams are this job's.
-                let stage = self.prestarted.lock().ok().and_then(|mut p| p.take());
-                let started = match stage {
-                    Some((stage, p)) if p == prestart => {
+                // What a one-shot supervisor started early: the sandbox
+                // of this very job (built before the decision, from the
+                // spec the pipeline has now worked out again), or a stage
+                // with this job's streams. Anything else is dropped here,
+                // which kills it unreleased.
+                let early = self.prestarted.lock().ok().and_then(|mut p| p.take());
+                let spawn = || crate::sandbox::linux::spawn(&job.spec, stdio, seccomp);
+                let started = match early {
+                    Some(Prestarted::Held(held, p)) if p == prestart => match held.adopt(&job.spec) {
+                        Some(held) => Ok(held),
+                        None => spawn().await,
+                    },
+                    Some(Prestarted::Stage(stage, p)) if p == prestart => {
                         stage.configure(&job.spec, seccomp.map(|(name, _)| name), |_| {}).await
                     }
-                    _ => crate::sandbox::linux::spawn(&job.spec, stdio, seccomp).await,
+                    _ => spawn().await,
                 };
                 let mut started = started.map_err(|e| e.to_string())?;
                 started.job_id = job_id.to_string();
@@ -522,10 +426,11 @@ impl Supervisor {
             self.stores.wait().await.map_err(|e| e.to_string())?;
         }
         let mut job = self.start(job_id, placed, streams).await?;
-        // Ready at once unless the job is held. On error the held job is
-        // dropped unreleased, which kills its tree.
+        // Ready at once unless the job is held (for the store, or built
+        // before the decision). On error the held job is dropped
+        // unreleased, which kills its tree.
         let stores = self.stores.wait().await.map_err(|e| e.to_string())?;
-        if hold {
+        if job.held() {
             job.release().await.map_err(|e| format!("cannot start the job: {e}"))?;
         }
         let cap = Capture::start(Some(&stores.artifacts), repo_id, output, redactor.clone(), persist);
@@ -655,13 +560,6 @@ impl Supervisor {
     }
 }
 
-/// A job ready to start: its spec and, on the unix-fallback backend, the
-/// private /tmp its host paths point into.
-struct Placed {
-    spec: JobSpec,
-    fallback_tmp: Option<PrivateTmp>,
-}
-
 /// A job started on one of the backends the supervisor can drive.
 enum Started {
     Linux(Box<crate::sandbox::linux::RunningJob>),
@@ -680,6 +578,15 @@ impl Started {
         match self {
             Started::Linux(j) => j.stderr(),
             Started::Fallback(j) => j.stderr(),
+        }
+    }
+
+    /// Whether the job waits for [`Started::release`] before its execve
+    /// (only the Linux backend holds jobs).
+    fn held(&self) -> bool {
+        match self {
+            Started::Linux(j) => j.held(),
+            Started::Fallback(_) => false,
         }
     }
 
@@ -722,10 +629,4 @@ impl Started {
             }
         }
     }
-}
-
-fn effective_job_limits(limits: &EffectiveLimits, tmp: u64, timeout: Duration) -> crate::job::Limits {
-    let mut l = limits.to_job_limits(tmp);
-    l.timeout_ms = Some(timeout.as_millis().max(1) as u64);
-    l
 }

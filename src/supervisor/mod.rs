@@ -9,6 +9,10 @@ pub mod exec;
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 mod gc;
 mod malloc;
+#[cfg(target_os = "linux")]
+mod one_shot;
+#[cfg(target_os = "linux")]
+mod plan;
 pub mod queue;
 mod stores;
 
@@ -70,9 +74,10 @@ pub struct Supervisor {
     /// Built for one request ([`Supervisor::open_deferred`]): the policy is
     /// evaluated on the calling thread, as nothing else waits for it.
     one_shot: bool,
-    /// The one job's init stage, started early ([`Supervisor::open_one_shot`]).
+    /// The one job's init stage or held sandbox, started before the
+    /// request was decided ([`Supervisor::open_one_shot`]).
     #[cfg(target_os = "linux")]
-    pub(crate) prestarted: std::sync::Mutex<Option<(crate::sandbox::linux::InitStage, Prestart)>>,
+    pub(crate) prestarted: std::sync::Mutex<Option<one_shot::Prestarted>>,
 }
 
 /// The compiled seccomp profile, on Linux.
@@ -115,45 +120,12 @@ impl Supervisor {
     /// its sandbox built: for one-shot supervisors (`confine exec`). Jobs
     /// are held before their execve until the store is open, and killed
     /// unreleased if it fails to open (`supervisor/stores.rs`).
+    /// `Supervisor::open_one_shot` also starts the first request's sandbox
+    /// early.
     pub fn open_deferred(config: Config) -> Result<Supervisor, SupervisorError> {
-        Supervisor::open_one_shot(config, None)
-    }
-
-    /// As [`Supervisor::open_deferred`], and with `prestart` (the streams
-    /// its one job will have) the Linux backend's `__init` stage is started
-    /// first of all: forked while this process is still small, before the
-    /// store's threads and the policy's compile, and loading beside them.
-    /// It builds nothing until the request is allowed and its spec sent; a
-    /// request denied, or one whose streams differ, leaves it unused, and
-    /// it is killed with the supervisor.
-    #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
-    pub fn open_one_shot(config: Config, prestart: Option<Prestart>) -> Result<Supervisor, SupervisorError> {
         let (backend, seccomp) = Supervisor::backend(&config)?;
-        #[cfg(target_os = "linux")]
-        let prestarted = match (prestart, backend, &seccomp) {
-            (Some(p), crate::sandbox::BackendKind::Linux, Some(profile)) if config.runtime.enabled => {
-                let stage = crate::sandbox::linux::InitStage::start(p.stdio(), Some(&profile.fd));
-                // Not fatal: the job then starts its own stage, as usual.
-                stage.map_err(|e| tracing::debug!(error = %e, "init stage not prestarted")).ok().map(|s| (s, p))
-            }
-            _ => None,
-        };
-        // The cgroup hierarchies are found (and a crashed supervisor's
-        // leftovers removed) beside the policy's compile, not after it.
-        #[cfg(target_os = "linux")]
-        if prestarted.is_some() {
-            let _ = std::thread::Builder::new().name("confine-cgroups".into()).spawn(|| {
-                let _ = crate::sandbox::linux::cgroup::supervisor();
-            });
-        }
         let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
-        let mut sup = Supervisor::build_with(config, stores, backend, seccomp)?;
-        sup.one_shot = true;
-        #[cfg(target_os = "linux")]
-        {
-            sup.prestarted = std::sync::Mutex::new(prestarted);
-        }
-        Ok(sup)
+        Supervisor::build_with(config, stores, backend, seccomp, true, Host::from_env())
     }
 
     /// As [`Supervisor::open`], on a store the caller already opened.
@@ -164,7 +136,7 @@ impl Supervisor {
 
     fn build(config: Config, stores: StoreSlot) -> Result<Supervisor, SupervisorError> {
         let (backend, seccomp) = Supervisor::backend(&config)?;
-        Supervisor::build_with(config, stores, backend, seccomp)
+        Supervisor::build_with(config, stores, backend, seccomp, false, Host::from_env())
     }
 
     /// The backend every job runs on (`runtime.backend`; a weaker one needs
@@ -209,12 +181,14 @@ impl Supervisor {
         stores: StoreSlot,
         backend: crate::sandbox::BackendKind,
         #[cfg_attr(not(target_os = "linux"), allow(unused_variables))] seccomp: Seccomp,
+        one_shot: bool,
+        host: Host,
     ) -> Result<Supervisor, SupervisorError> {
         let policy = Arc::new(PolicyChain::from_config(&config.policy)?);
         tracing::debug!("policy compiled");
         Ok(Supervisor {
             queue: queue::JobQueue::new(config.max_concurrent_jobs(), config.runtime.max_queued),
-            host: Host::from_env(),
+            host,
             config,
             stores,
             policy,
@@ -222,7 +196,7 @@ impl Supervisor {
             #[cfg(target_os = "linux")]
             seccomp,
             pending_gc: std::sync::Mutex::new(None),
-            one_shot: false,
+            one_shot,
             #[cfg(target_os = "linux")]
             prestarted: std::sync::Mutex::new(None),
         })
@@ -252,20 +226,17 @@ impl Supervisor {
         }
     }
 
-    /// Kill the init stage started early for a job that did not run.
-    pub fn discard_prestarted(&self) {
-        #[cfg(target_os = "linux")]
-        if let Ok(mut p) = self.prestarted.lock() {
-            // Dropped: tokio kills it (kill_on_drop).
-            p.take();
-        }
-    }
-
     /// The store and its trees. A supervisor from [`Supervisor::open`]
     /// has them at once; one from [`Supervisor::open_deferred`] may block
     /// here until its store is open, and reports a store that failed.
     pub fn stores(&self) -> Result<&Stores, SupervisorError> {
         self.stores.get()
+    }
+
+    /// What this supervisor's plans are made from.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn planner(&self) -> plan::Planner<'_> {
+        plan::Planner { config: &self.config, host: &self.host, backend: self.backend }
     }
 
     /// The digest of the policy chain in force.

@@ -358,6 +358,28 @@ fn init_executable() -> &'static std::path::Path {
 }
 
 impl RunningJob {
+    /// Whether the job waits for [`RunningJob::release`] before its execve.
+    pub fn held(&self) -> bool {
+        self.spec.hold
+    }
+
+    /// Take this held job, built before its supervisor had decided on it,
+    /// as the job of `spec`: if its sandbox was built from the same spec,
+    /// but for `hold` and the timeout, which the supervisor enforces from
+    /// outside (it then takes `spec`'s; the deadline still counts from the
+    /// sandbox's start). None drops it, which kills it unreleased.
+    pub fn adopt(mut self, spec: &JobSpec) -> Option<RunningJob> {
+        let mut wanted = spec.clone();
+        wanted.hold = self.spec.hold;
+        wanted.limits.timeout_ms = self.spec.limits.timeout_ms;
+        if !self.spec.hold || wanted != self.spec {
+            tracing::debug!("the held sandbox was built from another spec: killed");
+            return None;
+        }
+        self.spec.limits.timeout_ms = spec.limits.timeout_ms;
+        Some(self)
+    }
+
     /// Let a job spawned with [`JobSpec::hold`] execve. Its sandbox is
     /// built (or being built); dropping the job unreleased kills it.
     pub async fn release(&mut self) -> Result<(), SandboxError> {
