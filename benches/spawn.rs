@@ -15,7 +15,8 @@
 //! `cargo bench --bench spawn` (release build). `SPAWN_RUNS=N` sets the
 //! number of runs per row (default 300); `SPAWN_ROWS=layers` runs only the
 //! layer rows, `SPAWN_ROWS=governance-cli` the CLI's `exec` against its
-//! `run` (interleaved), `SPAWN_ROWS=governance` only the two warm rows that price
+//! `run` (interleaved, with `run` of bash as a control),
+//! `SPAWN_ROWS=governance` only the two warm rows that price
 //! governance (interleaved); `CONFINE_LOG=confine=debug` logs each request's stages.
 //! Rows whose tool is missing are reported as such, never invented.
 
@@ -97,9 +98,14 @@ fn main() {
     // /bin/true`, both from the command line, interleaved run by run.
     if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "governance-cli") {
         rows.extend(governance_cli_cost(confine, runs));
-        if let [a, b] = &rows[..] {
-            let d = b.pct(0.5).as_secs_f64() - a.pct(0.5).as_secs_f64();
-            println!("governance from the CLI adds {:.3} ms at p50 (budget 2 ms)", d * 1000.0);
+        if let [run, exec, bash] = &rows[..] {
+            let p50 = |r: &Row| r.pct(0.5).as_secs_f64() * 1000.0;
+            println!("governance from the CLI adds {:.3} ms at p50 (budget 2 ms)", p50(exec) - p50(run));
+            println!(
+                "  of which bash's own start over /bin/true: {:.3} ms; exec over run -- bash: {:.3} ms",
+                p50(bash) - p50(run),
+                p50(exec) - p50(bash)
+            );
         }
         print_rows(&rows, runs);
         return;
@@ -217,9 +223,14 @@ fn governance_cli_cost(confine: &str, runs: usize) -> Vec<Row> {
     };
     let run_argv = [confine, "run", "--", "/bin/true"];
     let exec_argv = [confine, "--config", cfg, "exec", "--repo-id", "bench", "--runtime", "shell", "--code", "true"];
+    // A control: what the shell runtime's bash costs to start over
+    // /bin/true, in the same sandbox, so that the table shows how much of
+    // the difference is governance and how much is bash.
+    let bash_argv = [confine, "run", "--", "/bin/bash", "-c", "true"];
     let variants: Vec<Variant<'_>> = vec![
         ("confine run -- /bin/true (CLI)", Box::new(move || status(&run_argv))),
         ("confine exec --runtime shell --code true (CLI)", Box::new(move || status(&exec_argv))),
+        ("confine run -- /bin/bash -c true (CLI, control)", Box::new(move || status(&bash_argv))),
     ];
     interleaved("governance-cli", runs, variants).unwrap_or_default()
 }
