@@ -10,16 +10,6 @@ use confine::config::Config;
 use confine::supervisor::exec::{ExecControl, ExecuteRequest};
 use confine::supervisor::Supervisor;
 
-/// A temp dir with a repository in it, and the init stage pointed at the
-/// binary under test.
-fn scratch() -> (tempfile::TempDir, std::path::PathBuf) {
-    confine::sandbox::linux::set_init_executable(bin().into());
-    let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    (dir, repo)
-}
-
 /// Ticks since boot now, in the unit of `/proc/<pid>/stat`'s start time.
 fn ticks_since_boot() -> u64 {
     let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
@@ -44,7 +34,7 @@ async fn a_one_shot_supervisor_runs_its_first_request_in_the_sandbox_built_early
     if !sandbox_available() {
         return;
     }
-    let (dir, repo) = scratch();
+    let (dir, repo) = scratch_repo();
     // Lowers the memory limit of every request: the sandbox built before
     // the decision has the configured one.
     let clamp = dir.path().join("clamp.rego");

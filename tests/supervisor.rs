@@ -28,16 +28,6 @@ fn supervisor_with(dir: &std::path::Path, running: usize, queued: usize, extra: 
     Supervisor::open(config).unwrap()
 }
 
-/// A temp dir with a repository in it, and the init stage pointed at the
-/// binary under test.
-fn scratch() -> (tempfile::TempDir, std::path::PathBuf) {
-    confine::sandbox::linux::set_init_executable(bin().into());
-    let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    (dir, repo)
-}
-
 fn sleep_req(secs: &str) -> ExecuteRequest {
     ExecuteRequest {
         repo_id: Some("demo".into()),
@@ -215,7 +205,7 @@ async fn a_store_that_fails_to_open_stops_the_job_before_it_runs() {
     if !sandbox_available() {
         return;
     }
-    let (dir, repo) = scratch();
+    let (dir, repo) = scratch_repo();
     // A store path below a regular file can't be created.
     std::fs::write(dir.path().join("file"), "").unwrap();
     let text = exec_config(&dir.path().join("file/store"), "demo", &repo);

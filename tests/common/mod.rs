@@ -114,3 +114,14 @@ pub fn cgroup_dirs(f: &dyn Fn(&str) -> bool) -> Vec<std::path::PathBuf> {
     walk(std::path::Path::new("/sys/fs/cgroup"), 0, f, &mut out);
     out
 }
+
+/// A temp dir with a repository (`repo`) in it, for library tests that
+/// run jobs: the init stage is pointed at the binary under test.
+#[cfg(target_os = "linux")]
+pub fn scratch_repo() -> (tempfile::TempDir, std::path::PathBuf) {
+    confine::sandbox::linux::set_init_executable(bin().into());
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    (dir, repo)
+}
