@@ -388,7 +388,11 @@ impl Supervisor {
                     Some(Prestarted::Stage(stage, p)) if p == prestart => {
                         stage.configure(&job.spec, seccomp.map(|(name, _)| name), |_| {}).await
                     }
-                    _ => spawn().await,
+                    other => {
+                        // Killed before the job's own sandbox is built.
+                        drop(other);
+                        spawn().await
+                    }
                 };
                 let mut started = started.map_err(|e| e.to_string())?;
                 started.job_id = job_id.to_string();
