@@ -284,7 +284,7 @@ fn warm_job(
 ) -> Option<()> {
     use confine::sandbox::StdioSpec;
     rt.block_on(async {
-        let stdio = StdioSpec { stdin: Stdio::null(), stdout: Stdio::null(), stderr: Stdio::null() };
+        let stdio = StdioSpec::null();
         let job = confine::sandbox::linux::spawn_adjusted(spec, stdio, seccomp, |init| {
             if !landlock {
                 init.landlock = None;

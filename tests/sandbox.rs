@@ -161,6 +161,52 @@ fn setsid_grandchild_dies_with_the_job() {
     assert!(left.is_empty(), "survivors on the host: {left:?}");
 }
 
+/// A supervisor killed with SIGKILL (no chance to clean up) takes the
+/// job's tree with it: the init stage's parent-death signal, which the
+/// stage sets itself, first thing (it is started with posix_spawn). The
+/// job cgroups it leaves are removed by the next supervisor's start.
+#[test]
+fn a_killed_supervisor_takes_the_job_tree_with_it() {
+    if !sandbox_available() {
+        return;
+    }
+    let tok = token("supervisor-killed");
+    let mut sup = Command::new(bin())
+        .args(["run", "--memory", "64M", "--", "/bin/sh", "-c", &format!("sleep 1000; : {tok}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = sup.id();
+    // The job's processes: the supervisor's own command line has the token too.
+    let job = || host_pids_with(&tok).into_iter().filter(|&p| p != pid).collect::<Vec<_>>();
+    let wait_for = |want_running: bool| {
+        for _ in 0..250 {
+            if job().is_empty() != want_running {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
+    };
+    assert!(wait_for(true), "the job never started");
+    // SAFETY: kill(2) of our own unreaped child; no memory involved.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let status = sup.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+    let survivors = if wait_for(false) { Vec::new() } else { job() };
+    // The next supervisor kills and removes the dead one's job cgroups
+    // (and so any survivor: run before asserting, to leave nothing behind).
+    let owned_by_dead = |name: &str| name.rsplit('.').nth(1) == Some(pid.to_string().as_str());
+    let cgroups_left = cgroup_dirs(&owned_by_dead);
+    assert!(run(&["--", "/bin/true"]).status.success());
+    assert!(survivors.is_empty(), "survivors 5 s after the supervisor's death: {survivors:?}");
+    assert!(!cgroups_left.is_empty(), "the killed supervisor left no job cgroup to clean up");
+    let left = cgroup_dirs(&owned_by_dead);
+    assert!(left.is_empty(), "job cgroups of the dead supervisor left: {left:?}");
+}
+
 fn workspace(owner: u32) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("hello.txt"), "hi from the host\n").unwrap();

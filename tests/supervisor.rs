@@ -163,7 +163,7 @@ async fn a_held_job_runs_only_once_released() {
     let mut spec = confine::job::JobSpec::new(vec!["echo".into(), "ran".into()]);
     spec.hold = true;
     let mut job = spawn(&spec, StdioSpec::piped(), None).await.unwrap();
-    let mut out = job.stdout().unwrap();
+    let mut out = job.stdout().unwrap().unwrap();
     let mut buf = Vec::new();
     let early = tokio::time::timeout(Duration::from_millis(400), out.read_to_end(&mut buf)).await;
     assert!(early.is_err() && buf.is_empty(), "a held job ran: {:?}", String::from_utf8_lossy(&buf));

@@ -204,7 +204,7 @@ fn dropped_job_kills_the_grandchild() {
     spec.workspace_rw = true;
     spec.cwd = PathBuf::from("/workspace");
     spec.allow_degraded = true;
-    let stdio = StdioSpec { stdin: Stdio::null(), stdout: Stdio::null(), stderr: Stdio::null() };
+    let stdio = StdioSpec::null();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let ws_path = ws.path().to_path_buf();
     rt.block_on(async {

@@ -60,20 +60,46 @@ pass --allow-degraded, or set allow_degraded = true under [runtime] in confine.t
     Seccomp(#[from] linux::seccomp::SeccompError),
 }
 
+/// Where one of the job's standard streams goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// The supervisor's own.
+    Inherit,
+    /// `/dev/null`.
+    Null,
+    /// A pipe whose other end the supervisor keeps.
+    Piped,
+}
+
+impl From<Stream> for Stdio {
+    fn from(s: Stream) -> Stdio {
+        match s {
+            Stream::Inherit => Stdio::inherit(),
+            Stream::Null => Stdio::null(),
+            Stream::Piped => Stdio::piped(),
+        }
+    }
+}
+
 /// Where the job's standard streams go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StdioSpec {
-    pub stdin: Stdio,
-    pub stdout: Stdio,
-    pub stderr: Stdio,
+    pub stdin: Stream,
+    pub stdout: Stream,
+    pub stderr: Stream,
 }
 
 impl StdioSpec {
     /// Pass the caller's streams through, as `confine run` does.
     pub fn inherit() -> Self {
-        StdioSpec { stdin: Stdio::inherit(), stdout: Stdio::inherit(), stderr: Stdio::inherit() }
+        StdioSpec { stdin: Stream::Inherit, stdout: Stream::Inherit, stderr: Stream::Inherit }
     }
     /// Capture stdout and stderr, no stdin.
     pub fn piped() -> Self {
-        StdioSpec { stdin: Stdio::null(), stdout: Stdio::piped(), stderr: Stdio::piped() }
+        StdioSpec { stdin: Stream::Null, stdout: Stream::Piped, stderr: Stream::Piped }
+    }
+    /// Nothing in, nothing kept.
+    pub fn null() -> Self {
+        StdioSpec { stdin: Stream::Null, stdout: Stream::Null, stderr: Stream::Null }
     }
 }

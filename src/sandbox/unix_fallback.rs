@@ -482,30 +482,8 @@ pub(crate) fn stage_command(
     cmd
 }
 
-/// Put each `(fd, target)` at its target, whatever their numbers: every
-/// source is first copied above all targets, so that placing one can't
-/// overwrite another's source (a seccomp memfd that happened to be fd 3
-/// was replaced by the control socket placed at 3, and the init stage read
-/// a socket as its seccomp program). For `pre_exec`: async-signal-safe.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(crate) fn place_fds<const N: usize>(mut fds: [(i32, i32); N]) -> std::io::Result<()> {
-    let above = fds.iter().map(|&(_, target)| target).max().unwrap_or(0) + 1;
-    for (fd, _) in fds.iter_mut() {
-        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an fd we own; async-signal-safe.
-        *fd = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, above) };
-        if *fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    for (copy, target) in fds {
-        place_fd(copy, target)?;
-    }
-    Ok(())
-}
-
 /// dup2 `fd` to `target`, clearing close-on-exec even when they are equal.
-/// Shared with the Linux backend, which places its fds the same way.
-pub(crate) fn place_fd(fd: i32, target: i32) -> std::io::Result<()> {
+fn place_fd(fd: i32, target: i32) -> std::io::Result<()> {
     // SAFETY: dup2/fcntl on fds we own; async-signal-safe.
     unsafe {
         if fd == target {
@@ -523,47 +501,6 @@ pub(crate) fn place_fd(fd: i32, target: i32) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Sources whose numbers are the other's target (the seccomp memfd at
-    /// fd 3, where the control socket goes) still land where they must.
-    #[test]
-    fn place_fds_survives_sources_at_each_others_targets() {
-        // In a forked child: this process's fds 3 and 4 are not ours to move.
-        // SAFETY: the child only makes raw syscalls and leaves with _exit.
-        match unsafe { libc::fork() } {
-            0 => {
-                // SAFETY: plain syscalls on fds the child owns; it exits at once.
-                let code = unsafe {
-                    let mut p = [0; 2];
-                    let (a, b) = (libc::memfd_create(c"a".as_ptr(), 0), libc::pipe(p.as_mut_ptr()));
-                    // The "seccomp" file at 3, the "control" pipe's end at 4.
-                    let ok = a >= 0 && b == 0 && libc::dup2(a, 3) == 3 && libc::dup2(p[0], 4) == 4;
-                    let ino = |fd: i32| {
-                        let mut st: libc::stat = std::mem::zeroed();
-                        (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
-                    };
-                    let (want_ctl, want_sec) = (ino(4), ino(3));
-                    if !ok || place_fds([(4, 3), (3, 4)]).is_err() {
-                        2
-                    } else if ino(3) == want_ctl && ino(4) == want_sec {
-                        0
-                    } else {
-                        1
-                    }
-                };
-                // SAFETY: leaving the forked child without running Rust's exit path.
-                unsafe { libc::_exit(code) }
-            }
-            pid if pid > 0 => {
-                let mut status = 0;
-                // SAFETY: waiting for our own child.
-                unsafe { libc::waitpid(pid, &mut status, 0) };
-                assert!(libc::WIFEXITED(status), "child died: {status}");
-                assert_eq!(libc::WEXITSTATUS(status), 0, "1: fds crossed, 2: set-up or placing failed");
-            }
-            _ => panic!("fork failed"),
-        }
-    }
 
     #[test]
     fn rlimits_follow_the_limits() {

@@ -442,10 +442,8 @@ impl Supervisor {
         let count = Arc::new(AtomicU64::new(0));
         let live = ctl.live;
         let r = redactor.as_ref();
-        let out =
-            job.stdout().map(|p| (p.into_owned_fd(), Tap::new(&count, live.then_some(StreamName::Stdout), ctl, r)));
-        let err =
-            job.stderr().map(|p| (p.into_owned_fd(), Tap::new(&count, live.then_some(StreamName::Stderr), ctl, r)));
+        let out = job.stdout().map(|p| (p, Tap::new(&count, live.then_some(StreamName::Stdout), ctl, r)));
+        let err = job.stderr().map(|p| (p, Tap::new(&count, live.then_some(StreamName::Stderr), ctl, r)));
         if let (Some(text), Some(mut stdin)) = (req.stdin.clone(), job.take_stdin()) {
             tokio::spawn(async move {
                 // A job that does not read its stdin must not block us.
@@ -571,17 +569,19 @@ enum Started {
 }
 
 impl Started {
-    fn stdout(&mut self) -> Option<tokio::process::ChildStdout> {
+    /// The read end of the job's stdout pipe, blocking.
+    fn stdout(&mut self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
         match self {
-            Started::Linux(j) => j.stdout(),
-            Started::Fallback(j) => j.stdout(),
+            Started::Linux(j) => j.stdout_fd().map(Ok),
+            Started::Fallback(j) => j.stdout().map(|p| p.into_owned_fd()),
         }
     }
 
-    fn stderr(&mut self) -> Option<tokio::process::ChildStderr> {
+    /// The read end of the job's stderr pipe, blocking.
+    fn stderr(&mut self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
         match self {
-            Started::Linux(j) => j.stderr(),
-            Started::Fallback(j) => j.stderr(),
+            Started::Linux(j) => j.stderr_fd().map(Ok),
+            Started::Fallback(j) => j.stderr().map(|p| p.into_owned_fd()),
         }
     }
 

@@ -33,6 +33,12 @@ pub fn main() -> ! {
 }
 
 fn run() -> i32 {
+    // If the supervisor dies, this stage dies, and pid 1 after it. Set
+    // here, first, because posix_spawn can't set it in the child: had the
+    // supervisor died before this line, its end of the control socket is
+    // closed and the spec's read below ends at EOF, with nothing built.
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
     // Anything the supervisor's caller leaked to us (a shell's fd 5, say)
     // must not reach the job.
     close_range_cloexec(CONTROL_FD as u32);

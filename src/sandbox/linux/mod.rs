@@ -3,7 +3,8 @@
 //! fd 3, and turn its reports into an [`Outcome`].
 //!
 //! This side runs inside tokio and therefore never forks into the jail
-//! itself: `pre_exec` below only makes async-signal-safe syscalls.
+//! itself: the stage is started with `posix_spawn` ([`stage_process`]),
+//! and no code of ours runs in the child before its execve.
 
 pub mod caps;
 pub mod cgroup;
@@ -15,11 +16,11 @@ pub mod namespaces;
 pub mod protocol;
 pub mod rlimits;
 pub mod seccomp;
+mod stage_process;
 pub mod supervise;
 pub mod sys;
 
 use crate::job::{JobSpec, Layers, Network, Outcome, Status, Usage};
-use crate::sandbox::unix_fallback::{place_fd, place_fds, stage_command};
 use crate::sandbox::{SandboxError, StdioSpec};
 use protocol::{IdMap, InitSpec, LandlockPlan, MountOp, Report, CONTROL_FD, SECCOMP_FD};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -34,7 +35,7 @@ pub const NOBODY: u32 = 65534;
 /// A started job.
 pub struct RunningJob {
     pub job_id: String,
-    child: tokio::process::Child,
+    child: stage_process::StageProcess,
     ctl: tokio::net::UnixStream,
     started: Instant,
     base_layers: Layers,
@@ -172,7 +173,7 @@ pub async fn spawn_adjusted(
 /// policy's compile. Dropped, it is killed; it also exits at EOF on its
 /// control socket, having read no spec.
 pub struct InitStage {
-    child: tokio::process::Child,
+    child: stage_process::StageProcess,
     ours: std::os::unix::net::UnixStream,
     /// Whether the seccomp memfd was placed (a spec naming a profile
     /// needs it).
@@ -194,26 +195,13 @@ impl InitStage {
         }
         let seccomp_raw = seccomp_fd.map(|fd| fd.as_raw_fd());
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(SandboxError::Spawn)?;
-        let theirs_fd = theirs.as_raw_fd();
-        let mut cmd = stage_command(init_executable(), "confine-init", "__init", stdio);
-        cmd.env(INIT_MARKER, "1");
-        // SAFETY: the closure runs in the forked child before exec and only
-        // calls async-signal-safe syscalls (dup2, fcntl, prctl) on fds that
-        // stay open in the parent until spawn returns.
-        unsafe {
-            cmd.pre_exec(move || {
-                match seccomp_raw {
-                    Some(fd) => place_fds([(theirs_fd, CONTROL_FD), (fd, SECCOMP_FD)])?,
-                    None => place_fd(theirs_fd, CONTROL_FD)?,
-                }
-                // If the supervisor dies, the init stage dies, and pid 1 after it.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().map_err(SandboxError::Spawn)?;
+        let mut fds = vec![(theirs.as_raw_fd(), CONTROL_FD)];
+        fds.extend(seccomp_raw.map(|fd| (fd, SECCOMP_FD)));
+        // An empty environment but the marker. The stage sets its own
+        // parent-death signal first thing (posix_spawn can't).
+        let child =
+            stage_process::spawn(init_executable(), &[c"confine-init", c"__init"], &[INIT_MARKER_ENV], stdio, &fds)
+                .map_err(SandboxError::Spawn)?;
         tracing::debug!(pid = child.id(), "init stage started");
         drop(theirs);
         Ok(InitStage { child, ours, has_seccomp: seccomp_raw.is_some() })
@@ -345,6 +333,8 @@ static INIT_EXECUTABLE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new(
 /// `__init` fails at once instead of spawning itself recursively. The job
 /// never sees it: pid 1 executes it with the spec's environment.
 const INIT_MARKER: &str = "CONFINE_INIT_STAGE";
+/// [`INIT_MARKER`] set, as the stage's whole environment.
+const INIT_MARKER_ENV: &std::ffi::CStr = c"CONFINE_INIT_STAGE=1";
 
 /// Use `path` (a `confine` binary) for the `__init` stage instead of
 /// `/proc/self/exe`: for programs that embed the library, and its tests.
@@ -421,16 +411,32 @@ impl RunningJob {
         self.cgroup.as_ref()
     }
 
+    /// The job's stdin, when it was piped, for async writes.
     pub fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin> {
-        self.child.stdin.take()
+        let fd = self.child.stdin.take()?;
+        tokio::process::ChildStdin::from_std(fd.into())
+            .map_err(|e| tracing::warn!(error = %e, "the job's stdin could not be registered; it gets EOF"))
+            .ok()
     }
 
-    pub fn stdout(&mut self) -> Option<tokio::process::ChildStdout> {
+    /// The read end of the job's stdout pipe, when it was piped (blocking).
+    pub fn stdout_fd(&mut self) -> Option<OwnedFd> {
         self.child.stdout.take()
     }
 
-    pub fn stderr(&mut self) -> Option<tokio::process::ChildStderr> {
+    /// The read end of the job's stderr pipe, when it was piped (blocking).
+    pub fn stderr_fd(&mut self) -> Option<OwnedFd> {
         self.child.stderr.take()
+    }
+
+    /// The job's stdout, when it was piped, for async reads.
+    pub fn stdout(&mut self) -> Option<std::io::Result<tokio::process::ChildStdout>> {
+        self.stdout_fd().map(|fd| tokio::process::ChildStdout::from_std(fd.into()))
+    }
+
+    /// The job's stderr, when it was piped, for async reads.
+    pub fn stderr(&mut self) -> Option<std::io::Result<tokio::process::ChildStderr>> {
+        self.stderr_fd().map(|fd| tokio::process::ChildStderr::from_std(fd.into()))
     }
 
     pub fn started(&self) -> Instant {
