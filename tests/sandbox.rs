@@ -198,11 +198,10 @@ fn a_killed_supervisor_takes_the_job_tree_with_it() {
     let survivors = if wait_for(false) { Vec::new() } else { job() };
     // The next supervisor kills and removes the dead one's job cgroups
     // (and so any survivor: run before asserting, to leave nothing behind).
+    // Another test's supervisor, started meanwhile, may have done it first.
     let owned_by_dead = |name: &str| name.rsplit('.').nth(1) == Some(pid.to_string().as_str());
-    let cgroups_left = cgroup_dirs(&owned_by_dead);
     assert!(run(&["--", "/bin/true"]).status.success());
     assert!(survivors.is_empty(), "survivors 5 s after the supervisor's death: {survivors:?}");
-    assert!(!cgroups_left.is_empty(), "the killed supervisor left no job cgroup to clean up");
     let left = cgroup_dirs(&owned_by_dead);
     assert!(left.is_empty(), "job cgroups of the dead supervisor left: {left:?}");
 }

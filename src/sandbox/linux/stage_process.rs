@@ -93,7 +93,7 @@ pub(crate) fn spawn(
     }
     drop(copies);
     drop(placed);
-    let pidfd = match pidfd_open(pid) {
+    let pidfd = match super::sys::pidfd_open(pid).map_err(io::Error::from) {
         Ok(fd) => fd,
         Err(e) => {
             // Not waited for yet, so still ours: kill and reap it.
@@ -225,16 +225,6 @@ fn dup_above(fd: RawFd, above: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(copy) })
 }
 
-fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the syscall just returned this new fd; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
 /// `posix_spawn_file_actions_t`, destroyed on drop.
 struct FileActions(libc::posix_spawn_file_actions_t);
 
@@ -323,11 +313,17 @@ mod tests {
     }
 
     /// Each source lands at its target even when sources sit at each
-    /// other's targets, and the child gets no other fd of ours.
+    /// other's targets, and neither the copies spawn makes of them nor our
+    /// ends of the pipes reach the child. (Checked by what each fd is, not
+    /// by number: other tests of this process may hold fds without
+    /// close-on-exec for a moment, and any spawn then passes those on.)
     #[tokio::test]
-    async fn fds_land_at_their_targets_and_nothing_else_leaks() {
-        let a = nix::sys::memfd::memfd_create(c"a", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
-        let b = nix::sys::memfd::memfd_create(c"b", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
+    async fn fds_land_at_their_targets_and_no_copy_leaks() {
+        let memfd = |name: &str| {
+            let name = CString::new(format!("confine-spawn-test-{name}-{}", std::process::id())).unwrap();
+            nix::sys::memfd::memfd_create(name.as_c_str(), nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap()
+        };
+        let (a, b) = (memfd("a"), memfd("b"));
         std::fs::File::from(a.try_clone().unwrap()).write_all_at(b"A", 0).unwrap();
         std::fs::File::from(b.try_clone().unwrap()).write_all_at(b"B", 0).unwrap();
         // Crossed: a goes where b's number is, b where a's is.
@@ -335,25 +331,34 @@ mod tests {
         let stdio = StdioSpec { stdin: Stream::Piped, stdout: Stream::Piped, stderr: Stream::Null };
         let script = format!("read go; printf %s \"$(cat /proc/self/fd/{nb})$(cat /proc/self/fd/{na})\"");
         let mut child = sh(&script, stdio, &[(na, nb), (nb, na)]);
-        // The child's fds, seen from here while it waits for its line
-        // (posix_spawn returns once the child has made its execve).
-        let listed: Vec<i32> = std::fs::read_dir(format!("/proc/{}/fd", child.id().unwrap()))
+        // The child's fds and what each is, seen from here while it waits
+        // for its line (posix_spawn returns once the child has made its execve).
+        let dir = format!("/proc/{}/fd", child.id().unwrap());
+        let fds: Vec<(i32, String)> = std::fs::read_dir(&dir)
             .unwrap()
-            .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+            .filter_map(|e| {
+                let e = e.unwrap();
+                let target = std::fs::read_link(e.path()).ok()?;
+                Some((e.file_name().to_str().unwrap().parse().unwrap(), target.to_string_lossy().into_owned()))
+            })
             .collect();
         std::fs::File::from(child.stdin.take().unwrap()).write_all(b"go\n").unwrap();
         let data = read_all(child.stdout.take().unwrap());
         assert_eq!(data, "AB", "fd {nb} must be a's copy and fd {na} b's");
-        // Allowed: 0-2, the two placed fds, and what this process
-        // inherited without close-on-exec (a test harness may have some).
-        let inherited = |fd: i32| {
-            // SAFETY: F_GETFD reads a flag of an fd number; no memory.
-            unsafe { libc::fcntl(fd, libc::F_GETFD) == 0 }
-        };
-        let extra: Vec<i32> =
-            listed.iter().copied().filter(|&fd| fd > 2 && fd != na && fd != nb && !inherited(fd)).collect();
-        assert!(extra.is_empty(), "fds of ours leaked to the child: {extra:?} (all: {listed:?})");
-        assert!(listed.contains(&na) && listed.contains(&nb), "placed fds missing: {listed:?}");
+        let at = |n: i32| fds.iter().find(|(fd, _)| *fd == n).map(|(_, t)| t.clone()).unwrap_or_default();
+        let holding =
+            |what: &str| fds.iter().filter(|(_, t)| t.as_str() == what).map(|(fd, _)| *fd).collect::<Vec<_>>();
+        for (want_at, name) in [(nb, "a"), (na, "b")] {
+            let link = format!("/memfd:confine-spawn-test-{name}-{} (deleted)", std::process::id());
+            assert_eq!(holding(&link), vec![want_at], "memfd {name} in the child: {fds:?}");
+        }
+        // Each pipe's inode is held by the child's end only: our end and
+        // the placed copies stayed here.
+        for stream in [0, 1] {
+            let pipe = at(stream);
+            assert!(pipe.starts_with("pipe:"), "fd {stream} is not a pipe: {fds:?}");
+            assert_eq!(holding(&pipe), vec![stream], "pipe of fd {stream} in the child: {fds:?}");
+        }
         assert!(child.wait().await.unwrap().success());
         assert_eq!(child.id(), None, "a reaped child has no pid to signal");
     }
