@@ -1,8 +1,8 @@
 //! A supervisor for one request (`confine exec`): what it starts before
 //! the request is decided, so that its costs overlap instead of adding up.
 //!
-//! In this order, on the calling thread: the `__init` stage is forked
-//! while the process is still small; the job's spec is worked out from
+//! In this order, on the calling thread: the `__init` stage is started
+//! first, to load while the rest is done; the job's spec is worked out from
 //! the request (the checks before the policy, steps 3 to 5, the limits as
 //! configured), its cgroups are made, and the stage builds the sandbox
 //! from it, the job held before its execve; the store starts opening on
@@ -88,7 +88,7 @@ impl Supervisor {
     /// Kill whatever was started early for a request and left unused.
     pub fn discard_prestarted(&self) {
         if let Ok(mut p) = self.prestarted.lock() {
-            // Dropped: tokio kills the stage (kill_on_drop); a held job's
+            // Dropped: the stage is killed and reaped; a held job's
             // cgroups are killed and removed.
             p.take();
         }

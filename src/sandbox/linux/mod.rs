@@ -168,9 +168,8 @@ pub async fn spawn_adjusted(
 
 /// An `__init` stage started and waiting for its spec: nothing is built
 /// yet, and it runs nothing. A one-shot supervisor starts it before it has
-/// decided on the request (`Supervisor::open_one_shot`), while the process
-/// is still small and quick to fork and while the stage loads beside the
-/// policy's compile. Dropped, it is killed; it also exits at EOF on its
+/// decided on the request (`Supervisor::open_one_shot`), so that the stage
+/// loads and builds the sandbox beside the policy's compile. Dropped, it is killed; it also exits at EOF on its
 /// control socket, having read no spec.
 pub struct InitStage {
     child: stage_process::StageProcess,
@@ -541,6 +540,11 @@ pub fn system_paths() -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stage_environment_sets_the_marker() {
+        assert_eq!(INIT_MARKER_ENV.to_str().unwrap(), format!("{INIT_MARKER}=1"));
+    }
 
     /// A program that embeds the library and re-executes itself as the
     /// init stage without dispatching `__init` must fail, not recurse.

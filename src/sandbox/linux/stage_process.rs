@@ -193,13 +193,26 @@ impl Drop for StageProcess {
         if matches!(self.try_reap(), Ok(Some(_)) | Err(_)) {
             return;
         }
-        let (pid, pidfd) = (self.pid, self.pidfd.try_clone());
-        self.status = Some(ExitStatus::from_raw(libc::SIGKILL));
-        match (tokio::runtime::Handle::try_current(), pidfd) {
+        let pid = self.pid;
+        match (tokio::runtime::Handle::try_current(), self.pidfd.try_clone()) {
+            // The task owns only a pid and a pidfd, nothing with a Drop of
+            // its own: a runtime shutting down drops it as it is, leaving
+            // a zombie for the process's exit to clear.
             (Ok(rt), Ok(pidfd)) => {
-                let mut orphan = StageProcess { pid, pidfd, status: None, stdin: None, stdout: None, stderr: None };
                 rt.spawn(async move {
-                    let _ = orphan.wait().await;
+                    // SAFETY: the AsyncFd holds the number of pidfd, which
+                    // this task owns and drops after the AsyncFd.
+                    let fd = unsafe {
+                        tokio::io::unix::AsyncFd::register_with_interest(
+                            pidfd.as_raw_fd(),
+                            tokio::io::Interest::READABLE,
+                        )
+                    };
+                    if let Ok(fd) = fd {
+                        let _ = fd.readable().await;
+                    }
+                    // SAFETY: waitpid on our own killed, unreaped child.
+                    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
                 });
             }
             _ => {
