@@ -68,6 +68,13 @@ impl Store {
         Ok(())
     }
 
+    /// How many times the database file was synced (`fsync`/`fdatasync`)
+    /// by flushes, sled's flusher and drops since the store was opened.
+    #[doc(hidden)]
+    pub fn file_syncs(&self) -> u64 {
+        self.db.file_syncs()
+    }
+
     /// Approximate on-disk size in bytes.
     pub fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)

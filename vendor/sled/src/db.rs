@@ -421,6 +421,13 @@ impl Db {
         Ok(hasher.finalize())
     }
 
+    /// confine (CONFINE-PATCH.md 15): how many times a flush, the
+    /// periodic flusher or a drop synced the database's file.
+    #[doc(hidden)]
+    pub fn file_syncs(&self) -> u64 {
+        self.context.pagecache.log.syncs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Returns the on-disk size of the storage files
     /// for this database.
     pub fn size_on_disk(&self) -> Result<u64> {

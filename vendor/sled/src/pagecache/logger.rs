@@ -20,6 +20,11 @@ pub struct Log {
     /// iobufs is the underlying lock-free IO write buffer.
     pub(crate) iobufs: Arc<IoBufs>,
     pub(crate) config: RunningConfig,
+    /// confine (CONFINE-PATCH.md 15): the highest stable lsn a sync of the
+    /// file covered, -1 before the first.
+    synced_lsn: AtomicLsn,
+    /// confine: how many times the file was synced through this log.
+    pub(crate) syncs: AtomicU64,
 }
 
 impl Log {
@@ -28,7 +33,27 @@ impl Log {
     pub fn start(config: RunningConfig, snapshot: &Snapshot) -> Result<Self> {
         let iobufs = Arc::new(IoBufs::start(config.clone(), snapshot)?);
 
-        Ok(Self { iobufs, config })
+        Ok(Self { iobufs, config, synced_lsn: AtomicLsn::new(-1), syncs: AtomicU64::new(0) })
+    }
+
+    /// confine (CONFINE-PATCH.md 15): sync the file (`fsync` with `all`,
+    /// else `fdatasync`) unless nothing was made stable since a sync that
+    /// covered it. Every log write below the stable lsn had been written
+    /// when the lsn was read, so a sync that starts after reading it
+    /// covers it; the lsn is recorded only once that sync succeeded.
+    pub(crate) fn sync_if_written(&self, all: bool) -> Result<()> {
+        let stable = self.iobufs.stable();
+        if stable <= self.synced_lsn.load(Acquire) {
+            return Ok(());
+        }
+        if all {
+            self.config.file.sync_all()?;
+        } else {
+            self.config.file.sync_data()?;
+        }
+        bump_atomic_lsn(&self.synced_lsn, stable);
+        self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Flushes any pending IO buffers to disk to ensure durability.
@@ -38,9 +63,10 @@ impl Log {
         // confine patch 7: on Linux the buffers above are made stable with
         // sync_file_range, which writes no metadata (an appended segment's
         // size) and flushes no device cache, so a flushed write could be
-        // lost to a power cut or a host crash. fdatasync makes it durable.
+        // lost to a power cut or a host crash. fdatasync makes it durable;
+        // patch 15: not again when nothing was written since the last.
         if !self.config.temporary {
-            self.config.file.sync_data()?;
+            self.sync_if_written(false)?;
         }
         Ok(written)
     }
@@ -473,8 +499,9 @@ impl Drop for Log {
             error!("failed to flush from IoBufs::drop: {}", e);
         }
 
+        // confine patch 15: not when nothing was written since a sync.
         if !self.config.temporary {
-            self.config.file.sync_all().unwrap();
+            self.sync_if_written(true).unwrap();
         }
 
         debug!("IoBufs dropped");
