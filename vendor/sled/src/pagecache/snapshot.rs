@@ -4,9 +4,9 @@ use zstd::block::{compress, decompress};
 use crate::*;
 
 use super::{
-    arr_to_u32, fill_if_differs, gc_blobs, raw_segment_iter_from, u32_to_arr,
-    u64_to_arr, BasedBuf, DiskPtr, LogIter, LogKind, LogOffset, Lsn,
-    MessageKind,
+    arr_to_u32, fill_if_differs, gc_blobs, pread_exact, pwrite_all,
+    raw_segment_iter_from, u32_to_arr, u64_to_arr, BasedBuf, DiskPtr, LogIter,
+    LogKind, LogOffset, Lsn, MessageKind,
 };
 
 /// A snapshot of the state required to quickly restart
@@ -212,6 +212,7 @@ fn advance_snapshot(
     mut iter: LogIter,
     mut snapshot: Snapshot,
     config: &RunningConfig,
+    write_to: SlotWrite,
 ) -> Result<Snapshot> {
     let _measure = Measure::new(&M.advance_snapshot);
 
@@ -370,7 +371,7 @@ fn advance_snapshot(
     }
 
     if snapshot.stable_lsn > old_stable_lsn {
-        write_snapshot(config, &snapshot)?;
+        write_snapshot(config, &snapshot, write_to)?;
     }
 
     #[cfg(feature = "testing")]
@@ -451,30 +452,171 @@ fn advance_snapshot(
 pub fn read_snapshot_or_default(config: &RunningConfig) -> Result<Snapshot> {
     // NB we want to error out if the read snapshot was corrupted.
     // We only use a default Snapshot when there is no snapshot found.
-    let last_snap = read_snapshot(config)?.unwrap_or_else(Snapshot::default);
+    let found = read_snapshot(config)?;
+    let last_snap = found.snapshot.unwrap_or_else(Snapshot::default);
+    // confine: the new snapshot goes to the slot the last one did not
+    // come from (CONFINE-PATCH.md 16).
+    let write_to = SlotWrite {
+        slot: found.slot.map_or(0, |s| 1 - s),
+        legacy: found.legacy,
+    };
 
     let log_iter =
         raw_segment_iter_from(last_snap.stable_lsn.unwrap_or(0), config)?;
 
-    let res = advance_snapshot(log_iter, last_snap, config)?;
+    let res = advance_snapshot(log_iter, last_snap, config, write_to)?;
 
     Ok(res)
 }
 
-/// Read a `Snapshot` from disk.
-/// Returns an error if the read snapshot was corrupted.
-/// Returns `Ok(Some(snapshot))` if there was nothing written.
-fn read_snapshot(config: &RunningConfig) -> Result<Option<Snapshot>> {
-    let mut candidates = config.get_snapshot_files()?;
-    if candidates.is_empty() {
-        debug!("no previous snapshot found");
-        return Ok(None);
+/// confine (CONFINE-PATCH.md 16): a snapshot is written to one of two
+/// slot files in turn, overwritten in place and synced with `fdatasync`,
+/// instead of to a new `snap.<lsn>` file that was `fsync`ed, renamed and
+/// had the older ones deleted at every start. A start writes the slot
+/// its snapshot did not come from, so a write torn by a crash leaves the
+/// other, which is what the store was recovered from and is still valid:
+/// segments are freed only after the new snapshot is durable.
+const SLOTS: [&str; 2] = ["snapshot.a", "snapshot.b"];
+const SLOT_MAGIC: [u8; 8] = *b"sledsnp1";
+/// Magic, crc32 of what follows it, payload length, decompressed length.
+const SLOT_HEADER_LEN: usize = 8 + 4 + 8 + 8;
+/// A slot file grows in steps of this (a hole): its size, which a sync
+/// must then commit too, changes rarely; its content at each start.
+const SLOT_GROWTH: usize = 64 * 1024;
+
+/// What a start found on disk.
+struct Found {
+    snapshot: Option<Snapshot>,
+    /// The slot it was read from; `None` for none or an older-style file.
+    slot: Option<usize>,
+    /// Whether older-style `snap.*` files are there.
+    legacy: bool,
+}
+
+/// Where the start's snapshot goes.
+#[derive(Clone, Copy)]
+struct SlotWrite {
+    slot: usize,
+    /// Remove older-style `snap.*` files once the slot is durable.
+    legacy: bool,
+}
+
+/// Read the newest valid `Snapshot` from disk: the slots, and a
+/// `snap.<lsn>` file left by sled before confine's change 16.
+/// Returns an error if no snapshot is valid but one should be.
+/// Returns `Ok(Found { snapshot: None, .. })` if there was nothing written.
+fn read_snapshot(config: &RunningConfig) -> Result<Found> {
+    let mut best: Option<(Snapshot, Option<usize>)> = None;
+    let mut slot_files = 0;
+    for (i, name) in SLOTS.iter().enumerate() {
+        let f = match std::fs::File::open(config.get_path().join(name)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
+        };
+        slot_files += 1;
+        match read_slot(&f)? {
+            Some(snap) => {
+                if best.as_ref().map_or(true, |(b, _)| snap.stable_lsn > b.stable_lsn) {
+                    best = Some((snap, Some(i)));
+                }
+            }
+            None => warn!("snapshot slot {} is torn or corrupt; not used", name),
+        }
     }
 
-    candidates.sort();
-    let path = candidates.pop().unwrap();
+    let mut candidates = config.get_snapshot_files()?;
+    let legacy = !candidates.is_empty();
+    if legacy {
+        candidates.sort();
+        let path = candidates.pop().unwrap();
+        match read_legacy_snapshot(config, &path) {
+            Ok(snap) => {
+                if best.as_ref().map_or(true, |(b, _)| snap.stable_lsn > b.stable_lsn) {
+                    best = Some((snap, None));
+                }
+            }
+            // Upstream's rule for its newest snapshot file, unless a slot,
+            // written after it, holds a valid one.
+            Err(e) if best.is_none() => return Err(e),
+            Err(_) => {}
+        }
+    }
 
-    let mut f = std::fs::OpenOptions::new().read(true).open(&path)?;
+    if best.is_none() && slot_files == SLOTS.len() {
+        // One slot at a time is written: two bad ones are damage, not a
+        // torn write. (One bad slot alone is a first write that tore: the
+        // store had no snapshot before it.)
+        error!("both snapshot slots are corrupt");
+        return Err(Error::corruption(None));
+    }
+    if best.is_none() {
+        debug!("no previous snapshot found");
+    }
+    Ok(Found { slot: best.as_ref().and_then(|b| b.1), snapshot: best.map(|b| b.0), legacy })
+}
+
+/// The snapshot in a slot file, `None` if it is torn or corrupt.
+fn read_slot(f: &std::fs::File) -> Result<Option<Snapshot>> {
+    let mut header = [0u8; SLOT_HEADER_LEN];
+    match pread_exact(f, &mut header, 0) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    if header[..8] != SLOT_MAGIC {
+        return Ok(None);
+    }
+    let le_u64 = |b: &[u8]| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        u64::from_le_bytes(a)
+    };
+    let crc_expected = arr_to_u32(&header[8..12]);
+    let (Ok(payload_len), Ok(decompressed_len)) = (
+        usize::try_from(le_u64(&header[12..20])),
+        usize::try_from(le_u64(&header[20..28])),
+    ) else {
+        return Ok(None);
+    };
+    let file_len = f.metadata()?.len();
+    if (SLOT_HEADER_LEN as u64).saturating_add(payload_len as u64) > file_len {
+        return Ok(None);
+    }
+    let mut covered = Vec::with_capacity(16 + payload_len);
+    covered.extend_from_slice(&header[12..]);
+    covered.resize(16 + payload_len, 0);
+    pread_exact(f, &mut covered[16..], SLOT_HEADER_LEN as LogOffset)?;
+    if crc32(&covered) != crc_expected {
+        return Ok(None);
+    }
+    let payload = covered.split_off(16);
+
+    #[cfg(feature = "zstd")]
+    let bytes = if decompressed_len != payload.len() {
+        match decompress(&*payload, decompressed_len) {
+            Ok(b) => b,
+            Err(_) => return Ok(None),
+        }
+    } else {
+        payload
+    };
+
+    #[cfg(not(feature = "zstd"))]
+    let bytes = {
+        let _ = decompressed_len;
+        payload
+    };
+
+    Ok(Snapshot::deserialize(&mut bytes.as_slice()).ok())
+}
+
+/// A snapshot file as upstream sled wrote it (`snap.<lsn>`).
+fn read_legacy_snapshot(
+    config: &RunningConfig,
+    path: &std::path::Path,
+) -> Result<Snapshot> {
+    let mut f = std::fs::OpenOptions::new().read(true).open(path)?;
 
     let mut buf = vec![];
     let _read = f.read_to_end(&mut buf)?;
@@ -513,12 +655,19 @@ fn read_snapshot(config: &RunningConfig) -> Result<Option<Snapshot>> {
     };
 
     #[cfg(not(feature = "zstd"))]
-    let bytes = buf;
+    let bytes = {
+        let _ = config;
+        buf
+    };
 
-    Snapshot::deserialize(&mut bytes.as_slice()).map(Some)
+    Snapshot::deserialize(&mut bytes.as_slice())
 }
 
-fn write_snapshot(config: &RunningConfig, snapshot: &Snapshot) -> Result<()> {
+fn write_snapshot(
+    config: &RunningConfig,
+    snapshot: &Snapshot,
+    write_to: SlotWrite,
+) -> Result<()> {
     trace!("writing snapshot {:?}", snapshot);
 
     let raw_bytes = snapshot.serialize();
@@ -534,61 +683,60 @@ fn write_snapshot(config: &RunningConfig, snapshot: &Snapshot) -> Result<()> {
     #[cfg(not(feature = "zstd"))]
     let bytes = raw_bytes;
 
-    let crc32: [u8; 4] = u32_to_arr(crc32(&bytes));
-    let len_bytes: [u8; 8] = u64_to_arr(decompressed_len as u64);
+    let mut buf = Vec::with_capacity(SLOT_HEADER_LEN + bytes.len());
+    buf.extend_from_slice(&SLOT_MAGIC);
+    buf.extend_from_slice(&[0; 4]);
+    buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    buf.extend_from_slice(&(decompressed_len as u64).to_le_bytes());
+    buf.extend_from_slice(&bytes);
+    let crc = u32_to_arr(crc32(&buf[12..]));
+    buf[8..12].copy_from_slice(&crc);
 
-    let path_1_suffix =
-        format!("snap.{:016X}.generating", snapshot.stable_lsn.unwrap_or(0));
+    let dir = config.get_path();
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(SLOTS[write_to.slot]);
+    let f = std::fs::OpenOptions::new().write(true).create(true).open(&path)?;
+    let on_disk = f.metadata()?.len();
+    if buf.len() as u64 > on_disk {
+        // Grown ahead (a hole, nothing written), for the next starts.
+        let grown = (buf.len() + SLOT_GROWTH - 1) / SLOT_GROWTH * SLOT_GROWTH;
+        f.set_len(grown as u64)?;
+    }
 
-    let mut path_1 = config.get_path();
-    path_1.push(path_1_suffix);
-
-    let path_2_suffix =
-        format!("snap.{:016X}", snapshot.stable_lsn.unwrap_or(0));
-
-    let mut path_2 = config.get_path();
-    path_2.push(path_2_suffix);
-
-    let parent = path_1.parent().unwrap();
-    std::fs::create_dir_all(parent)?;
-    let mut f =
-        std::fs::OpenOptions::new().write(true).create(true).open(&path_1)?;
-
-    // write the snapshot bytes, followed by a crc64 checksum at the end
+    // Only this slot is written: the other holds the snapshot this start
+    // recovered from, valid if this write tears.
     io_fail!(config, "snap write");
-    f.write_all(&*bytes)?;
-    io_fail!(config, "snap write len");
-    f.write_all(&len_bytes)?;
-    io_fail!(config, "snap write crc");
-    f.write_all(&crc32)?;
+    pwrite_all(&f, &buf, 0)?;
     io_fail!(config, "snap write post");
-    f.sync_all()?;
+    // The data, and the size when it grew.
+    f.sync_data()?;
+    if on_disk == 0 {
+        // A new file: its name must be durable too.
+        sync_dir(&dir)?;
+    }
 
-    trace!("wrote snapshot to {}", path_1.to_string_lossy());
+    trace!("wrote snapshot to {}", path.to_string_lossy());
 
-    io_fail!(config, "snap write mv");
-    std::fs::rename(&path_1, &path_2)?;
-    io_fail!(config, "snap write mv post");
-
-    trace!("renamed snapshot to {}", path_2.to_string_lossy());
-
-    // clean up any old snapshots
-    let candidates = config.get_snapshot_files()?;
-    for path in candidates {
-        let path_str = path.file_name().unwrap().to_str().unwrap();
-        if !path_2.to_string_lossy().ends_with(&*path_str) {
+    // Older-style snapshot files go once the slot is durable.
+    if write_to.legacy {
+        for path in config.get_snapshot_files()? {
             debug!("removing old snapshot file {:?}", path);
-
             io_fail!(config, "snap write rm old");
-
             if let Err(e) = std::fs::remove_file(&path) {
-                // TODO should this just be a try return?
-                warn!(
-                    "failed to remove old snapshot file, maybe snapshot race? {}",
-                    e
-                );
+                warn!("failed to remove old snapshot file {:?}: {}", path, e);
             }
         }
     }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn sync_dir(dir: &std::path::Path) -> Result<()> {
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn sync_dir(_dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
