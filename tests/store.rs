@@ -173,6 +173,7 @@ fn reopening_a_store_maps_its_log_instead_of_reading_it() {
 
 /// The store's two snapshot slots (`vendor/sled/CONFINE-PATCH.md`, change
 /// 16): the newer, by modification time, and the one the next start writes.
+/// Callers leave a few ms between starts, so the times differ.
 fn snapshot_slots(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let (a, b) = (dir.join("snapshot.a"), dir.join("snapshot.b"));
     let modified = |p: &std::path::Path| std::fs::metadata(p).unwrap().modified().unwrap();
@@ -197,6 +198,7 @@ fn a_torn_snapshot_write_leaves_the_store_whole() {
     let (lives, keys) = (30u64, 150u64);
     let mut torn = 0;
     for life in 0..lives {
+        std::thread::sleep(std::time::Duration::from_millis(10));
         if life >= 3 && life % 3 == 0 {
             // The next start's write, torn by a crash: its first page is
             // garbage, the rest the older snapshot.
@@ -228,6 +230,25 @@ fn a_torn_snapshot_write_leaves_the_store_whole() {
     let t = s.tree("artifacts.chunks").unwrap();
     assert_eq!(t.len() as u64, keys);
     assert_eq!(t.get(0u64.to_be_bytes()).unwrap().as_deref(), Some(&value(lives - 1, 1)[..]));
+}
+
+/// A start recovers from the newer slot and writes its own snapshot over
+/// the older one, never over the one it recovered from: that one is what
+/// is left if this write tears.
+#[test]
+fn a_start_writes_its_snapshot_over_the_older_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    for life in 0..8u64 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let before = (life >= 3).then(|| snapshot_slots(dir.path()));
+        // The life before wrote records: this start writes a snapshot.
+        let (s, _) = open_counting_writes(dir.path());
+        if let Some((newer, older)) = before {
+            let (written, kept) = snapshot_slots(dir.path());
+            assert_eq!((written, kept), (older, newer), "life {life}: the start wrote over the slot it recovered from");
+        }
+        session(s, life * 10, life * 10 + 10);
+    }
 }
 
 /// A store written before change 16 has its snapshot in a `snap.<lsn>`
