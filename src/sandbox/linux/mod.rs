@@ -169,8 +169,8 @@ pub async fn spawn_adjusted(
 /// An `__init` stage started and waiting for its spec: nothing is built
 /// yet, and it runs nothing. A one-shot supervisor starts it before it has
 /// decided on the request (`Supervisor::open_one_shot`), so that the stage
-/// loads and builds the sandbox beside the policy's compile. Dropped, it is killed; it also exits at EOF on its
-/// control socket, having read no spec.
+/// loads and builds the sandbox beside the policy's compile. Dropped, it is
+/// killed; it also exits at EOF on its control socket, having read no spec.
 pub struct InitStage {
     child: stage_process::StageProcess,
     ours: std::os::unix::net::UnixStream,

@@ -567,10 +567,9 @@ fn read_slot(f: &std::fs::File) -> Result<Option<Snapshot>> {
     if header[..8] != SLOT_MAGIC {
         return Ok(None);
     }
+    // The inverse of `u64_to_arr`, on a slice of the fixed-size header.
     let le_u64 = |b: &[u8]| {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        u64::from_le_bytes(a)
+        u64::from_le_bytes(std::convert::TryInto::try_into(b).unwrap())
     };
     let crc_expected = arr_to_u32(&header[8..12]);
     let (Ok(payload_len), Ok(decompressed_len)) = (
@@ -686,8 +685,8 @@ fn write_snapshot(
     let mut buf = Vec::with_capacity(SLOT_HEADER_LEN + bytes.len());
     buf.extend_from_slice(&SLOT_MAGIC);
     buf.extend_from_slice(&[0; 4]);
-    buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-    buf.extend_from_slice(&(decompressed_len as u64).to_le_bytes());
+    buf.extend_from_slice(&u64_to_arr(bytes.len() as u64));
+    buf.extend_from_slice(&u64_to_arr(decompressed_len as u64));
     buf.extend_from_slice(&bytes);
     let crc = u32_to_arr(crc32(&buf[12..]));
     buf[8..12].copy_from_slice(&crc);
