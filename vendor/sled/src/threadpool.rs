@@ -80,7 +80,13 @@ static BROKEN: AtomicBool = AtomicBool::new(false);
 /// confine: threads the pool starts with; it grows (up to
 /// `DESIRED_WAITING_THREADS` idle ones, `MAX_THREADS` in all) when work
 /// waits with no idle thread to take it.
-const INITIAL_THREADS: usize = 2;
+// confine: no thread is started with the pool. Upstream started two,
+// immortal, when a store opened: two thread starts in every `confine exec`,
+// while its sandbox is built on the same two cores, and two more threads
+// for the exit to kill. The first task now starts the first thread
+// (`spawn`), and a task that finds no thread and can't start one runs on
+// its caller (`run_queued_if_no_thread`).
+const INITIAL_THREADS: usize = 0;
 
 /// confine: start the pool now (it starts on first use otherwise), so a
 /// database's first write does not wait for its threads.
@@ -133,6 +139,20 @@ fn perform_work(is_immortal: bool) {
         } else {
             contiguous_overshoots = 0;
         }
+    }
+}
+
+/// confine: with no thread started up front (`INITIAL_THREADS`), a pool
+/// whose first thread could not be started (the host out of threads) would
+/// leave a task queued forever, and its caller (a flush waiting for that
+/// write) with it. Upstream's two immortal threads were the floor; now the
+/// caller runs what is queued when no thread exists or is being started.
+fn run_queued_if_no_thread() {
+    if TOTAL_THREAD_COUNT.load(Acquire) > 0 || SPAWNING.load(Acquire) {
+        return;
+    }
+    while let Some(task) = QUEUE.try_recv() {
+        (task)();
     }
 }
 
@@ -191,6 +211,9 @@ fn spawn_new_thread(is_immortal: bool) -> Result<()> {
     if let Err(e) = spawn_res {
         static E: AtomicBool = AtomicBool::new(false);
 
+        // confine: no thread was started, so none counts (upstream kept
+        // the count, and `run_queued_if_no_thread` would never run).
+        TOTAL_THREAD_COUNT.fetch_sub(1, SeqCst);
         SPAWNING.store(false, SeqCst);
 
         if !E.compare_and_swap(false, true, Relaxed) {
@@ -224,6 +247,7 @@ where
     if depth > WAITING_THREAD_COUNT.load(Acquire) {
         maybe_spawn_new_thread()?;
     }
+    run_queued_if_no_thread();
 
     Ok(promise)
 }
