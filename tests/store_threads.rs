@@ -108,15 +108,13 @@ fn a_store_starts_no_io_thread_and_flushes_when_none_can_start() {
             std::process::abort();
         })
     };
-    {
-        cage.full();
-        assert!(std::thread::Builder::new().spawn(|| ()).is_err(), "the pids cgroup still lets a thread start");
-        tree.insert(b"second", b"2").unwrap();
-        store.flush().unwrap();
-        done.store(true, Ordering::SeqCst);
-        assert_eq!(sled_io_threads(), 0, "a pool thread started in a cgroup that had no room for one");
-        drop(cage);
-    }
+    cage.full();
+    assert!(std::thread::Builder::new().spawn(|| ()).is_err(), "the pids cgroup still lets a thread start");
+    tree.insert(b"second", b"2").unwrap();
+    store.flush().unwrap();
+    done.store(true, Ordering::SeqCst);
+    assert_eq!(sled_io_threads(), 0, "a pool thread started in a cgroup that had no room for one");
+    drop(cage);
     watchdog.join().unwrap();
     drop((tree, store));
     let store = open();

@@ -347,7 +347,6 @@ impl Config {
         config.limit_cache_max_memory();
 
         let file = config.open_file()?;
-        crate::threadpool::start();
 
         // seal config in a Config
         let config = RunningConfig { inner: config, file: Arc::new(file) };

@@ -77,31 +77,16 @@ impl Queue {
 static QUEUE: Lazy<Queue, fn() -> Queue> = Lazy::new(init_queue);
 static BROKEN: AtomicBool = AtomicBool::new(false);
 
-/// confine: threads the pool starts with; it grows (up to
-/// `DESIRED_WAITING_THREADS` idle ones, `MAX_THREADS` in all) when work
-/// waits with no idle thread to take it.
-// confine: no thread is started with the pool. Upstream started two,
-// immortal, when a store opened: two thread starts in every `confine exec`,
-// while its sandbox is built on the same two cores, and two more threads
-// for the exit to kill. The first task now starts the first thread
-// (`spawn`), and a task that finds no thread and can't start one runs on
-// its caller (`run_queued_if_no_thread`).
-const INITIAL_THREADS: usize = 0;
-
-/// confine: start the pool now (it starts on first use otherwise), so a
-/// database's first write does not wait for its threads.
-pub(crate) fn start() {
-    let _ = &*QUEUE;
-}
-
+/// confine: the pool starts with no thread (upstream: 7 immortal ones at
+/// the first task; change 10: 2 when a store opened, which cost every
+/// `confine exec` two thread starts on the cores building its sandbox,
+/// and two more threads for its exit to kill). The first task starts the
+/// first thread (`spawn`); the pool grows (up to `DESIRED_WAITING_THREADS`
+/// idle ones, `MAX_THREADS` in all) when work waits with no idle thread to
+/// take it, and a task that finds no thread and can't start one runs on
+/// its caller (`run_queued_if_no_thread`).
 fn init_queue() -> Queue {
     debug_delay();
-    for _ in 0..INITIAL_THREADS {
-        debug_delay();
-        if let Err(e) = spawn_new_thread(true) {
-            log::error!("failed to initialize threadpool: {:?}", e);
-        }
-    }
     Queue { cv: Condvar::new(), mu: Mutex::new(VecDeque::new()) }
 }
 
@@ -142,7 +127,7 @@ fn perform_work(is_immortal: bool) {
     }
 }
 
-/// confine: with no thread started up front (`INITIAL_THREADS`), a pool
+/// confine: with no thread started up front (`init_queue`), a pool
 /// whose first thread could not be started (the host out of threads) would
 /// leave a task queued forever, and its caller (a flush waiting for that
 /// write) with it. Upstream's two immortal threads were the floor; now the
