@@ -19,8 +19,11 @@ use std::process::{Command, Output};
 /// `confine exec` runs in the test: about twice what broke the store.
 const EXECS: usize = 240;
 
+/// A run that hangs (a deadlock in the store) fails the test instead.
+const RUN_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn confine(config: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(common::bin()).arg("--config").arg(config).args(args).output().unwrap()
+    common::output_within(Command::new(common::bin()).arg("--config").arg(config).args(args), RUN_LIMIT)
 }
 
 #[test]
@@ -148,6 +151,56 @@ fn a_flush_syncs_the_store_only_when_something_was_written() {
     let t = s.tree("audit").unwrap();
     assert_eq!(t.len(), 12);
     assert_eq!(t.get(11u64.to_be_bytes()).unwrap().unwrap().as_ref(), &record(11)[..]);
+}
+
+/// sled change 18: a flush writes the buffer it seals itself and makes it
+/// durable with its one `fdatasync`; upstream handed it to an I/O thread,
+/// which waited for the device with `sync_file_range`, and then synced.
+/// A transaction over three trees and its flush (an audit append): one
+/// sync, and at most one `sync_file_range` on average; upstream waited
+/// for the device three times (its manifest, its writes, and the sync).
+#[test]
+fn a_flush_waits_for_the_device_once_for_what_it_writes() {
+    use sled::Transactional;
+    let dir = tempfile::tempdir().unwrap();
+    session(open_counting_writes(dir.path()).0, 0, 10);
+    let (s, _) = open_counting_writes(dir.path());
+    // sled's flusher thread has its first round right after the start.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let waits = |s: &Store| (s.file_syncs(), s.range_syncs());
+    // (Opening a tree the first time writes too.)
+    let (t, ids, meta) = (s.tree("audit").unwrap(), s.tree("audit_ids").unwrap(), s.tree("audit_meta").unwrap());
+    t.insert(10u64.to_be_bytes(), record(10)).unwrap();
+    let (syncs, ranges) = waits(&s);
+    s.flush().unwrap();
+    assert_eq!(waits(&s), (syncs + 1, ranges), "(syncs, sync_file_range runs) of a flush after an insert");
+
+    // A few, well inside the flusher's 500 ms sleep (its rounds write too).
+    let (_, ranges_before) = waits(&s);
+    for i in 11u64..14 {
+        let (syncs, _) = waits(&s);
+        (&t, &ids, &meta)
+            .transaction(|(t, ids, meta)| {
+                t.insert(&i.to_be_bytes(), record(i))?;
+                ids.insert(format!("job-{i}").as_bytes(), &i.to_be_bytes())?;
+                meta.insert("head", &i.to_be_bytes())?;
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .unwrap();
+        s.flush().unwrap();
+        assert_eq!(waits(&s).0, syncs + 1, "transaction {i}: one sync");
+    }
+    // The manifest's buffer is queued before the flush: an I/O thread
+    // may take it first (one `sync_file_range`), or the flush with its own.
+    // Upstream: two for each transaction.
+    let ranges = waits(&s).1 - ranges_before;
+    assert!(ranges <= 3, "3 transactions made {ranges} runs stable with sync_file_range");
+    drop((t, ids, meta, s));
+    let (s, _) = open_counting_writes(dir.path());
+    let (t, meta) = (s.tree("audit").unwrap(), s.tree("audit_meta").unwrap());
+    assert_eq!(t.len(), 14);
+    assert_eq!(t.get(13u64.to_be_bytes()).unwrap().as_deref(), Some(&record(13)[..]));
+    assert_eq!(meta.get("head").unwrap().as_deref(), Some(&13u64.to_be_bytes()[..]));
 }
 
 #[test]
@@ -326,12 +379,13 @@ fn starts_after_lives_that_free_segments_never_crash() {
     let lives: u64 = std::env::var("CONFINE_STORE_LIVES").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
     let mut crashes = Vec::new();
     for life in 0..lives {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "store_life", "--ignored", "--quiet", "--test-threads=1"])
-            .env("CONFINE_STORE_LIVES_DIR", dir.path())
-            .env("CONFINE_STORE_LIFE", life.to_string())
-            .output()
-            .unwrap();
+        let out = common::output_within(
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "store_life", "--ignored", "--quiet", "--test-threads=1"])
+                .env("CONFINE_STORE_LIVES_DIR", dir.path())
+                .env("CONFINE_STORE_LIFE", life.to_string()),
+            RUN_LIMIT,
+        );
         match out.status.signal() {
             Some(sig) => crashes.push((life, sig)),
             None => assert!(out.status.success(), "life {life}: {}", String::from_utf8_lossy(&out.stderr)),

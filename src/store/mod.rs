@@ -75,6 +75,13 @@ impl Store {
         self.db.file_syncs()
     }
 
+    /// How many runs of log buffers sled made stable with
+    /// `sync_file_range` (a wait for the device each) rather than a sync.
+    #[doc(hidden)]
+    pub fn range_syncs(&self) -> u64 {
+        self.db.range_syncs()
+    }
+
     /// Approximate on-disk size in bytes.
     pub fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)

@@ -14,6 +14,38 @@ pub fn run(args: &[&str]) -> Output {
     Command::new(bin()).arg("run").args(args).stdin(Stdio::null()).output().expect("start confine")
 }
 
+/// `cmd`'s output, as `Command::output` gives it, but a failure instead of
+/// a hang: past `limit` the child (ours, by pid) is killed and the test
+/// fails with what it had written. For tests whose regression would be a
+/// deadlock in the store.
+pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
+    use std::io::Read;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = err.join().unwrap_or_default();
+            panic!("{cmd:?} did not end within {limit:?} (a deadlock?): {}", String::from_utf8_lossy(&err));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() }
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -425,7 +425,14 @@ impl Db {
     /// periodic flusher or a drop synced the database's file.
     #[doc(hidden)]
     pub fn file_syncs(&self) -> u64 {
-        self.context.pagecache.log.syncs.load(std::sync::atomic::Ordering::Relaxed)
+        self.context.pagecache.log.iobufs.syncs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// confine (CONFINE-PATCH.md 18): how many runs of log buffers were
+    /// made stable without a sync (`sync_file_range`).
+    #[doc(hidden)]
+    pub fn range_syncs(&self) -> u64 {
+        self.context.pagecache.log.iobufs.range_syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Returns the on-disk size of the storage files

@@ -62,6 +62,62 @@ impl Drop for PendingWrite {
     }
 }
 
+/// confine (CONFINE-PATCH.md 18): a buffer that is done with, padded,
+/// and what of it goes to the file, where.
+pub(crate) struct PreparedWrite {
+    iobuf: Arc<IoBuf>,
+    log_offset: LogOffset,
+    base_lsn: Lsn,
+    total_len: usize,
+    maxed: bool,
+    stored_max_stable_lsn: Lsn,
+}
+
+impl PreparedWrite {
+    /// The bytes to write: initialized, since `prepare_write` padded the
+    /// rest of a maxed buffer (see `IoBuf::get_mut_range`).
+    fn data(&self) -> &[u8] {
+        self.iobuf.get_mut_range(0, self.total_len)
+    }
+
+    /// The file offset just past this buffer's bytes.
+    fn end(&self) -> LogOffset {
+        self.log_offset + self.total_len as LogOffset
+    }
+
+    /// The last lsn the buffer covers once written.
+    fn end_lsn(&self, iobufs: &IoBufs) -> Lsn {
+        self.base_lsn + self.complete_len(iobufs) as Lsn - 1
+    }
+
+    /// How many lsns the buffer covers once written: a maxed one, all to
+    /// the end of its segment.
+    fn complete_len(&self, iobufs: &IoBufs) -> usize {
+        if self.maxed {
+            let segment_size = iobufs.config.segment_size as Lsn;
+            let next_seg_beginning =
+                (self.base_lsn / segment_size + 1) * segment_size;
+            assert_usize(next_seg_beginning - self.base_lsn)
+        } else {
+            self.total_len
+        }
+    }
+}
+
+/// confine (CONFINE-PATCH.md 18): buffers queued for writing, and whether
+/// a drain task is scheduled or running.
+#[derive(Default)]
+pub(crate) struct ReadyWrites {
+    bufs: Vec<(Arc<IoBuf>, PendingWrite)>,
+    draining: bool,
+}
+
+thread_local! {
+    /// confine (CONFINE-PATCH.md 18): set while `flush` seals the buffer
+    /// it will write itself, so that queueing it starts no task.
+    static FLUSH_WRITES_ITSELF: std::cell::Cell<bool> = std::cell::Cell::new(false);
+}
+
 /// confine: back-pressure for writers. Call it with no epoch pin held by
 /// this thread (a pin would keep retired buffers alive). A writer waits
 /// only while the I/O pool has writes pending, since only their end frees
@@ -376,6 +432,15 @@ pub(crate) struct IoBufs {
     pub segment_accountant: Mutex<SegmentAccountant>,
     pub segment_cleaner: SegmentCleaner,
     deferred_segment_ops: stack::Stack<SegmentOp>,
+    /// confine (CONFINE-PATCH.md 18): buffers queued for writing.
+    ready_writes: Mutex<ReadyWrites>,
+    /// confine (CONFINE-PATCH.md 15, 18): every lsn up to this one is
+    /// durable (synced in this process), and how many syncs made it so.
+    pub(crate) synced_lsn: AtomicLsn,
+    pub(crate) syncs: AtomicU64,
+    /// confine (CONFINE-PATCH.md 18): runs made stable without a sync
+    /// (`sync_file_range`, one wait for the device each).
+    pub(crate) range_syncs: AtomicU64,
     #[cfg(feature = "io_uring")]
     pub submission_mutex: Mutex<()>,
     #[cfg(feature = "io_uring")]
@@ -479,6 +544,10 @@ impl IoBufs {
             segment_accountant: Mutex::new(segment_accountant),
             segment_cleaner,
             deferred_segment_ops: stack::Stack::default(),
+            ready_writes: Mutex::new(ReadyWrites::default()),
+            synced_lsn: AtomicLsn::new(-1),
+            syncs: AtomicU64::new(0),
+            range_syncs: AtomicU64::new(0),
             #[cfg(feature = "io_uring")]
             submission_mutex: Mutex::new(()),
             #[cfg(feature = "io_uring")]
@@ -626,10 +695,137 @@ impl IoBufs {
         Ok(())
     }
 
-    // Write an IO buffer's data to stable storage and set up the
-    // next IO buffer for writing.
-    pub(crate) fn write_to_log(&self, iobuf: &IoBuf) -> Result<()> {
-        let _measure = Measure::new(&M.write_to_log);
+    /// confine (CONFINE-PATCH.md 18): queue a sealed buffer that no writer
+    /// holds any more. One drain task at a time writes what is queued
+    /// (`drain`), so buffers sealed in quick succession (a transaction
+    /// seals two, its flush a third) reach the disk as one run, with one
+    /// wait for the device, and queueing never grows the I/O pool while
+    /// that task runs. Upstream spawned a task per buffer, each with its
+    /// own `sync_file_range`. A flush queues the buffer it seals without
+    /// a task, and writes it itself (`flush`).
+    pub(crate) fn queue_write(
+        iobufs: &Arc<IoBufs>,
+        iobuf: Arc<IoBuf>,
+    ) -> Result<()> {
+        let spawn = {
+            let mut ready = iobufs.ready_writes.lock();
+            ready.bufs.push((iobuf, PendingWrite::new()));
+            !FLUSH_WRITES_ITSELF.with(std::cell::Cell::get)
+                && !std::mem::replace(&mut ready.draining, true)
+        };
+        if !spawn {
+            return Ok(());
+        }
+        let iobufs = iobufs.clone();
+        let _result = threadpool::spawn(move || iobufs.drain())?;
+
+        #[cfg(feature = "event_log")]
+        _result.wait();
+
+        Ok(())
+    }
+
+    /// The drain task: write what is queued until nothing is.
+    fn drain(&self) {
+        loop {
+            let batch = {
+                let mut ready = self.ready_writes.lock();
+                let batch = std::mem::take(&mut ready.bufs);
+                if batch.is_empty() || self.config.global_error().is_err() {
+                    // (after an error, what was queued is dropped unwritten,
+                    // as upstream's tasks returned at once.)
+                    ready.draining = false;
+                    return;
+                }
+                batch
+            };
+            if let Err(e) = self.write_batch(batch, false) {
+                error!("hit error while writing log buffers: {:?}", e);
+                self.fail(e);
+            }
+        }
+    }
+
+    /// Store a write error before waking the threads that wait for
+    /// stability, so that they see it.
+    fn fail(&self, e: Error) {
+        self.config.set_global_error(e);
+
+        let intervals = self.intervals.lock();
+
+        // having held the mutex makes this linearized
+        // with the notify below.
+        drop(intervals);
+
+        let _notified = self.interval_updated.notify_all();
+    }
+
+    /// Write buffers in lsn order, a run of buffers adjacent in the file
+    /// and in lsns at a time. Each buffer is marked stable only after the call
+    /// that made its run stable returned, as upstream did per buffer.
+    /// `durable`: make each run durable (`fdatasync`) instead of only
+    /// stable, for a flush that would sync right after.
+    fn write_batch(
+        &self,
+        mut batch: Vec<(Arc<IoBuf>, PendingWrite)>,
+        durable: bool,
+    ) -> Result<()> {
+        // In lsn order: a durable run waits for the lsns below it, which
+        // an earlier run of this batch may hold (segments are reused, so
+        // file offsets need not follow lsns).
+        batch.sort_by_key(|(iobuf, _)| iobuf.lsn);
+        let writes: Vec<(PreparedWrite, PendingWrite)> = batch
+            .into_iter()
+            .map(|(iobuf, pending)| (self.prepare_write(iobuf), pending))
+            .collect();
+        let mut start = 0;
+        while start < writes.len() {
+            let mut end = start + 1;
+            while end < writes.len()
+                && writes[end - 1].0.end() == writes[end].0.log_offset
+                && writes[end - 1].0.end_lsn(self) + 1 == writes[end].0.base_lsn
+            {
+                end += 1;
+            }
+            let run = &writes[start..end];
+            let synced = self.write_run(run.iter().map(|(w, _)| w), durable)?;
+            for (write, _) in run {
+                self.complete_write(write)?;
+            }
+            if synced {
+                // Everything at or below the run's last lsn is durable:
+                // the run waited for all below it to be stable (written)
+                // before its sync.
+                self.note_sync(run[run.len() - 1].0.end_lsn(self));
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// confine (CONFINE-PATCH.md 15, 18): after a successful sync that
+    /// covered every lsn up to `lsn`.
+    pub(crate) fn note_sync(&self, lsn: Lsn) {
+        bump_atomic_lsn(&self.synced_lsn, lsn);
+        self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Block until every lsn up to `lsn` was written and made stable, or
+    /// sled failed. (Not `stable()`, which an unfinished batch holds
+    /// back below its start: the batch may end in the run that waits.)
+    fn wait_written(&self, lsn: Lsn) -> Result<()> {
+        let mut waiter = self.intervals.lock();
+        loop {
+            self.config.global_error()?;
+            if waiter.stable_lsn >= lsn {
+                return Ok(());
+            }
+            self.interval_updated.wait(&mut waiter);
+        }
+    }
+
+    /// Pad a buffer that is done with, and say what to write of it.
+    fn prepare_write(&self, iobuf: Arc<IoBuf>) -> PreparedWrite {
         let header = iobuf.get_header();
         let log_offset = iobuf.offset;
         let base_lsn = iobuf.lsn;
@@ -736,13 +932,102 @@ impl IoBufs {
         }
 
         let total_len = if maxed { capacity } else { bytes_to_write };
-
-        let data = iobuf.get_mut_range(0, total_len);
         let stored_max_stable_lsn = iobuf.stored_max_stable_lsn;
 
-        io_fail!(self, "buffer write");
-        #[cfg(feature = "io_uring")]
+        PreparedWrite {
+            iobuf,
+            log_offset,
+            base_lsn,
+            total_len,
+            maxed,
+            stored_max_stable_lsn,
+        }
+    }
+
+    /// Write a run of adjacent buffers, then make them stable: with one
+    /// `sync_file_range`, or with `durable` (and a file that is not
+    /// temporary) with `fdatasync`, once all below the run is stable.
+    /// Returns whether it synced.
+    #[cfg(not(feature = "io_uring"))]
+    fn write_run<'a>(
+        &self,
+        run: impl Iterator<Item = &'a PreparedWrite>,
+        durable: bool,
+    ) -> Result<bool> {
+        let _measure = Measure::new(&M.write_to_log);
+        let f = &self.config.file;
+        let mut range: Option<(LogOffset, LogOffset, Lsn)> = None;
+        for write in run {
+            io_fail!(self, "buffer write");
+            pwrite_all(f, write.data(), write.log_offset)?;
+            if write.total_len > 0 {
+                let (low, first_lsn) = range
+                    .map_or((write.log_offset, write.base_lsn), |(low, _, lsn)| {
+                        (low, lsn)
+                    });
+                range = Some((low, write.end(), first_lsn));
+            }
+        }
+        let (low, high, first_lsn) = match range {
+            Some(range) => range,
+            None => return Ok(false),
+        };
+        if self.config.temporary {
+            return Ok(false);
+        }
+        if durable {
+            // A sync covers what was written before it started: wait for
+            // the buffers below this run, so that it covers them too.
+            self.wait_written(first_lsn - 1)?;
+            f.sync_data()?;
+            io_fail!(self, "buffer write post");
+            return Ok(true);
+        }
+        self.range_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        #[cfg(target_os = "linux")]
         {
+            use std::os::unix::io::AsRawFd;
+            let ret = unsafe {
+                libc::sync_file_range(
+                    f.as_raw_fd(),
+                    i64::try_from(low).unwrap(),
+                    i64::try_from(high - low).unwrap(),
+                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                )
+            };
+            if ret < 0 {
+                let err = std::io::Error::last_os_error();
+                if let Some(libc::ENOSYS) = err.raw_os_error() {
+                    f.sync_all()?;
+                } else {
+                    return Err(err.into());
+                }
+            }
+        }
+
+        #[cfg(not(target_os = "linux"))]
+        f.sync_all()?;
+
+        io_fail!(self, "buffer write post");
+        Ok(false)
+    }
+
+    /// Write a run of adjacent buffers, then make them stable.
+    /// (io_uring: per buffer, as upstream; a flush syncs after it.)
+    #[cfg(feature = "io_uring")]
+    fn write_run<'a>(
+        &self,
+        run: impl Iterator<Item = &'a PreparedWrite>,
+        _durable: bool,
+    ) -> Result<bool> {
+        for write in run {
+            let _measure = Measure::new(&M.write_to_log);
+            io_fail!(self, "buffer write");
+            let data = write.data();
+            let total_len = write.total_len;
+            let log_offset = write.log_offset;
             let mut wrote = 0;
             while wrote < total_len {
                 let to_write = &data[wrote..];
@@ -785,49 +1070,19 @@ impl IoBufs {
 
                 wrote += wrote_completion.wait()?;
             }
+            io_fail!(self, "buffer write post");
         }
-        #[cfg(not(feature = "io_uring"))]
-        {
-            let f = &self.config.file;
-            pwrite_all(f, data, log_offset)?;
-            if !self.config.temporary {
-                #[cfg(target_os = "linux")]
-                {
-                    use std::os::unix::io::AsRawFd;
-                    let ret = unsafe {
-                        libc::sync_file_range(
-                            f.as_raw_fd(),
-                            i64::try_from(log_offset).unwrap(),
-                            i64::try_from(total_len).unwrap(),
-                            libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                                | libc::SYNC_FILE_RANGE_WRITE
-                                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                        )
-                    };
-                    if ret < 0 {
-                        let err = std::io::Error::last_os_error();
-                        if let Some(libc::ENOSYS) = err.raw_os_error() {
-                            f.sync_all()?;
-                        } else {
-                            return Err(err.into());
-                        }
-                    }
-                }
+        Ok(false)
+    }
 
-                #[cfg(not(target_os = "linux"))]
-                f.sync_all()?;
-            }
-        }
-        io_fail!(self, "buffer write post");
+    /// After a buffer's bytes are stable: mark them so, and let the
+    /// segment accountant know.
+    fn complete_write(&self, write: &PreparedWrite) -> Result<()> {
+        let (base_lsn, total_len) = (write.base_lsn, write.total_len);
+        let log_offset = write.log_offset;
 
         if total_len > 0 {
-            let complete_len = if maxed {
-                let lsn_idx = base_lsn / segment_size as Lsn;
-                let next_seg_beginning = (lsn_idx + 1) * segment_size as Lsn;
-                assert_usize(next_seg_beginning - base_lsn)
-            } else {
-                total_len
-            };
+            let complete_len = write.complete_len(self);
 
             debug!(
                 "wrote lsns {}-{} to disk at offsets {}-{}, maxed {} complete_len {}",
@@ -835,7 +1090,7 @@ impl IoBufs {
                 base_lsn + total_len as Lsn - 1,
                 log_offset,
                 log_offset + total_len as LogOffset - 1,
-                maxed,
+                write.maxed,
                 complete_len
             );
             self.mark_interval(base_lsn, complete_len);
@@ -849,6 +1104,7 @@ impl IoBufs {
         // have completed their (crossbeam-epoch)-pinned operations.
         let guard = pin();
         let max_header_stable_lsn = self.max_header_stable_lsn.clone();
+        let stored_max_stable_lsn = write.stored_max_stable_lsn;
         guard.defer(move || {
             trace!("bumping atomic header lsn to {}", stored_max_stable_lsn);
             bump_atomic_lsn(&max_header_stable_lsn, stored_max_stable_lsn)
@@ -1070,9 +1326,38 @@ pub(in crate::pagecache) fn make_stable_inner(
 /// Called by users who wish to force the current buffer
 /// to flush some pending writes. Returns the number
 /// of bytes written during this call.
+///
+/// confine (CONFINE-PATCH.md 18): the flushing thread seals the current
+/// buffer and writes what is queued itself, durably (`fdatasync`), so the
+/// log's flush needs no sync of its own after it; what another thread is
+/// writing meanwhile is waited for as upstream did.
 pub(in crate::pagecache) fn flush(iobufs: &Arc<IoBufs>) -> Result<usize> {
     let _cc = concurrency_control::read();
     let max_reserved_lsn = iobufs.max_reserved_lsn.load(Acquire);
+    let iobuf = iobufs.current_iobuf();
+    let header = iobuf.get_header();
+    if header::offset(header) != 0
+        && !header::is_sealed(header)
+        && iobuf.lsn <= max_reserved_lsn
+    {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                FLUSH_WRITES_ITSELF.with(|f| f.set(false));
+            }
+        }
+        FLUSH_WRITES_ITSELF.with(|f| f.set(true));
+        let _reset = Reset;
+        maybe_seal_and_write_iobuf(iobufs, &iobuf, header, false)?;
+    }
+    let batch = std::mem::take(&mut iobufs.ready_writes.lock().bufs);
+    if !batch.is_empty() {
+        if let Err(e) = iobufs.write_batch(batch, true) {
+            error!("hit error while writing log buffers: {:?}", e);
+            iobufs.fail(e.clone());
+            return Err(e);
+        }
+    }
     make_stable(iobufs, max_reserved_lsn)
 }
 
@@ -1247,33 +1532,7 @@ pub(in crate::pagecache) fn maybe_seal_and_write_iobuf(
             "asynchronously writing iobuf with lsn {} to log from maybe_seal",
             lsn
         );
-        let iobufs = iobufs.clone();
-        let iobuf = iobuf.clone();
-        let pending = PendingWrite::new();
-        let _result = threadpool::spawn(move || {
-            let _pending = pending;
-            if let Err(e) = iobufs.write_to_log(&iobuf) {
-                error!(
-                    "hit error while writing iobuf with lsn {}: {:?}",
-                    lsn, e
-                );
-
-                // store error before notifying so that waiting threads will see
-                // it
-                iobufs.config.set_global_error(e);
-
-                let intervals = iobufs.intervals.lock();
-
-                // having held the mutex makes this linearized
-                // with the notify below.
-                drop(intervals);
-
-                let _notified = iobufs.interval_updated.notify_all();
-            }
-        })?;
-
-        #[cfg(feature = "event_log")]
-        _result.wait();
+        IoBufs::queue_write(iobufs, iobuf.clone())?;
 
         Ok(())
     } else {

@@ -20,11 +20,6 @@ pub struct Log {
     /// iobufs is the underlying lock-free IO write buffer.
     pub(crate) iobufs: Arc<IoBufs>,
     pub(crate) config: RunningConfig,
-    /// confine (CONFINE-PATCH.md 15): the highest stable lsn a sync of the
-    /// file covered, -1 before the first.
-    synced_lsn: AtomicLsn,
-    /// confine: how many times the file was synced through this log.
-    pub(crate) syncs: AtomicU64,
 }
 
 impl Log {
@@ -33,7 +28,7 @@ impl Log {
     pub fn start(config: RunningConfig, snapshot: &Snapshot) -> Result<Self> {
         let iobufs = Arc::new(IoBufs::start(config.clone(), snapshot)?);
 
-        Ok(Self { iobufs, config, synced_lsn: AtomicLsn::new(-1), syncs: AtomicU64::new(0) })
+        Ok(Self { iobufs, config })
     }
 
     /// confine (CONFINE-PATCH.md 15): sync the file (`fsync` with `all`,
@@ -41,9 +36,11 @@ impl Log {
     /// covered it. Every log write below the stable lsn had been written
     /// when the lsn was read, so a sync that starts after reading it
     /// covers it; the lsn is recorded only once that sync succeeded.
+    /// (Change 18: a flush that wrote its buffers with `fdatasync` has
+    /// recorded them already, and syncs nothing here.)
     pub(crate) fn sync_if_written(&self, all: bool) -> Result<()> {
         let stable = self.iobufs.stable();
-        if stable <= self.synced_lsn.load(Acquire) {
+        if stable <= self.iobufs.synced_lsn.load(Acquire) {
             return Ok(());
         }
         if all {
@@ -51,8 +48,7 @@ impl Log {
         } else {
             self.config.file.sync_data()?;
         }
-        bump_atomic_lsn(&self.synced_lsn, stable);
-        self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.iobufs.note_sync(stable);
         Ok(())
     }
 
@@ -64,7 +60,8 @@ impl Log {
         // sync_file_range, which writes no metadata (an appended segment's
         // size) and flushes no device cache, so a flushed write could be
         // lost to a power cut or a host crash. fdatasync makes it durable;
-        // patch 15: not again when nothing was written since the last.
+        // patch 15: not again when nothing was written since the last
+        // (patch 18: nor when the flush synced what it wrote itself).
         if !self.config.temporary {
             self.sync_if_written(false)?;
         }
@@ -467,19 +464,7 @@ impl Log {
                  to log from exit_reservation",
                 lsn
             );
-            let iobufs = self.iobufs.clone();
-            let iobuf = iobuf.clone();
-            let pending = super::iobuf::PendingWrite::new();
-            threadpool::spawn(move || {
-                let _pending = pending;
-                if let Err(e) = iobufs.write_to_log(&iobuf) {
-                    error!(
-                        "hit error while writing iobuf with lsn {}: {:?}",
-                        lsn, e
-                    );
-                    iobufs.config.set_global_error(e);
-                }
-            })?;
+            IoBufs::queue_write(&self.iobufs, iobuf.clone())?;
 
             Ok(())
         } else {
