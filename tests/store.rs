@@ -93,6 +93,17 @@ fn open_counting_writes(dir: &std::path::Path) -> (Store, u64) {
     (s, wrote)
 }
 
+/// A store at `dir` in its second life (records 0..10 written in the
+/// first), once sled's flusher thread, which has its first round right
+/// after the start, is asleep for its 500 ms: what the sync counts see is
+/// then the test's own.
+fn second_life_after_the_flushers_first_round(dir: &std::path::Path) -> Store {
+    session(open_counting_writes(dir).0, 0, 10);
+    let (s, _) = open_counting_writes(dir);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    s
+}
+
 /// Write records `from..to` to `audit`, flush, close.
 fn session(s: Store, from: u64, to: u64) {
     let t = s.tree("audit").unwrap();
@@ -129,10 +140,7 @@ fn reopening_a_store_rewrites_almost_nothing() {
 #[test]
 fn a_flush_syncs_the_store_only_when_something_was_written() {
     let dir = tempfile::tempdir().unwrap();
-    session(open_counting_writes(dir.path()).0, 0, 10);
-    let (s, _) = open_counting_writes(dir.path());
-    // sled's flusher thread has its first round right after the start.
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    let s = second_life_after_the_flushers_first_round(dir.path());
     let t = s.tree("audit").unwrap();
     t.insert(10u64.to_be_bytes(), record(10)).unwrap();
     let before = s.file_syncs();
@@ -163,10 +171,7 @@ fn a_flush_syncs_the_store_only_when_something_was_written() {
 fn a_flush_waits_for_the_device_once_for_what_it_writes() {
     use sled::Transactional;
     let dir = tempfile::tempdir().unwrap();
-    session(open_counting_writes(dir.path()).0, 0, 10);
-    let (s, _) = open_counting_writes(dir.path());
-    // sled's flusher thread has its first round right after the start.
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    let s = second_life_after_the_flushers_first_round(dir.path());
     let waits = |s: &Store| (s.file_syncs(), s.range_syncs());
     // (Opening a tree the first time writes too.)
     let (t, ids, meta) = (s.tree("audit").unwrap(), s.tree("audit_ids").unwrap(), s.tree("audit_meta").unwrap());
