@@ -1334,6 +1334,7 @@ pub(in crate::pagecache) fn make_stable_inner(
 pub(in crate::pagecache) fn flush(iobufs: &Arc<IoBufs>) -> Result<usize> {
     let _cc = concurrency_control::read();
     let max_reserved_lsn = iobufs.max_reserved_lsn.load(Acquire);
+    let first_stable = iobufs.stable();
     let iobuf = iobufs.current_iobuf();
     let header = iobuf.get_header();
     if header::offset(header) != 0
@@ -1358,7 +1359,9 @@ pub(in crate::pagecache) fn flush(iobufs: &Arc<IoBufs>) -> Result<usize> {
             return Err(e);
         }
     }
-    make_stable(iobufs, max_reserved_lsn)
+    make_stable(iobufs, max_reserved_lsn)?;
+    // What this call made stable, its own writes included.
+    Ok(assert_usize(iobufs.stable() - first_stable))
 }
 
 /// Attempt to seal the current IO buffer, possibly
