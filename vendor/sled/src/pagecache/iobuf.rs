@@ -983,10 +983,11 @@ impl IoBufs {
             io_fail!(self, "buffer write post");
             return Ok(true);
         }
-        self.range_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         #[cfg(target_os = "linux")]
         {
             use std::os::unix::io::AsRawFd;
+            self.range_syncs
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let ret = unsafe {
                 libc::sync_file_range(
                     f.as_raw_fd(),
