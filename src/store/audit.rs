@@ -294,6 +294,16 @@ impl AuditLog {
 impl AuditSink for AuditLog {
     fn append(&self, entry: AuditEntry) -> Result<AuditRecord, AuditError> {
         let timestamp = rfc3339_utc(std::time::SystemTime::now());
+        // The flush at the end writes the log buffers the transaction seals
+        // (up to three), with one fdatasync, on this thread: no I/O thread
+        // is started for them meanwhile.
+        sled::defer_log_writes(|| self.append_flushed(entry, timestamp))
+    }
+}
+
+impl AuditLog {
+    /// [`AuditSink::append`]'s transaction and flush.
+    fn append_flushed(&self, entry: AuditEntry, timestamp: String) -> Result<AuditRecord, AuditError> {
         let result = (&self.records, &self.ids, &self.meta).transaction(|(records, ids, meta)| {
             let head: Head = match meta.get(HEAD_KEY)? {
                 Some(b) => serde_json::from_slice(&b).map_err(|e| {

@@ -242,6 +242,7 @@ pub use self::{
     db::{open, Db},
     iter::Iter,
     ivec::IVec,
+    pagecache::defer_log_writes,
     result::{Error, Result},
     subscriber::{Event, Subscriber},
     transaction::Transactional,

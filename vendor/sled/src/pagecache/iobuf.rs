@@ -118,6 +118,36 @@ thread_local! {
     static FLUSH_WRITES_ITSELF: std::cell::Cell<bool> = std::cell::Cell::new(false);
 }
 
+/// While alive, buffers this thread seals are queued for a flush on this
+/// thread to write, and start no I/O task; dropped, it restores what was
+/// set before.
+struct DeferredWrites(bool);
+
+impl DeferredWrites {
+    fn start() -> DeferredWrites {
+        DeferredWrites(FLUSH_WRITES_ITSELF.with(|f| f.replace(true)))
+    }
+}
+
+impl Drop for DeferredWrites {
+    fn drop(&mut self) {
+        FLUSH_WRITES_ITSELF.with(|f| f.set(self.0));
+    }
+}
+
+/// confine (CONFINE-PATCH.md 19): run `f`, which must end with a flush on
+/// this thread (`Db::flush`), with the log buffers this thread seals
+/// meanwhile left for that flush to write, instead of each starting a
+/// task on the I/O pool (whose first one starts a thread). A transaction
+/// over several trees seals up to three buffers; the flush after it then
+/// writes them all itself, with one `fdatasync`. Buffers left queued
+/// because `f` failed before its flush are written by the next flush or
+/// the next buffer sealed outside such a scope.
+pub fn defer_log_writes<R>(f: impl FnOnce() -> R) -> R {
+    let _deferred = DeferredWrites::start();
+    f()
+}
+
 /// confine: back-pressure for writers. Call it with no epoch pin held by
 /// this thread (a pin would keep retired buffers alive). A writer waits
 /// only while the I/O pool has writes pending, since only their end frees
@@ -1342,14 +1372,9 @@ pub(in crate::pagecache) fn flush(iobufs: &Arc<IoBufs>) -> Result<usize> {
         && !header::is_sealed(header)
         && iobuf.lsn <= max_reserved_lsn
     {
-        struct Reset;
-        impl Drop for Reset {
-            fn drop(&mut self) {
-                FLUSH_WRITES_ITSELF.with(|f| f.set(false));
-            }
-        }
-        FLUSH_WRITES_ITSELF.with(|f| f.set(true));
-        let _reset = Reset;
+        // Restores what was set before: a `defer_log_writes` scope
+        // around this flush stays in force after it.
+        let _reset = DeferredWrites::start();
         maybe_seal_and_write_iobuf(iobufs, &iobuf, header, false)?;
     }
     let batch = std::mem::take(&mut iobufs.ready_writes.lock().bufs);

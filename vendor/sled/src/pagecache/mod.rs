@@ -97,6 +97,7 @@ use self::{
 };
 
 pub(crate) use self::iobuf::wait_for_log_buffers;
+pub use self::iobuf::defer_log_writes;
 pub(crate) use self::{
     logger::{
         read_message, read_segment_header, MessageHeader, SegmentHeader,
