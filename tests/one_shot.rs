@@ -97,3 +97,43 @@ async fn a_one_shot_supervisor_runs_its_first_request_in_the_sandbox_built_early
     let left = cgroup_dirs(&ours);
     assert!(left.is_empty(), "the denied request's sandbox left cgroups behind: {left:?}");
 }
+
+/// The limits of a sandbox built before the decision are written while
+/// the stage builds it, after its spec: they must be in place before the
+/// job is released. A job over its memory limit in such a sandbox ends
+/// `oom`.
+#[tokio::test(flavor = "current_thread")]
+async fn a_sandbox_built_early_holds_its_job_to_its_limits() {
+    if !sandbox_available() {
+        return;
+    }
+    let (dir, repo) = scratch_repo();
+    let text = exec_config(&dir.path().join("store"), "demo", &repo);
+    let config = Config::parse(&text, &dir.path().join("confine.toml")).unwrap();
+    let req = ExecuteRequest {
+        // The start of the sandbox's pid 1 first, then the job becomes a
+        // process that touches 256 MiB.
+        code: Some(
+            "set -- $(cat /proc/1/stat); echo ${22}; exec python3 -c 'b = bytearray(256 << 20); print(\"survived\")'"
+                .into(),
+        ),
+        memory_bytes: Some(64 << 20),
+        render: confine::output::RenderOptions {
+            output_mode: confine::output::OutputMode::Summary,
+            ..Default::default()
+        },
+        repo_id: Some("demo".into()),
+        runtime: "shell".into(),
+        ..ExecuteRequest::default()
+    };
+    let sup = Supervisor::open_one_shot(config, Some(&req)).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let before = ticks_since_boot();
+    let resp = sup.execute(req, ExecControl::default()).await;
+    let stdout = resp.output.as_ref().and_then(|v| v.stdout_summary.clone()).unwrap_or_default();
+    let limits = resp.outcome.as_ref().map(|o| o.limits.clone());
+    assert_eq!(serde_json::to_value(resp.status).unwrap(), "oom", "{stdout} {:?} {limits:?}", resp.error);
+    assert!(!stdout.contains("survived"), "{stdout}");
+    let started: u64 = stdout.lines().next().unwrap_or_default().trim().parse().unwrap();
+    assert!(started < before, "the sandbox was not the one built before the decision");
+}

@@ -235,7 +235,14 @@ impl InitStage {
         // create a process before it has joined them. On an error here the
         // child is killed and reaped, having read no spec.
         let mut missing = Vec::new();
-        let cgroup = match job_cgroup(&job_id, spec, &mut missing) {
+        // A held job runs nothing of its request before its release, which
+        // comes after this returns: its limits are set after the spec is
+        // sent, while the stage builds the sandbox, instead of before. In
+        // degraded mode a limit the kernel refuses falls back to rlimits,
+        // which the spec carries: they are set first there, as for a job
+        // that is not held.
+        let limits_later = spec.hold && !spec.allow_degraded;
+        let cgroup = match job_cgroup(&job_id, spec, limits_later, &mut missing) {
             Ok(cgroup) => cgroup,
             Err(e) => {
                 let _ = child.kill().await;
@@ -249,6 +256,14 @@ impl InitStage {
         {
             let mut w = &ours;
             protocol::write_spec(&mut w, &init).map_err(SandboxError::Spawn)?;
+        }
+        if let (true, Some(cg)) = (limits_later, &cgroup) {
+            if let Err(e) = cg.apply_limits(&spec.limits) {
+                // Killed before its job was released; the cgroups go with
+                // `cg`, dropped.
+                let _ = child.kill().await;
+                return Err(SandboxError::Cgroup(e));
+            }
         }
         ours.set_nonblocking(true).map_err(SandboxError::Spawn)?;
         let ctl = tokio::net::UnixStream::from_std(ours).map_err(SandboxError::Spawn)?;
@@ -272,12 +287,18 @@ impl InitStage {
 /// The job's cgroups. Without them (rootless and not delegated, or no
 /// cgroupfs) the job still runs when it asked for no limit, or when
 /// degraded mode is allowed: then rlimits stand in and `missing` says so.
+/// `limits_later`: make the cgroups but leave the limits to the caller.
 fn job_cgroup(
     job_id: &str,
     spec: &JobSpec,
+    limits_later: bool,
     missing: &mut Vec<String>,
 ) -> Result<Option<cgroup::JobCgroup>, SandboxError> {
-    match cgroup::supervisor().and_then(|c| c.create(job_id, &spec.limits)) {
+    let create = |c: &cgroup::Cgroups| match limits_later {
+        true => c.create_unlimited(job_id, &spec.limits),
+        false => c.create(job_id, &spec.limits),
+    };
+    match cgroup::supervisor().and_then(create) {
         Ok(cg) => Ok(Some(cg)),
         // The operator's own setting is wrong: say so, whatever the limits.
         Err(e @ cgroup::CgroupError::BadParent(_)) => Err(SandboxError::Cgroup(e)),

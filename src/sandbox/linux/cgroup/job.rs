@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-pub(super) fn apply_limits(job: &JobCgroup, limits: &Limits) -> Result<(), CgroupError> {
+fn apply_limits(job: &JobCgroup, limits: &Limits) -> Result<(), CgroupError> {
     for dir in &job.dirs {
         if let (Some(bytes), true) = (limits.memory_bytes, dir.has("memory")) {
             match dir.version {
@@ -164,6 +164,12 @@ pub struct JobCgroup {
 }
 
 impl JobCgroup {
+    /// Set `limits` on the cgroups (those made for them by
+    /// [`super::Cgroups::create_unlimited`]).
+    pub fn apply_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        apply_limits(self, limits)
+    }
+
     pub(super) fn new(name: String, ops: FsOps) -> JobCgroup {
         JobCgroup {
             name,

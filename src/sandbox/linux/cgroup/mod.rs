@@ -37,7 +37,7 @@ mod v2;
 pub use job::{JobCgroup, Stats};
 pub use layout::{Hierarchy, Layout, LayoutKind, Version};
 
-use job::{apply_limits, kill_mode, read_pids, write_file, JobDir};
+use job::{kill_mode, read_pids, write_file, JobDir};
 
 use crate::job::Limits;
 use std::collections::BTreeMap;
@@ -275,6 +275,16 @@ impl Cgroups {
     /// Create the cgroups of job `job_id` and apply `limits`. Nothing is
     /// left behind on error.
     pub fn create(&self, job_id: &str, limits: &Limits) -> Result<JobCgroup, CgroupError> {
+        let job = self.create_unlimited(job_id, limits)?;
+        job.apply_limits(limits)?;
+        Ok(job)
+    }
+
+    /// Create the cgroups of job `job_id` with the controllers `limits`
+    /// need, but none of the limits yet: the caller applies them
+    /// ([`JobCgroup::apply_limits`]) before anything of the job runs.
+    /// Nothing is left behind on error.
+    pub fn create_unlimited(&self, job_id: &str, limits: &Limits) -> Result<JobCgroup, CgroupError> {
         if !valid_name(job_id) {
             return Err(CgroupError::BadName(job_id.into()));
         }
@@ -312,7 +322,6 @@ impl Cgroups {
                 });
             }
         }
-        apply_limits(&job, limits)?;
         job.kill = kill_mode(&job.dirs);
         Ok(job)
     }
