@@ -113,8 +113,9 @@ pub(crate) struct ReadyWrites {
 }
 
 thread_local! {
-    /// confine (CONFINE-PATCH.md 18): set while `flush` seals the buffer
-    /// it will write itself, so that queueing it starts no task.
+    /// confine (CONFINE-PATCH.md 18, 19): set while `flush` seals the
+    /// buffer it will write itself, and in a `defer_log_writes` scope, so
+    /// that queueing a buffer starts no task.
     static FLUSH_WRITES_ITSELF: std::cell::Cell<bool> = std::cell::Cell::new(false);
 }
 
