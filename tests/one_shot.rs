@@ -19,6 +19,20 @@ fn ticks_since_boot() -> u64 {
     (secs * hz) as u64
 }
 
+/// A shell request in repo `demo`, its output rendered as a summary.
+fn shell_request(code: String) -> ExecuteRequest {
+    ExecuteRequest {
+        code: Some(code),
+        render: confine::output::RenderOptions {
+            output_mode: confine::output::OutputMode::Summary,
+            ..Default::default()
+        },
+        repo_id: Some("demo".into()),
+        runtime: "shell".into(),
+        ..ExecuteRequest::default()
+    }
+}
+
 /// A one-shot supervisor (`open_one_shot`) builds its first request's
 /// sandbox before the policy has decided, the job held before its execve.
 /// The job then runs in that sandbox when the request is executed as
@@ -47,16 +61,9 @@ async fn a_one_shot_supervisor_runs_its_first_request_in_the_sandbox_built_early
     };
     let clamping = format!("\n[[policy.evaluators]]\npath = \"{}\"\n", clamp.display());
     let req = |code: &str, stdin: Option<&str>| ExecuteRequest {
-        // The start of the sandbox's pid 1, in ticks since boot, last.
-        code: Some(format!("{code}; set -- $(cat /proc/1/stat); echo ${{22}}")),
         stdin: stdin.map(str::to_string),
-        render: confine::output::RenderOptions {
-            output_mode: confine::output::OutputMode::Summary,
-            ..Default::default()
-        },
-        repo_id: Some("demo".into()),
-        runtime: "shell".into(),
-        ..ExecuteRequest::default()
+        // The start of the sandbox's pid 1, in ticks since boot, last.
+        ..shell_request(format!("{code}; set -- $(cat /proc/1/stat); echo ${{22}}"))
     };
     let cases = [
         // (what the supervisor was opened for, what it executes, its policy, expected stdout, built early)
@@ -111,20 +118,13 @@ async fn a_sandbox_built_early_holds_its_job_to_its_limits() {
     let text = exec_config(&dir.path().join("store"), "demo", &repo);
     let config = Config::parse(&text, &dir.path().join("confine.toml")).unwrap();
     let req = ExecuteRequest {
+        memory_bytes: Some(64 << 20),
         // The start of the sandbox's pid 1 first, then the job becomes a
         // process that touches 256 MiB.
-        code: Some(
+        ..shell_request(
             "set -- $(cat /proc/1/stat); echo ${22}; exec python3 -c 'b = bytearray(256 << 20); print(\"survived\")'"
                 .into(),
-        ),
-        memory_bytes: Some(64 << 20),
-        render: confine::output::RenderOptions {
-            output_mode: confine::output::OutputMode::Summary,
-            ..Default::default()
-        },
-        repo_id: Some("demo".into()),
-        runtime: "shell".into(),
-        ..ExecuteRequest::default()
+        )
     };
     let sup = Supervisor::open_one_shot(config, Some(&req)).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
