@@ -294,9 +294,12 @@ fn job_cgroup(
     limits_later: bool,
     missing: &mut Vec<String>,
 ) -> Result<Option<cgroup::JobCgroup>, SandboxError> {
-    let create = |c: &cgroup::Cgroups| match limits_later {
-        true => c.create_unlimited(job_id, &spec.limits),
-        false => c.create(job_id, &spec.limits),
+    let create = |c: &cgroup::Cgroups| {
+        if limits_later {
+            c.create_unlimited(job_id, &spec.limits)
+        } else {
+            c.create(job_id, &spec.limits)
+        }
     };
     match cgroup::supervisor().and_then(create) {
         Ok(cg) => Ok(Some(cg)),
