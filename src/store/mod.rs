@@ -43,14 +43,34 @@ pub struct Store {
 }
 
 impl Store {
-    /// Open (or create) the store at `path`.
+    /// Open (or create) the store at `path`. sled's flusher thread writes
+    /// and syncs what was written every 500 ms, whether or not anyone
+    /// flushed it.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, Some(500))
+    }
+
+    /// Open (or create) the store at `path` for a process that flushes
+    /// everything it writes before it exits (`confine exec`: the audit
+    /// append's flush covers the artifact too, and GC flushes its own): no
+    /// flusher thread. That thread would start while the job's sandbox is
+    /// built, and its first round `fsync`s the file (data and inode, ~1 ms
+    /// of the device here) while the store's own start syncs it too.
+    /// Measured with one binary, the flusher on and off (300–400 pairs,
+    /// each order): `confine exec` −0.02 to −0.07 ms on a fresh store, −0.04
+    /// to −0.24 ms on one aged by 5,000 runs, seven times in seven.
+    pub fn open_flushed_by_caller(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, None)
+    }
+
+    fn open_with(path: &Path, flush_every_ms: Option<u64>) -> Result<Store, StoreError> {
         let db = sled::Config::new()
             .path(path)
             // sled's default cache (1 GiB) lets a long-running supervisor keep
             // most artifact bytes it ever wrote resident; 16 MiB keeps RSS
             // flat (measured: see store/artifacts/sled_backend.rs).
             .cache_capacity(16 << 20)
+            .flush_every_ms(flush_every_ms)
             .open()
             .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
         Ok(Store { db })

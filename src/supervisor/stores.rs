@@ -60,7 +60,9 @@ impl StoreSlot {
         Ok(StoreSlot { ready: Arc::new(OnceLock::from(Ok(stores))), opener: Mutex::new(None), done })
     }
 
-    /// Start opening the store at `path` on a thread of its own.
+    /// Start opening the store at `path` on a thread of its own, for a
+    /// supervisor of one request: without sled's flusher thread
+    /// ([`Store::open_flushed_by_caller`]), since it flushes what it writes.
     pub(crate) fn open_in_background(path: PathBuf, gc_interval_secs: u64) -> Result<StoreSlot, SupervisorError> {
         let ready: Arc<OnceLock<Result<Stores, String>>> = Arc::new(OnceLock::new());
         let (tx, done) = tokio::sync::watch::channel(false);
@@ -68,7 +70,9 @@ impl StoreSlot {
         let opener = std::thread::Builder::new()
             .name("confine-store-open".into())
             .spawn(move || {
-                let opened = Store::open(&path)
+                // A supervisor for one request flushes every write it makes
+                // before it answers (the audit append) or exits (GC).
+                let opened = Store::open_flushed_by_caller(&path)
                     .map_err(SupervisorError::from)
                     .and_then(|s| Stores::open(s, gc_interval_secs))
                     .map_err(|e| e.to_string());
