@@ -52,8 +52,9 @@ impl Store {
 
     /// Open (or create) the store at `path` for a process that flushes
     /// everything it writes before it exits (`confine exec`: the audit
-    /// append's flush covers the artifact too, and GC flushes its own): no
-    /// flusher thread. That thread would start while the job's sandbox is
+    /// append's flush covers the artifact too, an append that fails is
+    /// followed by a flush of its own, and GC flushes its own): no flusher
+    /// thread. That thread would start while the job's sandbox is
     /// built, and its first round `fsync`s the file (data and inode, ~1 ms
     /// of the device here) while the store's own start syncs it too.
     /// Measured with one binary, the flusher on and off (300–400 pairs,

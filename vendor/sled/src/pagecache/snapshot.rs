@@ -506,8 +506,8 @@ struct SlotWrite {
 /// Returns an error if no snapshot is valid but one should be.
 /// Returns `Ok(Found { snapshot: None, .. })` if there was nothing written.
 fn read_snapshot(config: &RunningConfig) -> Result<Found> {
-    let mut best: Option<(Snapshot, Option<usize>)> = None;
     let mut slot_files = 0;
+    let mut intact: Vec<(SlotBytes, usize)> = Vec::with_capacity(SLOTS.len());
     for (i, name) in SLOTS.iter().enumerate() {
         let f = match std::fs::File::open(config.get_path().join(name)) {
             Ok(f) => f,
@@ -516,12 +516,24 @@ fn read_snapshot(config: &RunningConfig) -> Result<Found> {
         };
         slot_files += 1;
         match read_slot(&f)? {
-            Some(snap) => {
-                if best.as_ref().map_or(true, |(b, _)| snap.stable_lsn > b.stable_lsn) {
-                    best = Some((snap, Some(i)));
-                }
-            }
+            Some(bytes) => intact.push((bytes, i)),
             None => warn!("snapshot slot {} is torn or corrupt; not used", name),
+        }
+    }
+    // confine (CONFINE-PATCH.md 20): only the slot with the higher stable
+    // lsn, which leads the payload, is deserialized (the page table is
+    // most of a start's work on an old store); the other one only if that
+    // one does not deserialize, which is what the choice was before: the
+    // valid slot with the higher stable lsn.
+    intact.sort_by_key(|(bytes, _)| std::cmp::Reverse(bytes.stable_lsn));
+    let mut best: Option<(Snapshot, Option<usize>)> = None;
+    for (bytes, i) in intact {
+        match Snapshot::deserialize(&mut bytes.payload.as_slice()) {
+            Ok(snap) => {
+                best = Some((snap, Some(i)));
+                break;
+            }
+            Err(_) => warn!("snapshot slot {} does not deserialize; not used", SLOTS[i]),
         }
     }
 
@@ -556,8 +568,14 @@ fn read_snapshot(config: &RunningConfig) -> Result<Found> {
     Ok(Found { slot: best.as_ref().and_then(|b| b.1), snapshot: best.map(|b| b.0), legacy })
 }
 
-/// The snapshot in a slot file, `None` if it is torn or corrupt.
-fn read_slot(f: &std::fs::File) -> Result<Option<Snapshot>> {
+/// A slot's payload whose crc matched, and the stable lsn it starts with.
+struct SlotBytes {
+    stable_lsn: Option<Lsn>,
+    payload: Vec<u8>,
+}
+
+/// The payload of a slot file, `None` if it is torn or corrupt.
+fn read_slot(f: &std::fs::File) -> Result<Option<SlotBytes>> {
     let mut header = [0u8; SLOT_HEADER_LEN];
     match pread_exact(f, &mut header, 0) {
         Ok(()) => {}
@@ -607,7 +625,12 @@ fn read_slot(f: &std::fs::File) -> Result<Option<Snapshot>> {
         payload
     };
 
-    Ok(Snapshot::deserialize(&mut bytes.as_slice()).ok())
+    // `Snapshot` serializes its stable lsn first.
+    let Ok(stable_lsn) = <Option<Lsn>>::deserialize(&mut bytes.as_slice())
+    else {
+        return Ok(None);
+    };
+    Ok(Some(SlotBytes { stable_lsn, payload: bytes }))
 }
 
 /// A snapshot file as upstream sled wrote it (`snap.<lsn>`).
