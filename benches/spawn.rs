@@ -236,39 +236,55 @@ fn bench_config(dir: &std::path::Path) -> Option<String> {
     ))
 }
 
+/// A temp dir with a config of its own in it ([`bench_config`]), and that
+/// config's path.
+fn bench_dir() -> Option<(tempfile::TempDir, std::path::PathBuf)> {
+    let dir = tempfile::tempdir().ok()?;
+    let config = dir.path().join("confine.toml");
+    std::fs::write(&config, bench_config(dir.path())?).ok()?;
+    Some((dir, config))
+}
+
+/// The governed `exec` of the code `true` under config `cfg`.
+fn exec_argv<'a>(confine: &'a str, cfg: &'a str) -> [&'a str; 10] {
+    [confine, "--config", cfg, "exec", "--repo-id", "bench", "--runtime", "shell", "--code", "true"]
+}
+
+/// Run `argv` once; None, and its stderr printed, when it fails.
+fn succeeds(argv: &[&str]) -> Option<()> {
+    let out = Command::new(argv[0]).args(&argv[1..]).stdin(Stdio::null()).stdout(Stdio::null()).output();
+    match out {
+        Ok(out) if out.status.success() => Some(()),
+        Ok(out) => {
+            eprintln!("{}: {}", argv.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+            None
+        }
+        Err(e) => {
+            eprintln!("{}: {e}", argv.join(" "));
+            None
+        }
+    }
+}
+
 /// `confine run -- /bin/true` and the governed `confine exec` of the code
 /// `true`, each a process as a user starts it, interleaved run by run.
 fn governance_cli_cost(confine: &str, runs: usize, aged_config: Option<&std::path::Path>) -> Vec<Row> {
-    let Some(dir) = tempfile::tempdir().ok() else { return vec![] };
-    let config = dir.path().join("confine.toml");
-    let Some(text) = bench_config(dir.path()) else { return vec![] };
-    if std::fs::write(&config, text).is_err() {
-        return vec![];
-    }
+    let Some((_dir, config)) = bench_dir() else { return vec![] };
     let Some(cfg) = config.to_str() else { return vec![] };
-    let status = |argv: &[&str]| {
-        let out = Command::new(argv[0]).args(&argv[1..]).stdin(Stdio::null()).stdout(Stdio::null()).output().ok()?;
-        if !out.status.success() {
-            eprintln!("{}: {}", argv.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-            return None;
-        }
-        Some(())
-    };
     let run_argv = [confine, "run", "--", "/bin/true"];
-    let exec_argv = [confine, "--config", cfg, "exec", "--repo-id", "bench", "--runtime", "shell", "--code", "true"];
+    let exec = exec_argv(confine, cfg);
     // A control: what the shell runtime's bash costs to start over
     // /bin/true, in the same sandbox, so that the table shows how much of
     // the difference is governance and how much is bash.
     let bash_argv = [confine, "run", "--", "/bin/bash", "-c", "true"];
     let mut variants: Vec<Variant<'_>> = vec![
-        ("confine run -- /bin/true (CLI)", Box::new(move || status(&run_argv))),
-        ("confine exec --runtime shell --code true (CLI)", Box::new(move || status(&exec_argv))),
-        ("confine run -- /bin/bash -c true (CLI, control)", Box::new(move || status(&bash_argv))),
+        ("confine run -- /bin/true (CLI)", Box::new(move || succeeds(&run_argv))),
+        ("confine exec --runtime shell --code true (CLI)", Box::new(move || succeeds(&exec))),
+        ("confine run -- /bin/bash -c true (CLI, control)", Box::new(move || succeeds(&bash_argv))),
     ];
     if let Some(aged_cfg) = aged_config.and_then(|p| p.to_str()) {
-        let aged_argv =
-            [confine, "--config", aged_cfg, "exec", "--repo-id", "bench", "--runtime", "shell", "--code", "true"];
-        variants.push(("confine exec, the same, on an aged store (CLI)", Box::new(move || status(&aged_argv))));
+        let aged = exec_argv(confine, aged_cfg);
+        variants.push(("confine exec, the same, on an aged store (CLI)", Box::new(move || succeeds(&aged))));
     }
     interleaved("governance-cli", runs, variants).unwrap_or_default()
 }
@@ -277,23 +293,12 @@ fn governance_cli_cost(confine: &str, runs: usize, aged_config: Option<&std::pat
 /// and artifacts), in a temp dir with a config of its own, which is
 /// returned; a progress line every 500 runs.
 fn age_store(confine: &str, n: usize) -> Option<(tempfile::TempDir, std::path::PathBuf)> {
-    let dir = tempfile::tempdir().ok()?;
-    let config = dir.path().join("confine.toml");
-    std::fs::write(&config, bench_config(dir.path())?).ok()?;
-    let cfg = config.to_str()?;
-    let argv = [cfg, "exec", "--repo-id", "bench", "--runtime", "shell", "--code", "true"];
+    let (dir, config) = bench_dir()?;
+    let argv = exec_argv(confine, config.to_str()?);
     for i in 1..=n {
-        let out = Command::new(confine).arg("--config").args(argv).stdin(Stdio::null()).stdout(Stdio::null()).output();
-        match out {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => {
-                eprintln!("aging the store: run {i} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
-                return None;
-            }
-            Err(e) => {
-                eprintln!("aging the store: run {i}: {e}");
-                return None;
-            }
+        if succeeds(&argv).is_none() {
+            eprintln!("aging the store: run {i} failed");
+            return None;
         }
         if i % 500 == 0 || i == n {
             eprintln!("aging a store: {i}/{n} runs");
@@ -305,15 +310,8 @@ fn age_store(confine: &str, n: usize) -> Option<(tempfile::TempDir, std::path::P
 /// `confine exec` from the command line, with a config of its own in a
 /// temp dir (store, repository).
 fn exec_cli_row(confine: &str, runs: usize) -> Option<Row> {
-    let dir = tempfile::tempdir().ok()?;
-    let config = dir.path().join("confine.toml");
-    std::fs::write(&config, bench_config(dir.path())?).ok()?;
-    let cfg = config.to_str()?;
-    time(
-        "confine exec --runtime shell --code true (CLI)",
-        runs,
-        &[confine, "--config", cfg, "exec", "--repo-id", "bench", "--runtime", "shell", "--code", "true"],
-    )
+    let (_dir, config) = bench_dir()?;
+    time("confine exec --runtime shell --code true (CLI)", runs, &exec_argv(confine, config.to_str()?))
 }
 
 /// In-process variants timed interleaved, run by run, so that drift in the
