@@ -103,6 +103,13 @@ impl Store {
         self.db.range_syncs()
     }
 
+    /// How many sled pages the store uses: each start reads, loads and
+    /// writes back a table of them.
+    #[doc(hidden)]
+    pub fn pages_in_use(&self) -> u64 {
+        self.db.pages_in_use()
+    }
+
     /// Approximate on-disk size in bytes.
     pub fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)

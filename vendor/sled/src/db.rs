@@ -428,6 +428,13 @@ impl Db {
         self.context.pagecache.log.iobufs.syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// confine (CONFINE-PATCH.md 21): how many pages the database uses
+    /// (each start's work grows with it).
+    #[doc(hidden)]
+    pub fn pages_in_use(&self) -> u64 {
+        self.context.pagecache.pages_in_use()
+    }
+
     /// confine (CONFINE-PATCH.md 18): how many runs of log buffers were
     /// made stable without a sync (`sync_file_range`).
     #[doc(hidden)]

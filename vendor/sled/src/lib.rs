@@ -161,6 +161,11 @@ pub mod doc;
 mod threadpool {
     use super::{OneShot, Result};
 
+    /// No pool here: no task is ever handed to one.
+    pub fn tasks_submitted() -> usize {
+        0
+    }
+
     /// Just execute a task without involving threads.
     pub fn spawn<F, R>(work: F) -> Result<OneShot<R>>
     where
@@ -217,6 +222,13 @@ const DEFAULT_TREE_ID: &[u8] = b"__sled__default";
 
 /// hidden re-export of items for testing purposes
 #[doc(hidden)]
+/// confine (CONFINE-PATCH.md 22): how many tasks this process has handed
+/// to sled's I/O thread pool.
+#[doc(hidden)]
+pub fn io_pool_tasks() -> usize {
+    threadpool::tasks_submitted()
+}
+
 pub use {
     self::{
         config::RunningConfig,

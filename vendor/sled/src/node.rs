@@ -2,6 +2,14 @@ use std::{num::NonZeroU64, ops::Bound};
 
 use super::*;
 
+/// confine (CONFINE-PATCH.md 21): a leaf of more than 16 keys splits once
+/// its keys and values take more than this many bytes...
+const LEAF_SPLIT_BYTES: u64 = 16 * 1024;
+/// ...or once it has more than this many keys.
+const LEAF_SPLIT_KEYS: usize = 64;
+/// A leaf with fewer keys than this is merged into its left sibling.
+const LEAF_MERGE_BELOW: usize = 4;
+
 #[derive(Default, Debug, Clone, PartialEq)]
 pub struct Node {
     pub(crate) prefix_len: u8,
@@ -170,11 +178,20 @@ impl Node {
             old_prefix: &[u8],
             old_hi: &[u8],
             suffix_truncation: bool,
+            keep_left: bool,
         ) -> (IVec, u8, Vec<IVec>, Vec<T>)
         where
             T: Clone + Ord,
         {
-            let split_point = keys.len() / 2 + 1;
+            // confine (CONFINE-PATCH.md 21): the last leaf of a tree of
+            // small values keeps all but `LEAF_MERGE_BELOW` keys, since
+            // keys that grow (sequence numbers, time-stamped ids) never
+            // come back to fill a left half.
+            let split_point = if keep_left {
+                keys.len() - LEAF_MERGE_BELOW
+            } else {
+                keys.len() / 2 + 1
+            };
             let right_keys = keys.split_off(split_point);
             let right_values = values.split_off(split_point);
             let right_min = &right_keys[0];
@@ -241,6 +258,10 @@ impl Node {
             )
         }
 
+        let keep_left = !self.data.is_index()
+            && self.hi.is_empty()
+            && self.data.len() > 2 * LEAF_MERGE_BELOW
+            && self.data.rss() <= 2 * LEAF_SPLIT_BYTES;
         let prefixed_lo = &self.lo[..self.prefix_len as usize];
         let prefixed_hi = &self.hi;
         let (split, right_prefix_len, right_data) = match self.data {
@@ -251,6 +272,7 @@ impl Node {
                         &mut index.pointers,
                         prefixed_lo,
                         prefixed_hi,
+                        false,
                         false,
                     );
 
@@ -271,6 +293,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         true,
+                        keep_left,
                     );
 
                 (
@@ -605,7 +628,17 @@ impl Node {
             16
         };
 
-        let size_checks = self.data.len() > threshold;
+        // confine (CONFINE-PATCH.md 21): past 16 keys a leaf splits only
+        // once its keys and values take more than `LEAF_SPLIT_BYTES`, or
+        // past `LEAF_SPLIT_KEYS` keys: leaves of small records hold a few
+        // times more of them, and a store has that many fewer pages for
+        // every start to read, load and write back. A leaf of large values
+        // (artifact chunks) splits as before.
+        let size_checks = self.data.len() > threshold
+            && (cfg!(any(test, feature = "lock_free_delays"))
+                || self.data.is_index()
+                || self.data.len() > LEAF_SPLIT_KEYS
+                || self.data.rss() > LEAF_SPLIT_BYTES);
         let safety_checks = self.merging_child.is_none() && !self.merging;
 
         size_checks && safety_checks
@@ -617,7 +650,7 @@ impl Node {
         } else if self.data.is_index() {
             64
         } else {
-            4
+            LEAF_MERGE_BELOW
         };
 
         let size_checks = self.data.len() < threshold;

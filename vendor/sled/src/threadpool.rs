@@ -26,6 +26,14 @@ const DESIRED_WAITING_THREADS: usize = 7;
 static WAITING_THREAD_COUNT: AtomicUsize = AtomicUsize::new(0);
 static TOTAL_THREAD_COUNT: AtomicUsize = AtomicUsize::new(0);
 static SPAWNS: AtomicUsize = AtomicUsize::new(0);
+/// confine (CONFINE-PATCH.md 22): tasks ever handed to the pool.
+static TASKS: AtomicUsize = AtomicUsize::new(0);
+
+/// confine (CONFINE-PATCH.md 22): how many tasks this process has handed
+/// to the I/O pool.
+pub fn tasks_submitted() -> usize {
+    TASKS.load(Relaxed)
+}
 static SPAWNING: AtomicBool = AtomicBool::new(false);
 
 type Work = Box<dyn FnOnce() + Send + 'static>;
@@ -225,6 +233,7 @@ where
         promise_filler.fill(result);
     };
 
+    TASKS.fetch_add(1, Relaxed);
     let depth = QUEUE.send(Box::new(task));
 
     // confine: grow when more work is queued than threads wait for it

@@ -333,9 +333,10 @@ fn scan_segment_headers_and_tail(
         segments
     );
 
-    // A small log's headers are read here, in order: the pool's first use
-    // would start its threads (milliseconds on a small host) for a few
-    // page-cached reads of some bytes each. A large log scatters them.
+    // A log's headers are read here, in order: the pool's first use
+    // would start its threads (milliseconds on a small host) for
+    // page-cached reads of some bytes each. Only a log of over 1,024
+    // segments (512 MiB) scatters them (confine, CONFINE-PATCH.md 8, 22).
     let mut headers: Vec<(LogOffset, SegmentHeader)> = vec![];
     if segments <= INLINE_HEADER_READS {
         for idx in 0..segments {
@@ -478,8 +479,9 @@ fn check_contiguity_in_unstable_tail(
 /// and a set of segments that can be
 /// zeroed after the new snapshot is written,
 /// but no sooner, otherwise it is not crash-safe.
-/// Logs of at most this many segments have their headers read inline.
-const INLINE_HEADER_READS: u64 = 64;
+/// Logs of at most this many segments have their headers read inline
+/// (confine, CONFINE-PATCH.md 22: upstream read none inline, change 8 up to 64).
+const INLINE_HEADER_READS: u64 = 1024;
 
 pub fn raw_segment_iter_from(
     lsn: Lsn,

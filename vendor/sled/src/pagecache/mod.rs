@@ -806,6 +806,13 @@ impl Drop for PageCache {
 }
 
 impl PageCache {
+    /// confine (CONFINE-PATCH.md 21): the pages in use, which every start
+    /// reads from the snapshot, loads and writes back.
+    pub(crate) fn pages_in_use(&self) -> u64 {
+        let allocated = *self.next_pid_to_allocate.lock();
+        allocated.saturating_sub(self.free.lock().len() as u64)
+    }
+
     /// Instantiate a new `PageCache`.
     pub(crate) fn start(config: RunningConfig) -> Result<Self> {
         trace!("starting pagecache");
