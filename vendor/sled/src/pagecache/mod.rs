@@ -77,6 +77,19 @@ pub(crate) fn fill_if_differs(
     Ok(wrote)
 }
 
+/// confine (CONFINE-PATCH.md 23): whether the first `len` bytes at
+/// `offset` are all `byte` (false when the file ends before).
+pub(crate) fn starts_with_fill(
+    file: &std::fs::File,
+    byte: u8,
+    len: usize,
+    offset: LogOffset,
+) -> std::io::Result<bool> {
+    let mut buf = vec![0; len];
+    let read = pread_exact_or_eof(file, &mut buf, offset)?;
+    Ok(read == len && !differs_from(&buf, byte))
+}
+
 /// Whether any of `bytes` is not `byte`. An OR over XORs vectorises; an
 /// early-exit search does not.
 fn differs_from(bytes: &[u8], byte: u8) -> bool {

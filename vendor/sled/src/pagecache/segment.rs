@@ -58,6 +58,10 @@
 
 use std::{collections::BTreeSet, mem};
 
+/// confine (CONFINE-PATCH.md 23): the start of a free segment that tells
+/// it was filled.
+const FILLED_PREFIX: usize = 4096;
+
 use super::PageState;
 
 use crate::pagecache::*;
@@ -635,6 +639,20 @@ impl SegmentAccountant {
         for segment_base in to_free {
             self.free_segment(segment_base)?;
             io_fail!(self.config, "zero garbage segment SA");
+            // confine (CONFINE-PATCH.md 23): a free segment whose first 4
+            // KiB hold the marker was filled by an earlier start and not
+            // used since (a use writes its header there first): it is not
+            // read through again. Recovery skips a segment by its header,
+            // and in a segment used again the bytes after its last message
+            // fail the crc and segment-number checks of `read_message`.
+            if starts_with_fill(
+                &self.config.file,
+                MessageKind::Corrupted.into(),
+                FILLED_PREFIX.min(self.config.segment_size),
+                segment_base,
+            )? {
+                continue;
+            }
             // confine: only the chunks that differ (`fill_if_differs`).
             fill_if_differs(
                 &self.config.file,
