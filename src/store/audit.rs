@@ -8,6 +8,15 @@
 //! sled transaction (records, id index and chain head together), so
 //! concurrent callers can't fork the chain, and are flushed before
 //! [`AuditSink::append`] returns. Records are never rewritten here.
+//!
+//! Old records are sealed: once 2 × [`SEAL_BLOCK`] records are live, the
+//! oldest [`SEAL_BLOCK`] move, byte for byte, into one gzip block of their
+//! JSON lines, and their ids leave the id index, in one transaction. A
+//! store is then a few pages bigger per thousand records instead of about
+//! seventy, and every start of sled reads, loads and writes back a table
+//! of its pages: without sealing, each `confine exec` paid for the whole
+//! history. `verify`, `export`, `list` and `get` read blocks and live
+//! records as one chain; an edit inside a block breaks it as before.
 
 use super::{Store, StoreError};
 use crate::job::{Outcome, Status};
@@ -23,6 +32,11 @@ pub const IDS_TREE: &str = "audit_ids";
 /// The chain head: the last sequence number and record hash.
 pub const META_TREE: &str = "audit_meta";
 const HEAD_KEY: &[u8] = b"head";
+/// Sealed records: the block's first sequence number (big-endian) → gzip
+/// of its records' stored JSON, one per line, oldest first.
+pub const BLOCKS_TREE: &str = "audit_blocks";
+/// Records per sealed block.
+pub const SEAL_BLOCK: u64 = 1024;
 
 /// `prevHash` of the first record.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -167,12 +181,31 @@ pub struct AuditLog {
     records: sled::Tree,
     ids: sled::Tree,
     meta: sled::Tree,
+    blocks: sled::Tree,
+    /// Records per sealed block: [`SEAL_BLOCK`], smaller in tests.
+    block_len: u64,
 }
 
 #[derive(Serialize, Deserialize)]
 struct Head {
     seq: u64,
     hash: String,
+    /// Records `1..=sealed` are in blocks (absent before sealing existed).
+    #[serde(default)]
+    sealed: u64,
+}
+
+/// One stored record, in chain order: where it was found and its JSON.
+enum Stored {
+    Record {
+        seq: u64,
+        json: Vec<u8>,
+    },
+    /// A block that did not decompress: the records from `seq` on are lost.
+    BadBlock {
+        seq: u64,
+        message: String,
+    },
 }
 
 impl AuditLog {
@@ -182,7 +215,139 @@ impl AuditLog {
             records: store.tree(RECORDS_TREE)?,
             ids: store.tree(IDS_TREE)?,
             meta: store.tree(META_TREE)?,
+            blocks: store.tree(BLOCKS_TREE)?,
+            block_len: SEAL_BLOCK,
         })
+    }
+
+    /// The same log, sealing blocks of `block_len` records (tests).
+    #[doc(hidden)]
+    pub fn with_block_len(mut self, block_len: u64) -> AuditLog {
+        self.block_len = block_len.max(1);
+        self
+    }
+
+    fn head(&self) -> Result<Head, AuditError> {
+        match self.meta.get(HEAD_KEY).map_err(StoreError::from)? {
+            Some(b) => serde_json::from_slice(&b)
+                .map_err(|e| AuditError::Corrupt { seq: 0, message: format!("chain head: {e}") }),
+            None => Ok(Head { seq: 0, hash: GENESIS.to_string(), sealed: 0 }),
+        }
+    }
+
+    /// The lines of the block stored under `key`, oldest first.
+    fn block_lines(key: &[u8], body: &[u8]) -> Result<Vec<Vec<u8>>, AuditError> {
+        use std::io::Read;
+        let mut text = Vec::new();
+        flate2::read::GzDecoder::new(body)
+            .read_to_end(&mut text)
+            .map_err(|e| AuditError::Corrupt { seq: Self::seq_of(key), message: format!("sealed block: {e}") })?;
+        Ok(text.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect())
+    }
+
+    /// Every stored record, oldest first: the sealed blocks', then the
+    /// live ones. A block's records are numbered from its key on.
+    fn stored_in_order(&self) -> impl Iterator<Item = Result<Stored, AuditError>> + '_ {
+        let sealed = self.blocks.iter().flat_map(|kv| -> Vec<Result<Stored, AuditError>> {
+            let (k, v) = match kv {
+                Ok(kv) => kv,
+                Err(e) => return vec![Err(StoreError::from(e).into())],
+            };
+            let first = Self::seq_of(&k);
+            match Self::block_lines(&k, &v) {
+                Ok(lines) => {
+                    lines.into_iter().zip(first..).map(|(json, seq)| Ok(Stored::Record { seq, json })).collect()
+                }
+                Err(e) => vec![Ok(Stored::BadBlock { seq: first, message: e.to_string() })],
+            }
+        });
+        let live = self.records.iter().map(|kv| {
+            let (k, v) = kv.map_err(StoreError::from)?;
+            Ok(Stored::Record { seq: Self::seq_of(&k), json: v.to_vec() })
+        });
+        sealed.chain(live)
+    }
+
+    /// Whether enough records are live for [`AuditLog::seal`] to seal a
+    /// block (a read of the chain head).
+    pub fn seal_due(&self) -> Result<bool, AuditError> {
+        let head = self.head()?;
+        Ok(head.seq.saturating_sub(head.sealed) >= 2 * self.block_len)
+    }
+
+    /// Seal the oldest live records into blocks while 2 × the block length
+    /// are live, and flush. Returns how many records were sealed. A gap in
+    /// the live records stops it: a broken chain is left as it is, for
+    /// `verify` to report.
+    pub fn seal(&self) -> Result<u64, AuditError> {
+        let mut sealed = 0;
+        loop {
+            let head = self.head()?;
+            if head.seq.saturating_sub(head.sealed) < 2 * self.block_len {
+                break;
+            }
+            let (first, last) = (head.sealed + 1, head.sealed + self.block_len);
+            let mut body = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            let mut ids = Vec::new();
+            let mut expected = first;
+            for kv in self.records.range(first.to_be_bytes()..=last.to_be_bytes()) {
+                let (k, v) = kv.map_err(StoreError::from)?;
+                let seq = Self::seq_of(&k);
+                if seq != expected {
+                    tracing::warn!(seq = expected, "audit record missing: not sealing (run `confine audit verify`)");
+                    return Ok(sealed);
+                }
+                let record = Self::decode(seq, &v)?;
+                ids.push(record.entry.id);
+                std::io::Write::write_all(&mut body, &v)?;
+                std::io::Write::write_all(&mut body, b"\n")?;
+                expected += 1;
+            }
+            if expected != last + 1 {
+                tracing::warn!(seq = expected, "audit record missing: not sealing (run `confine audit verify`)");
+                return Ok(sealed);
+            }
+            let body = body.finish()?;
+            let moved =
+                (&self.records, &self.ids, &self.meta, &self.blocks).transaction(|(records, id_tree, meta, blocks)| {
+                    let now: Head = match meta.get(HEAD_KEY)? {
+                        Some(b) => serde_json::from_slice(&b).map_err(|e| {
+                            ConflictableTransactionError::Abort(AuditError::Corrupt {
+                                seq: 0,
+                                message: format!("chain head: {e}"),
+                            })
+                        })?,
+                        None => return Ok(false),
+                    };
+                    if now.sealed != head.sealed {
+                        // Another sealer took this block: look again.
+                        return Ok(false);
+                    }
+                    for seq in first..=last {
+                        records.remove(&seq.to_be_bytes())?;
+                    }
+                    for id in &ids {
+                        id_tree.remove(id.as_bytes())?;
+                    }
+                    blocks.insert(&first.to_be_bytes(), body.as_slice())?;
+                    let new_head = Head { sealed: last, ..now };
+                    let json = serde_json::to_vec(&new_head).map_err(|e| {
+                        ConflictableTransactionError::Abort(AuditError::Corrupt { seq: 0, message: e.to_string() })
+                    })?;
+                    meta.insert(HEAD_KEY, json)?;
+                    Ok(true)
+                });
+            match moved {
+                Ok(true) => sealed += self.block_len,
+                Ok(false) => {}
+                Err(TransactionError::Abort(e)) => return Err(e),
+                Err(TransactionError::Storage(e)) => return Err(StoreError::Db(e).into()),
+            }
+        }
+        if sealed > 0 {
+            self.store.flush()?;
+        }
+        Ok(sealed)
     }
 
     fn decode(seq: u64, bytes: &[u8]) -> Result<AuditRecord, AuditError> {
@@ -200,23 +365,56 @@ impl AuditLog {
             let (k, v) = kv.map_err(StoreError::from)?;
             out.push(Self::decode(Self::seq_of(&k), &v)?);
         }
+        for kv in self.blocks.iter().rev() {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = kv.map_err(StoreError::from)?;
+            let lines = Self::block_lines(&k, &v)?;
+            let first = Self::seq_of(&k);
+            for (seq, json) in (first..).zip(lines.iter()).collect::<Vec<_>>().into_iter().rev() {
+                if out.len() >= limit {
+                    break;
+                }
+                out.push(Self::decode(seq, json)?);
+            }
+        }
         Ok(out)
     }
 
-    /// The record of job `id`.
+    /// The record of job `id`: from the id index while it is live, else
+    /// by looking through the sealed blocks, newest first.
     pub fn get(&self, id: &str) -> Result<AuditRecord, AuditError> {
-        let seq = self.ids.get(id).map_err(StoreError::from)?.ok_or_else(|| AuditError::NotFound(id.into()))?;
-        let bytes = self.records.get(&seq).map_err(StoreError::from)?.ok_or_else(|| AuditError::NotFound(id.into()))?;
-        Self::decode(Self::seq_of(&seq), &bytes)
+        if let Some(seq) = self.ids.get(id).map_err(StoreError::from)? {
+            if let Some(bytes) = self.records.get(&seq).map_err(StoreError::from)? {
+                return Self::decode(Self::seq_of(&seq), &bytes);
+            }
+        }
+        let needle = serde_json::to_string(id).map(|q| format!("\"id\":{q}")).unwrap_or_default();
+        for kv in self.blocks.iter().rev() {
+            let (k, v) = kv.map_err(StoreError::from)?;
+            let first = Self::seq_of(&k);
+            for (seq, json) in (first..).zip(Self::block_lines(&k, &v)?) {
+                if !json.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    continue;
+                }
+                let record = Self::decode(seq, &json)?;
+                if record.entry.id == id {
+                    return Ok(record);
+                }
+            }
+        }
+        Err(AuditError::NotFound(id.into()))
     }
 
-    /// Number of records.
+    /// Number of records, sealed and live.
     pub fn len(&self) -> usize {
-        self.records.len()
+        let sealed = self.head().map_or(0, |h| h.sealed);
+        sealed as usize + self.records.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.len() == 0
     }
 
     /// Walk the chain from the first record and report the first broken
@@ -229,9 +427,13 @@ impl AuditLog {
         let broken = |seq, id, reason: String, checked| {
             Ok(VerifyReport { records: checked, first_broken: Some(BrokenLink { seq, id, reason }) })
         };
-        for kv in self.records.iter() {
-            let (k, v) = kv.map_err(StoreError::from)?;
-            let seq = Self::seq_of(&k);
+        for stored in self.stored_in_order() {
+            let (seq, v) = match stored? {
+                Stored::Record { seq, json } => (seq, json),
+                Stored::BadBlock { seq, message } => {
+                    return broken(seq, None, format!("unreadable: {message}"), checked)
+                }
+            };
             let record = match Self::decode(seq, &v) {
                 Ok(r) => r,
                 Err(e) => return broken(seq, None, format!("unreadable: {e}"), checked),
@@ -278,9 +480,11 @@ impl AuditLog {
     /// Write every record as one JSON line, oldest first (for SIEM ingestion).
     pub fn export_jsonl(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
         let mut n = 0;
-        for kv in self.records.iter() {
-            let (k, v) = kv.map_err(StoreError::from)?;
-            let record = Self::decode(Self::seq_of(&k), &v)?;
+        for stored in self.stored_in_order() {
+            let record = match stored? {
+                Stored::Record { seq, json } => Self::decode(seq, &json)?,
+                Stored::BadBlock { seq, message } => return Err(AuditError::Corrupt { seq, message }),
+            };
             let line = serde_json::to_string(&record)
                 .map_err(|e| AuditError::Corrupt { seq: record.seq, message: e.to_string() })?;
             writeln!(out, "{line}")?;
@@ -312,7 +516,7 @@ impl AuditLog {
                         message: format!("chain head: {e}"),
                     })
                 })?,
-                None => Head { seq: 0, hash: GENESIS.to_string() },
+                None => Head { seq: 0, hash: GENESIS.to_string(), sealed: 0 },
             };
             let mut record = AuditRecord {
                 seq: head.seq + 1,
@@ -328,7 +532,7 @@ impl AuditLog {
             let key = record.seq.to_be_bytes();
             records.insert(&key, serde_json::to_vec(&record).map_err(abort)?)?;
             ids.insert(record.entry.id.as_bytes(), &key)?;
-            let new_head = Head { seq: record.seq, hash: record.record_hash.clone() };
+            let new_head = Head { seq: record.seq, hash: record.record_hash.clone(), sealed: head.sealed };
             meta.insert(HEAD_KEY, serde_json::to_vec(&new_head).map_err(abort)?)?;
             Ok(record)
         });

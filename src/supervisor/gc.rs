@@ -1,7 +1,9 @@
 //! When artifact GC runs by itself: after a job, at most once every
 //! `output.gc_interval_secs`, on a blocking thread, after the response's
 //! audit record and artifact were flushed and without the caller waiting.
-//! (How GC works is [`crate::store::artifacts`]'s business.)
+//! (How GC works is [`crate::store::artifacts`]'s business.) The audit
+//! trail's sealing of old records ([`crate::store::audit`]) runs the same
+//! way, whenever enough records are live, whatever the interval.
 //!
 //! The time of the last run is kept in the store, so one-shot supervisors
 //! (`confine exec` in a CI loop) share the interval instead of collecting
@@ -10,6 +12,7 @@
 //! removed. `confine gc` still runs it by hand.
 
 use crate::store::artifacts::Artifacts;
+use crate::store::audit::AuditLog;
 use crate::store::{Store, StoreError};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -53,11 +56,37 @@ impl GcSchedule {
     }
 }
 
-/// Collect on a blocking thread of the current tokio runtime, or here
-/// when there is none. Never fails the caller: a failed GC is logged, and
-/// the next one tries again.
-pub(crate) fn spawn(artifacts: Artifacts, max_total_bytes: u64) -> Option<tokio::task::JoinHandle<()>> {
-    let collect = move || match artifacts.gc(max_total_bytes) {
+/// Collect the artifacts (when given) and seal old audit records (when
+/// given) on a blocking thread of the current tokio runtime, or here when
+/// there is none. Never fails the caller: a failure is logged, and the
+/// next run tries again.
+pub(crate) fn spawn(
+    artifacts: Option<Artifacts>,
+    audit: Option<AuditLog>,
+    max_total_bytes: u64,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let collect = move || {
+        if let Some(audit) = audit {
+            match audit.seal() {
+                Ok(n) => tracing::info!(sealed = n, "audit records sealed"),
+                Err(e) => tracing::warn!(error = %e, "sealing audit records failed (the next job tries again)"),
+            }
+        }
+        if let Some(artifacts) = artifacts {
+            collect_artifacts(&artifacts, max_total_bytes);
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => Some(rt.spawn_blocking(collect)),
+        Err(_) => {
+            collect();
+            None
+        }
+    }
+}
+
+fn collect_artifacts(artifacts: &Artifacts, max_total_bytes: u64) {
+    match artifacts.gc(max_total_bytes) {
         Ok(r) => tracing::info!(
             expired = r.expired,
             incomplete = r.incomplete,
@@ -68,13 +97,6 @@ pub(crate) fn spawn(artifacts: Artifacts, max_total_bytes: u64) -> Option<tokio:
             "artifact gc"
         ),
         Err(e) => tracing::warn!(error = %e, "artifact gc failed (`confine gc` runs it by hand)"),
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => Some(rt.spawn_blocking(collect)),
-        Err(_) => {
-            collect();
-            None
-        }
     }
 }
 
@@ -99,6 +121,52 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         Store::open(dir).unwrap()
+    }
+
+    fn entry(id: &str) -> crate::store::audit::AuditEntry {
+        crate::store::audit::AuditEntry {
+            id: id.into(),
+            repo_id: None,
+            runtime: "shell".into(),
+            operation: "execute".into(),
+            executable: "bash".into(),
+            args_sha256: String::new(),
+            cwd: ".".into(),
+            allowed: true,
+            deny_reasons: vec![],
+            policy_digest: String::new(),
+            audit_hash: String::new(),
+            status: crate::job::Status::Success,
+            duration_ms: 1,
+            queued_ms: 0,
+            exit_code: Some(0),
+            signal: None,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        }
+    }
+
+    /// What the supervisor starts after a job when sealing is due: the
+    /// audit log's old records are sealed, with or without an artifact GC
+    /// beside it, and the chain still verifies.
+    #[test]
+    fn a_due_seal_runs_in_the_background_collection() {
+        use crate::store::audit::AuditSink;
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_store(dir.path());
+        let log = AuditLog::open(&store).unwrap().with_block_len(3);
+        for i in 0..5 {
+            log.append(entry(&format!("job-{i}"))).unwrap();
+        }
+        assert!(!log.seal_due().unwrap(), "5 live records, blocks of 3: not due");
+        log.append(entry("job-5")).unwrap();
+        assert!(log.seal_due().unwrap());
+        // No tokio runtime here: the collection runs on this thread.
+        assert!(spawn(None, Some(log.clone()), 0).is_none());
+        assert!(!log.seal_due().unwrap());
+        assert_eq!(store.tree(crate::store::audit::BLOCKS_TREE).unwrap().len(), 1);
+        assert_eq!(log.verify().unwrap().records, 6);
+        assert!(log.verify().unwrap().ok());
     }
 
     #[test]

@@ -202,13 +202,20 @@ impl Supervisor {
         })
     }
 
-    /// After a job: start artifact GC in the background when one is due
-    /// (`supervisor/gc.rs` says when). Returns at once.
+    /// After a job: start artifact GC and the sealing of old audit records
+    /// in the background when they are due (`supervisor/gc.rs` says when).
+    /// Returns at once.
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub(crate) fn collect_garbage_if_due(&self) {
         let Ok(stores) = self.stores.get() else { return };
-        if stores.gc.claim(crate::store::artifacts::now_ms()) {
-            let handle = gc::spawn(stores.artifacts.clone(), self.config.output.max_store_bytes);
+        let collect = stores.gc.claim(crate::store::artifacts::now_ms());
+        let seal = stores.audit.seal_due().unwrap_or(false);
+        if collect || seal {
+            let handle = gc::spawn(
+                collect.then(|| stores.artifacts.clone()),
+                seal.then(|| stores.audit.clone()),
+                self.config.output.max_store_bytes,
+            );
             if let Ok(mut pending) = self.pending_gc.lock() {
                 *pending = handle;
             }

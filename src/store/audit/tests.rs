@@ -234,3 +234,139 @@ fn an_append_writes_its_log_buffers_with_its_own_flush() {
     assert!(store.file_syncs() - syncs >= 20, "every append is durable");
     assert!(log.verify().unwrap().ok());
 }
+
+/// A log that seals blocks of 4 records, with `n` records appended.
+fn sealing_log(n: u64) -> (tempfile::TempDir, Store, AuditLog, Vec<AuditRecord>) {
+    let (dir, store, log) = open();
+    let log = log.with_block_len(4);
+    let appended = (1..=n).map(|i| log.append(entry(&format!("job-{i}"))).unwrap()).collect();
+    (dir, store, log, appended)
+}
+
+fn export(log: &AuditLog) -> String {
+    let mut out = Vec::new();
+    log.export_jsonl(&mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn sealed_records_stay_one_chain_for_every_reader() {
+    let (_d, store, log, appended) = sealing_log(20);
+    let before = export(&log);
+    assert!(log.seal_due().unwrap());
+    // 20 live: blocks of 4 are sealed while 8 or more are live.
+    assert_eq!(log.seal().unwrap(), 16);
+    assert!(!log.seal_due().unwrap());
+    assert_eq!(log.seal().unwrap(), 0, "nothing more is due");
+    assert_eq!(store.tree(BLOCKS_TREE).unwrap().len(), 4);
+    assert_eq!(store.tree(RECORDS_TREE).unwrap().len(), 4, "the newest 4 stay live");
+    assert_eq!(store.tree(IDS_TREE).unwrap().len(), 4, "sealed ids leave the index");
+
+    assert_eq!(log.verify().unwrap(), VerifyReport { records: 20, first_broken: None });
+    assert_eq!(log.len(), 20);
+    assert_eq!(export(&log), before, "the export is the same, byte for byte");
+    let listed: Vec<u64> = log.list(7).unwrap().iter().map(|r| r.seq).collect();
+    assert_eq!(listed, [20, 19, 18, 17, 16, 15, 14], "newest first, across the seal");
+    assert_eq!(log.list(100).unwrap().len(), 20);
+    assert_eq!(log.get("job-3").unwrap(), appended[2], "a sealed record is found by id");
+    assert_eq!(log.get("job-19").unwrap(), appended[18]);
+    assert!(matches!(log.get("job-21"), Err(AuditError::NotFound(_))));
+
+    // The chain goes on from the live head.
+    let next = log.append(entry("job-21")).unwrap();
+    assert_eq!(next.prev_hash, appended[19].record_hash);
+    assert_eq!(log.verify().unwrap().records, 21);
+}
+
+#[test]
+fn sealing_survives_a_reopen_and_goes_on() {
+    let (dir, store, log, _) = sealing_log(9);
+    assert_eq!(log.seal().unwrap(), 4);
+    drop((log, store));
+    let store = Store::open(dir.path()).unwrap();
+    let log = AuditLog::open(&store).unwrap().with_block_len(4);
+    for i in 10..=16 {
+        log.append(entry(&format!("job-{i}"))).unwrap();
+    }
+    assert_eq!(log.seal().unwrap(), 8);
+    assert_eq!(log.verify().unwrap(), VerifyReport { records: 16, first_broken: None });
+    let seqs: Vec<u64> = export(&log).lines().map(|l| serde_json::from_str::<AuditRecord>(l).unwrap().seq).collect();
+    assert_eq!(seqs, (1..=16).collect::<Vec<_>>());
+}
+
+/// Rewrite the block stored under `first` with `edit` applied to its lines.
+fn edit_block(store: &Store, first: u64, edit: impl FnOnce(&mut Vec<String>)) {
+    use std::io::{Read, Write};
+    let blocks = store.tree(BLOCKS_TREE).unwrap();
+    let body = blocks.get(first.to_be_bytes()).unwrap().unwrap();
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&body[..]).read_to_string(&mut text).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    edit(&mut lines);
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all((lines.join("\n") + "\n").as_bytes()).unwrap();
+    blocks.insert(first.to_be_bytes(), z.finish().unwrap()).unwrap();
+}
+
+#[test]
+fn an_edit_inside_a_sealed_block_breaks_verify_at_that_record() {
+    let (_d, store, log, _) = sealing_log(12);
+    assert_eq!(log.seal().unwrap(), 8);
+    edit_block(&store, 5, |lines| {
+        let mut v: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+        v["allowed"] = serde_json::json!(!v["allowed"].as_bool().unwrap());
+        lines[1] = v.to_string();
+    });
+    let report = log.verify().unwrap();
+    let broken = report.first_broken.unwrap();
+    assert_eq!((broken.seq, broken.id.as_deref()), (6, Some("job-6")));
+    assert!(broken.reason.contains("edited"), "{}", broken.reason);
+    assert_eq!(report.records, 5);
+}
+
+#[test]
+fn a_removed_or_unreadable_block_breaks_verify() {
+    let (_d, store, log, _) = sealing_log(16);
+    assert_eq!(log.seal().unwrap(), 12);
+    // A record dropped from inside a block: the next one is out of place.
+    edit_block(&store, 5, |lines| {
+        lines.remove(2);
+    });
+    let broken = log.verify().unwrap().first_broken.unwrap();
+    assert_eq!(broken.seq, 7);
+    assert!(broken.reason.contains("expected record 7"), "{}", broken.reason);
+    // A block removed whole.
+    let blocks = store.tree(BLOCKS_TREE).unwrap();
+    blocks.remove(5u64.to_be_bytes()).unwrap();
+    let broken = log.verify().unwrap().first_broken.unwrap();
+    assert_eq!(broken.seq, 9, "{broken:?}");
+    // A block that does not decompress.
+    blocks.insert(9u64.to_be_bytes(), &b"not gzip"[..]).unwrap();
+    blocks.insert(5u64.to_be_bytes(), &b"not gzip"[..]).unwrap();
+    let broken = log.verify().unwrap().first_broken.unwrap();
+    assert!(broken.seq == 5 && broken.reason.starts_with("unreadable"), "{broken:?}");
+    assert!(matches!(log.export_jsonl(&mut Vec::new()), Err(AuditError::Corrupt { seq: 5, .. })));
+}
+
+/// Sealing is what keeps an old store's start cheap: sled reads, loads
+/// and writes back a table of its pages at every start (each `confine
+/// exec`), and the audit trail is the part of the store that is kept
+/// forever. 6,000 records with sealing (as the supervisor does it after
+/// each job) use under half the pages they use without.
+#[test]
+fn sealing_keeps_the_pages_of_a_long_trail_few() {
+    let pages_after = |seal: bool| {
+        let (_d, store, log) = open();
+        for i in 1..=6000 {
+            log.append(entry(&format!("job-{i}"))).unwrap();
+            if seal && log.seal_due().unwrap() {
+                log.seal().unwrap();
+            }
+        }
+        assert_eq!(log.verify().unwrap(), VerifyReport { records: 6000, first_broken: None });
+        store.pages_in_use()
+    };
+    let (sealed, unsealed) = (pages_after(true), pages_after(false));
+    println!("6,000 audit records: {sealed} pages sealed, {unsealed} unsealed");
+    assert!(sealed * 2 < unsealed, "{sealed} pages sealed, {unsealed} unsealed");
+}
