@@ -370,3 +370,15 @@ fn sealing_keeps_the_pages_of_a_long_trail_few() {
     println!("6,000 audit records: {sealed} pages sealed, {unsealed} unsealed");
     assert!(sealed * 2 < unsealed, "{sealed} pages sealed, {unsealed} unsealed");
 }
+
+#[test]
+fn a_gap_in_the_live_records_stops_sealing_and_verify_still_finds_it() {
+    let (_d, store, log, _) = sealing_log(16);
+    store.tree(RECORDS_TREE).unwrap().remove(6u64.to_be_bytes()).unwrap();
+    // The first block (1–4) is whole and sealed; the next one has a gap.
+    assert_eq!(log.seal().unwrap(), 4);
+    assert_eq!(store.tree(BLOCKS_TREE).unwrap().len(), 1);
+    let broken = log.verify().unwrap().first_broken.unwrap();
+    assert_eq!(broken.seq, 7, "{broken:?}");
+    assert!(broken.reason.contains("expected record 6"), "{}", broken.reason);
+}
