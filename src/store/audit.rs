@@ -227,6 +227,18 @@ impl AuditLog {
         self
     }
 
+    /// The chain head as a transaction on the meta tree sees it.
+    fn head_in(
+        meta: &sled::transaction::TransactionalTree,
+    ) -> Result<Option<Head>, ConflictableTransactionError<AuditError>> {
+        match meta.get(HEAD_KEY)? {
+            Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+                ConflictableTransactionError::Abort(AuditError::Corrupt { seq: 0, message: format!("chain head: {e}") })
+            }),
+            None => Ok(None),
+        }
+    }
+
     fn head(&self) -> Result<Head, AuditError> {
         match self.meta.get(HEAD_KEY).map_err(StoreError::from)? {
             Some(b) => serde_json::from_slice(&b)
@@ -318,15 +330,7 @@ impl AuditLog {
             let body = body.finish()?;
             let moved =
                 (&self.records, &self.ids, &self.meta, &self.blocks).transaction(|(records, id_tree, meta, blocks)| {
-                    let now: Head = match meta.get(HEAD_KEY)? {
-                        Some(b) => serde_json::from_slice(&b).map_err(|e| {
-                            ConflictableTransactionError::Abort(AuditError::Corrupt {
-                                seq: 0,
-                                message: format!("chain head: {e}"),
-                            })
-                        })?,
-                        None => return Ok(false),
-                    };
+                    let Some(now) = Self::head_in(meta)? else { return Ok(false) };
                     if now.sealed != head.sealed {
                         // Another sealer took this block: look again.
                         return Ok(false);
@@ -513,15 +517,7 @@ impl AuditLog {
     /// [`AuditSink::append`]'s transaction and flush.
     fn append_flushed(&self, entry: AuditEntry, timestamp: String) -> Result<AuditRecord, AuditError> {
         let result = (&self.records, &self.ids, &self.meta).transaction(|(records, ids, meta)| {
-            let head: Head = match meta.get(HEAD_KEY)? {
-                Some(b) => serde_json::from_slice(&b).map_err(|e| {
-                    ConflictableTransactionError::Abort(AuditError::Corrupt {
-                        seq: 0,
-                        message: format!("chain head: {e}"),
-                    })
-                })?,
-                None => Head { seq: 0, hash: GENESIS.to_string(), sealed: 0 },
-            };
+            let head = Self::head_in(meta)?.unwrap_or(Head { seq: 0, hash: GENESIS.to_string(), sealed: 0 });
             let mut record = AuditRecord {
                 seq: head.seq + 1,
                 timestamp: timestamp.clone(),
