@@ -7,6 +7,8 @@
 //! other tests' stores would have started flushers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use confine::store::Store;
 use std::time::{Duration, Instant};
 
@@ -17,18 +19,6 @@ fn flusher_threads() -> usize {
         .flatten()
         .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "log flusher"))
         .count()
-}
-
-/// sled lets go of its directory lock shortly after the last handle drops.
-fn reopen(dir: &std::path::Path) -> Store {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match Store::open(dir) {
-            Ok(s) => return s,
-            Err(e) if Instant::now() > deadline => panic!("store did not reopen: {e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
 }
 
 #[test]
@@ -43,7 +33,7 @@ fn a_store_for_one_request_has_no_flusher_and_keeps_what_it_flushed() {
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(flusher_threads(), 0, "a store for one request started sled's flusher thread");
     }
-    assert_eq!(reopen(one.path()).tree("t").unwrap().get("k").unwrap().as_deref(), Some(&b"flushed"[..]));
+    assert_eq!(common::open_store(one.path()).tree("t").unwrap().get("k").unwrap().as_deref(), Some(&b"flushed"[..]));
 
     // The usual store keeps its flusher: it writes what was not flushed.
     let usual = tempfile::tempdir().unwrap();

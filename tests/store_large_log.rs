@@ -12,22 +12,11 @@
 //! process-wide, and other tests' stores would add to it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use confine::store::Store;
-use std::time::{Duration, Instant};
 
 const SEGMENT: usize = 512 * 1024;
-
-/// sled lets go of its directory lock shortly after the last handle drops.
-fn reopen(dir: &std::path::Path) -> Store {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match Store::open_flushed_by_caller(dir) {
-            Ok(s) => return s,
-            Err(e) if Instant::now() > deadline => panic!("store did not reopen: {e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
 
 /// `len` bytes that do not compress, different for each `seed`.
 fn noise(seed: u64, len: usize) -> Vec<u8> {
@@ -66,7 +55,7 @@ fn a_log_of_more_than_64_segments_opens_without_the_io_pool() {
     }
 
     let before = sled::io_pool_tasks();
-    let store = reopen(dir.path());
+    let store = common::open_store_with(dir.path(), Store::open_flushed_by_caller);
     let handed = sled::io_pool_tasks() - before;
     assert_eq!(
         handed,

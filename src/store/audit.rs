@@ -227,24 +227,22 @@ impl AuditLog {
         self
     }
 
-    /// The chain head as a transaction on the meta tree sees it.
-    fn head_in(
-        meta: &sled::transaction::TransactionalTree,
-    ) -> Result<Option<Head>, ConflictableTransactionError<AuditError>> {
-        match meta.get(HEAD_KEY)? {
-            Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
-                ConflictableTransactionError::Abort(AuditError::Corrupt { seq: 0, message: format!("chain head: {e}") })
-            }),
-            None => Ok(None),
-        }
-    }
-
-    fn head(&self) -> Result<Head, AuditError> {
-        match self.meta.get(HEAD_KEY).map_err(StoreError::from)? {
+    /// The head stored as `bytes`, or the empty chain's.
+    fn parse_head(bytes: Option<sled::IVec>) -> Result<Head, AuditError> {
+        match bytes {
             Some(b) => serde_json::from_slice(&b)
                 .map_err(|e| AuditError::Corrupt { seq: 0, message: format!("chain head: {e}") }),
             None => Ok(Head { seq: 0, hash: GENESIS.to_string(), sealed: 0 }),
         }
+    }
+
+    /// The chain head as a transaction on the meta tree sees it.
+    fn head_in(meta: &sled::transaction::TransactionalTree) -> Result<Head, ConflictableTransactionError<AuditError>> {
+        Self::parse_head(meta.get(HEAD_KEY)?).map_err(ConflictableTransactionError::Abort)
+    }
+
+    fn head(&self) -> Result<Head, AuditError> {
+        Self::parse_head(self.meta.get(HEAD_KEY).map_err(StoreError::from)?)
     }
 
     /// The lines of the block stored under `key`, oldest first.
@@ -330,8 +328,8 @@ impl AuditLog {
             let body = body.finish()?;
             let moved =
                 (&self.records, &self.ids, &self.meta, &self.blocks).transaction(|(records, id_tree, meta, blocks)| {
-                    let Some(now) = Self::head_in(meta)? else { return Ok(false) };
-                    if now.sealed != head.sealed {
+                    let now = Self::head_in(meta)?;
+                    if now.sealed != head.sealed || now.seq < last {
                         // Another sealer took this block: look again.
                         return Ok(false);
                     }
@@ -378,13 +376,12 @@ impl AuditLog {
                 break;
             }
             let (k, v) = kv.map_err(StoreError::from)?;
-            let lines = Self::block_lines(&k, &v)?;
             let first = Self::seq_of(&k);
-            for (seq, json) in (first..).zip(lines.iter()).collect::<Vec<_>>().into_iter().rev() {
+            for (i, json) in Self::block_lines(&k, &v)?.iter().enumerate().rev() {
                 if out.len() >= limit {
                     break;
                 }
-                out.push(Self::decode(seq, json)?);
+                out.push(Self::decode(first + i as u64, json)?);
             }
         }
         Ok(out)
@@ -422,7 +419,7 @@ impl AuditLog {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.records.is_empty() && self.head().map_or(0, |h| h.sealed) == 0
     }
 
     /// Walk the chain from the first record and report the first broken
@@ -517,7 +514,7 @@ impl AuditLog {
     /// [`AuditSink::append`]'s transaction and flush.
     fn append_flushed(&self, entry: AuditEntry, timestamp: String) -> Result<AuditRecord, AuditError> {
         let result = (&self.records, &self.ids, &self.meta).transaction(|(records, ids, meta)| {
-            let head = Self::head_in(meta)?.unwrap_or(Head { seq: 0, hash: GENESIS.to_string(), sealed: 0 });
+            let head = Self::head_in(meta)?;
             let mut record = AuditRecord {
                 seq: head.seq + 1,
                 timestamp: timestamp.clone(),

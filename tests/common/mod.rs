@@ -113,13 +113,23 @@ pub mod mcp;
 /// it notices).
 #[allow(dead_code)]
 pub fn open_store(path: &std::path::Path) -> confine::store::Store {
+    open_store_with(path, confine::store::Store::open)
+}
+
+/// [`open_store`] with another of the store's openers
+/// (`Store::open_flushed_by_caller`).
+#[allow(dead_code)]
+pub fn open_store_with(
+    path: &std::path::Path,
+    open: impl Fn(&std::path::Path) -> Result<confine::store::Store, confine::store::StoreError>,
+) -> confine::store::Store {
     for _ in 0..200 {
-        if let Ok(s) = confine::store::Store::open(path) {
+        if let Ok(s) = open(path) {
             return s;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    match confine::store::Store::open(path) {
+    match open(path) {
         Ok(s) => s,
         Err(e) => panic!("the store at {} did not open: {e}", path.display()),
     }

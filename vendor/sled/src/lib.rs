@@ -220,8 +220,6 @@ static ALLOCATOR: measure_allocs::TrackingAllocator =
 
 const DEFAULT_TREE_ID: &[u8] = b"__sled__default";
 
-/// hidden re-export of items for testing purposes
-#[doc(hidden)]
 /// confine (CONFINE-PATCH.md 22): how many tasks this process has handed
 /// to sled's I/O thread pool.
 #[doc(hidden)]
@@ -229,6 +227,8 @@ pub fn io_pool_tasks() -> usize {
     threadpool::tasks_submitted()
 }
 
+/// hidden re-export of items for testing purposes
+#[doc(hidden)]
 pub use {
     self::{
         config::RunningConfig,

@@ -28,13 +28,13 @@ static TOTAL_THREAD_COUNT: AtomicUsize = AtomicUsize::new(0);
 static SPAWNS: AtomicUsize = AtomicUsize::new(0);
 /// confine (CONFINE-PATCH.md 22): tasks ever handed to the pool.
 static TASKS: AtomicUsize = AtomicUsize::new(0);
+static SPAWNING: AtomicBool = AtomicBool::new(false);
 
 /// confine (CONFINE-PATCH.md 22): how many tasks this process has handed
 /// to the I/O pool.
 pub fn tasks_submitted() -> usize {
     TASKS.load(Relaxed)
 }
-static SPAWNING: AtomicBool = AtomicBool::new(false);
 
 type Work = Box<dyn FnOnce() + Send + 'static>;
 

@@ -58,14 +58,14 @@
 
 use std::{collections::BTreeSet, mem};
 
-/// confine (CONFINE-PATCH.md 23): the start of a free segment that tells
-/// it was filled.
-const FILLED_PREFIX: usize = 4096;
-
 use super::PageState;
 
 use crate::pagecache::*;
 use crate::*;
+
+/// confine (CONFINE-PATCH.md 23): the start of a free segment that tells
+/// it was filled.
+const FILLED_PREFIX: usize = 4096;
 
 /// A operation that can be applied asynchronously.
 #[derive(Debug, Clone)]
