@@ -53,6 +53,12 @@ pub struct Limits {
 /// Default size cap of the job's private /tmp.
 pub const DEFAULT_TMP_SIZE: u64 = 64 * 1024 * 1024;
 
+/// Paths of a read-write workspace kept read-only unless the user lifts
+/// them (`--no-protect`): what a host's `git` runs, or reads its settings
+/// from, the next time the user works in the repository. A job that could
+/// write them would have its code run on the host.
+pub const DEFAULT_PROTECTED: &[&str] = &[".git/hooks", ".git/config", ".git/modules"];
+
 /// Everything the sandbox needs to start one job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -84,6 +90,13 @@ pub struct JobSpec {
     /// sandbox unreleased when that work fails.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold: bool,
+    /// Paths of a read-write workspace (relative to it) that stay
+    /// read-only: [`DEFAULT_PROTECTED`] unless the caller says otherwise.
+    #[serde(default)]
+    pub protect: Vec<PathBuf>,
+    /// Give the job a terminal of its own (a pty the caller relays).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tty: bool,
 }
 
 impl JobSpec {
@@ -101,6 +114,8 @@ impl JobSpec {
             limits: Limits { tmp_size_bytes: DEFAULT_TMP_SIZE, ..Limits::default() },
             allow_degraded: false,
             hold: false,
+            protect: DEFAULT_PROTECTED.iter().map(PathBuf::from).collect(),
+            tty: false,
         }
     }
 }
@@ -151,6 +166,13 @@ pub struct Layers {
     pub no_new_privs: bool,
     /// Host uid the job ran as.
     pub host_uid: u32,
+    /// Host gid the job ran as (never a group of the workspace: see
+    /// `sandbox::identity`).
+    #[serde(default)]
+    pub host_gid: u32,
+    /// Paths of the read-write workspace that were kept read-only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub protected: Vec<String>,
     /// Layers that were requested but missing (only with `--allow-degraded`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,

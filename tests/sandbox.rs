@@ -297,10 +297,12 @@ fn dev_is_minimal() {
         "ls /dev | tr '\\n' ' '; head -c 4 /dev/zero | wc -c; echo x > /dev/null && echo null-ok",
     ]);
     let text = stdout(&out);
-    for dev in ["full", "null", "random", "shm", "tty", "urandom", "zero"] {
+    for dev in ["full", "null", "random", "shm", "urandom", "zero"] {
         assert!(text.split_whitespace().any(|d| d == dev), "/dev/{dev} missing: {text}");
     }
     assert!(!text.contains("sda") && !text.contains("vda") && !text.contains("mem "), "{text}");
+    // No terminal without --tty: the job must not reach its caller's.
+    assert!(!text.split_whitespace().any(|d| d == "tty" || d == "pts"), "{text}");
     assert!(text.contains("4\nnull-ok"), "{text}");
 }
 
@@ -364,14 +366,25 @@ fn rootless_through_unprivileged_user_namespaces() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let copy = dir.path().join("confine");
     std::fs::copy(bin(), &copy).unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(&copy)
-        .args(["run", "--", "/bin/sh", "-c", "id -u; grep NoNewPrivs /proc/self/status; cat /proc/self/uid_map"])
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .output()
-        .unwrap();
+    let rootless = |flags: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&copy)
+            .arg("run")
+            .args(flags)
+            .args(["--", "/bin/sh", "-c", "id -u; grep NoNewPrivs /proc/self/status; cat /proc/self/uid_map"])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    // The default limits need a cgroup, and none is delegated to uid
+    // 65534 here: that fails closed, and says how to go on.
+    let out = rootless(&[]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("--allow-degraded") && err.contains("--memory unlimited"), "{err}");
+    let out = rootless(&["--memory", "unlimited", "--cpus", "unlimited", "--pids", "unlimited"]);
     if stderr(&out).contains("clone namespaces") {
         return skip(&format!("unprivileged user namespaces are disabled: {}", stderr(&out)));
     }

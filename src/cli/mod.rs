@@ -10,6 +10,8 @@ pub mod memory;
 pub mod policy;
 pub mod run;
 pub mod serve;
+#[cfg(target_os = "linux")]
+mod stdio;
 
 use clap::{Parser, Subcommand};
 

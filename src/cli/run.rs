@@ -18,7 +18,12 @@ pub enum NetArg {
 }
 
 #[derive(Debug, Args)]
-#[command(after_help = "Exit status: the command's own; 128+N when killed by signal N; \
+#[command(after_help = "Defaults: the [limits] of confine.toml apply (512M of memory, 1 CPU, 256 \
+processes); lift one with `unlimited`, e.g. --pids unlimited. In a --rw workspace, .git/hooks, \
+.git/config and .git/modules stay read-only (--protect adds paths, --no-protect lifts them). \
+The job has a session of its own and no terminal: a terminal or file on the standard streams \
+is relayed through pipes (--tty gives it a pty of its own).\n\n\
+Exit status: the command's own; 128+N when killed by signal N; \
 124 when --timeout or --cpu-time ended it; 137 when the memory limit's OOM killer did; \
 125 when confine failed; 126 when the command can't be executed; 127 when it is not found.")]
 pub struct RunArgs {
@@ -47,9 +52,25 @@ pub struct RunArgs {
     /// Working directory inside the sandbox (default: /workspace, else /tmp).
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<PathBuf>,
-    /// Write the outcome as JSON to FILE when the job ends.
+    /// Write the outcome as JSON to FILE when the job ends. FILE's
+    /// directory is opened before the job starts, and the file is replaced
+    /// (never opened): what the job leaves at that name is not followed.
     #[arg(long, value_name = "FILE")]
     pub json_status: Option<PathBuf>,
+    /// In a --rw workspace, keep PATH (relative to it) read-only as well.
+    /// Repeatable. PATH must exist.
+    #[arg(long, value_name = "PATH", requires = "rw")]
+    pub protect: Vec<PathBuf>,
+    /// Do not keep .git/hooks, .git/config and .git/modules of a --rw
+    /// workspace read-only (a job could then plant code your next `git`
+    /// command runs).
+    #[arg(long)]
+    pub no_protect: bool,
+    /// Give the job a terminal of its own (a pty that confine relays, with
+    /// yours in raw mode), as `docker run -t` does. Without it the job has
+    /// no terminal.
+    #[arg(long, short = 't')]
+    pub tty: bool,
     /// Run even when an isolation layer can't be applied, or on a weaker
     /// backend; the outcome names what is missing. (Also allow_degraded
     /// under [runtime] in confine.toml.)
@@ -63,15 +84,18 @@ pub struct RunArgs {
     /// seccomp profile in OCI/Docker JSON format (default: the embedded seccomp/default.json)
     #[arg(long, value_name = "FILE")]
     pub seccomp: Option<PathBuf>,
-    /// Memory limit of the whole job (cgroup; no swap), e.g. 256M or 1G.
+    /// Memory limit of the whole job (cgroup; no swap), e.g. 256M or 1G, or
+    /// `unlimited` [default: limits.memory_bytes of confine.toml, 512M].
     #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
-    pub memory: Option<u64>,
-    /// CPU quota in cores (cgroup CPU bandwidth), e.g. 0.5.
+    pub memory: Option<Limit<u64>>,
+    /// CPU quota in cores (cgroup CPU bandwidth), e.g. 0.5, or `unlimited`
+    /// [default: limits.cpus of confine.toml, 1].
     #[arg(long, value_name = "CORES", value_parser = parse_cpus)]
-    pub cpus: Option<f64>,
-    /// Most processes and threads the job may have at once (cgroup pids.max).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub pids: Option<u64>,
+    pub cpus: Option<Limit<f64>>,
+    /// Most processes and threads the job may have at once (cgroup
+    /// pids.max), or `unlimited` [default: limits.pids of confine.toml, 256].
+    #[arg(long, value_name = "N", value_parser = parse_pids)]
+    pub pids: Option<Limit<u64>>,
     /// Wall-clock limit, e.g. 30s, 500ms or 2m: SIGTERM, then the whole tree
     /// is killed after --kill-grace; exit status 124.
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
@@ -95,6 +119,32 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+/// A limit as given on the command line: a value, or lifted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Limit<T> {
+    Value(T),
+    Unlimited,
+}
+
+impl<T: Copy> Limit<T> {
+    /// The limit in force: the given one, else the configured default.
+    fn or_default(arg: Option<Limit<T>>, default: T) -> Option<T> {
+        match arg {
+            Some(Limit::Value(v)) => Some(v),
+            Some(Limit::Unlimited) => None,
+            None => Some(default),
+        }
+    }
+}
+
+fn unlimited<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Limit<T>, String> {
+    if s.trim().eq_ignore_ascii_case("unlimited") {
+        Ok(Limit::Unlimited)
+    } else {
+        parse(s).map(Limit::Value)
+    }
+}
+
 fn parse_bind(s: &str, writable: bool) -> Result<Bind, SandboxError> {
     let (src, dst) = match s.split_once(':') {
         Some((a, b)) => (a, b),
@@ -111,8 +161,9 @@ fn parse_bind(s: &str, writable: bool) -> Result<Bind, SandboxError> {
     Ok(Bind { source, dest, writable })
 }
 
-/// Build the job from the arguments.
-pub fn job_spec(args: &RunArgs) -> Result<JobSpec, SandboxError> {
+/// Build the job from the arguments, with `defaults` for the limits they
+/// leave out.
+pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Result<JobSpec, SandboxError> {
     let mut spec = JobSpec::new(args.command.clone());
     spec.env = scrubbed(&args.env, |k| std::env::var(k).ok());
     if let Some(ws) = &args.workspace {
@@ -131,9 +182,16 @@ pub fn job_spec(args: &RunArgs) -> Result<JobSpec, SandboxError> {
     };
     spec.hostname = args.hostname.clone();
     spec.allow_degraded = args.allow_degraded;
-    spec.limits.memory_bytes = args.memory;
-    spec.limits.cpus = args.cpus;
-    spec.limits.pids = args.pids;
+    spec.limits.memory_bytes = Limit::or_default(args.memory, defaults.memory_bytes);
+    spec.limits.cpus = Limit::or_default(args.cpus, defaults.cpus);
+    spec.limits.pids = Limit::or_default(args.pids, defaults.pids);
+    spec.tty = args.tty;
+    if args.no_protect {
+        spec.protect.clear();
+    }
+    for p in &args.protect {
+        spec.protect.push(protected_path(p, spec.workspace.as_deref())?);
+    }
     spec.limits.timeout_ms = args.timeout.map(|d| d.as_millis() as u64);
     spec.limits.cpu_time_ms = args.cpu_time.map(|d| d.as_millis() as u64);
     if let Some(size) = args.tmp_size {
@@ -155,6 +213,15 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => {
             eprintln!("confine: {e}");
+            return super::EXIT_CONFINE_FAILED;
+        }
+    };
+    // Before any job code runs: the job may own the directory by the time
+    // it ends (a --rw workspace), and must not choose where we write then.
+    let status_file = match args.json_status.as_deref().map(StatusFile::prepare).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("confine: cannot write --json-status: {e}");
             return super::EXIT_CONFINE_FAILED;
         }
     };
@@ -184,14 +251,40 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
             super::EXIT_CONFINE_FAILED
         }
     };
-    if let (Some(path), Ok(o)) = (&args.json_status, &outcome) {
-        let write = serde_json::to_vec_pretty(o).map_err(std::io::Error::other).and_then(|b| std::fs::write(path, b));
-        if let Err(e) = write {
-            eprintln!("confine: cannot write --json-status {}: {e}", path.display());
+    if let (Some(file), Ok(o)) = (&status_file, &outcome) {
+        if let Err(e) = file.write(o) {
+            eprintln!("confine: cannot write --json-status: {e}");
             return super::EXIT_CONFINE_FAILED;
         }
     }
     code
+}
+
+/// The `--json-status` file: on Unix its directory is opened up front and
+/// the file replaced by a rename (`safe_fs`), so it never follows what the
+/// job planted and never blocks on a FIFO.
+struct StatusFile {
+    #[cfg(unix)]
+    out: crate::safe_fs::OutputFile,
+    #[cfg(not(unix))]
+    path: PathBuf,
+}
+
+impl StatusFile {
+    fn prepare(path: &Path) -> Result<StatusFile, String> {
+        #[cfg(unix)]
+        return crate::safe_fs::OutputFile::prepare(path).map(|out| StatusFile { out }).map_err(|e| e.to_string());
+        #[cfg(not(unix))]
+        return Ok(StatusFile { path: path.to_path_buf() });
+    }
+
+    fn write(&self, o: &Outcome) -> Result<(), String> {
+        let bytes = serde_json::to_vec_pretty(o).map_err(|e| e.to_string())?;
+        #[cfg(unix)]
+        return self.out.write(&bytes).map_err(|e| e.to_string());
+        #[cfg(not(unix))]
+        return std::fs::write(&self.path, bytes).map_err(|e| format!("{}: {e}", self.path.display()));
+    }
 }
 
 async fn run(args: &RunArgs, config: &Config) -> Result<Outcome, SandboxError> {
@@ -202,7 +295,7 @@ async fn run(args: &RunArgs, config: &Config) -> Result<Outcome, SandboxError> {
         config.source.as_deref(),
         allow_degraded,
     )?;
-    let mut spec = job_spec(args)?;
+    let mut spec = job_spec(args, &config.limits)?;
     spec.allow_degraded = allow_degraded;
     match backend {
         #[cfg(target_os = "linux")]
@@ -258,30 +351,127 @@ async fn run_fallback(args: &RunArgs, spec: JobSpec) -> Result<Outcome, SandboxE
 
 #[cfg(target_os = "linux")]
 async fn run_linux(args: &RunArgs, spec: JobSpec) -> Result<Outcome, SandboxError> {
-    use tokio::signal::unix::{signal, SignalKind};
     // Compiled once, before the job: a profile that does not compile exactly
     // as written stops the run (exit 125) rather than weakening the filter.
     let profile = match &args.seccomp {
         Some(path) => crate::sandbox::linux::seccomp::compile_file(path),
         None => crate::sandbox::linux::seccomp::compile_default(),
     }?;
-    use nix::sys::signal::Signal;
     // Before the job starts: a stop request must never kill confine itself
     // and leave the job to the parent-death signal alone.
-    let mut term = signal(SignalKind::terminate()).map_err(SandboxError::Spawn)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(SandboxError::Spawn)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(SandboxError::Spawn)?;
-    let job = crate::sandbox::linux::spawn(&spec, StdioSpec::inherit(), Some((&profile.name, &profile.fd))).await?;
-    // Stopping confine cancels the job: the signal is forwarded, and the
-    // tree is killed after the grace period.
-    let cancel = async move {
-        tokio::select! {
-            _ = term.recv() => Signal::SIGTERM,
-            _ = int.recv() => Signal::SIGINT,
-            _ = hup.recv() => Signal::SIGHUP,
+    let stops = StopRequests::watch()?;
+    let caller = super::stdio::CallerStdio::detect(spec.tty).map_err(SandboxError::Spawn)?;
+    let mut job = crate::sandbox::linux::spawn(&spec, caller.stdio(), Some((&profile.name, &profile.fd)))
+        .await
+        .map_err(|e| with_limits_hint(e, args))?;
+    let mut relays = match caller.start(&mut job) {
+        Ok(r) => r,
+        Err(e) => {
+            job.kill_tree();
+            return Err(SandboxError::Spawn(e));
         }
     };
-    Ok(job.supervise(args.kill_grace, cancel).await)
+    let resizer = relays.has_pty().then(|| watch_window_size(&relays)).flatten();
+    // Stopping confine cancels the job: the signal is forwarded, and the
+    // tree is killed after the grace period.
+    let first = stops.clone();
+    let outcome = job.supervise(args.kill_grace, async move { first.next(0).await }).await;
+    if let Some(r) = resizer {
+        r.abort();
+    }
+    // The job's whole tree is dead: its output is all in the relays' pipes.
+    // A stop request ends the wait for it at once (the caller's reader may
+    // have stopped reading); one made during the job gives it the grace.
+    let seen = stops.count();
+    if seen > 0 {
+        let _ = tokio::time::timeout(args.kill_grace, relays.drain()).await;
+    } else {
+        tokio::select! {
+            () = relays.drain() => {}
+            _ = stops.next(seen) => {}
+        }
+    }
+    Ok(outcome)
+}
+
+/// A spawn that failed for want of cgroup limits names the defaults
+/// that needed them, and how to run without.
+#[cfg(target_os = "linux")]
+fn with_limits_hint(e: SandboxError, args: &RunArgs) -> SandboxError {
+    let defaulted = args.memory.is_none() || args.cpus.is_none() || args.pids.is_none();
+    match e {
+        SandboxError::Cgroup(c) if defaulted && !matches!(c, crate::sandbox::linux::cgroup::CgroupError::BadParent(_)) => {
+            SandboxError::Unavailable(format!(
+                "{c}. (The default limits need a cgroup; lift them with --memory unlimited --cpus unlimited \
+                 --pids unlimited, or set others in [limits] of confine.toml.)"
+            ))
+        }
+        other => other,
+    }
+}
+
+/// Follow the caller's terminal size with the job's pty.
+#[cfg(target_os = "linux")]
+fn watch_window_size(relays: &super::stdio::Relays) -> Option<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut winch = signal(SignalKind::window_change()).ok()?;
+    let resize = relays.resizer()?;
+    Some(tokio::spawn(async move {
+        while winch.recv().await.is_some() {
+            resize();
+        }
+    }))
+}
+
+/// The stop requests confine gets (SIGTERM, SIGINT, SIGHUP), counted from
+/// the moment they are watched, so that none is lost between two waits.
+#[cfg(target_os = "linux")]
+#[derive(Clone)]
+struct StopRequests {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<nix::sys::signal::Signal>>>,
+    notify: std::sync::Arc<tokio::sync::Notify>,
+}
+
+#[cfg(target_os = "linux")]
+impl StopRequests {
+    fn watch() -> Result<StopRequests, SandboxError> {
+        use nix::sys::signal::Signal;
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(SandboxError::Spawn)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(SandboxError::Spawn)?;
+        let mut hup = signal(SignalKind::hangup()).map_err(SandboxError::Spawn)?;
+        let stops = StopRequests { seen: Default::default(), notify: Default::default() };
+        let record = stops.clone();
+        tokio::spawn(async move {
+            loop {
+                let sig = tokio::select! {
+                    _ = term.recv() => Signal::SIGTERM,
+                    _ = int.recv() => Signal::SIGINT,
+                    _ = hup.recv() => Signal::SIGHUP,
+                };
+                if let Ok(mut seen) = record.seen.lock() {
+                    seen.push(sig);
+                }
+                record.notify.notify_waiters();
+            }
+        });
+        Ok(stops)
+    }
+
+    fn count(&self) -> usize {
+        self.seen.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// The first request after the first `after` ones.
+    async fn next(&self, after: usize) -> nix::sys::signal::Signal {
+        loop {
+            let notified = self.notify.notified();
+            if let Some(sig) = self.seen.lock().ok().and_then(|s| s.get(after).copied()) {
+                return sig;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// The signal of RLIMIT_CPU (Windows has none; no signal there matches).
@@ -362,12 +552,41 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// The smallest `--memory` that leaves room for the sandbox's own init.
 const MIN_MEMORY: u64 = 4 << 20;
 
-fn parse_memory(s: &str) -> Result<u64, String> {
-    let n = parse_size(s)?;
-    if n < MIN_MEMORY {
-        return Err(format!("memory limit '{s}' is too small: the sandbox itself needs a few MiB; use at least 4M"));
+fn parse_memory(s: &str) -> Result<Limit<u64>, String> {
+    unlimited(s, |s| {
+        let n = parse_size(s)?;
+        if n < MIN_MEMORY {
+            return Err(format!(
+                "memory limit '{s}' is too small: the sandbox itself needs a few MiB; use at least 4M"
+            ));
+        }
+        Ok(n)
+    })
+}
+
+fn parse_pids(s: &str) -> Result<Limit<u64>, String> {
+    unlimited(s, |s| match s.trim().parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("invalid process count '{s}': give a whole number of at least 1, or unlimited")),
+    })
+}
+
+/// A `--protect` path: relative to the workspace (an absolute one under
+/// /workspace is taken as the same), without `..`, and there now.
+fn protected_path(p: &Path, workspace: Option<&Path>) -> Result<PathBuf, SandboxError> {
+    use std::path::Component;
+    let rel = p.strip_prefix("/workspace").unwrap_or(p);
+    let bad = |why: &str| SandboxError::Unavailable(format!("--protect {}: {why}", p.display()));
+    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) || rel.as_os_str().is_empty()
+    {
+        return Err(bad("give a path inside the workspace, relative to it, without '.' or '..'"));
     }
-    Ok(n)
+    if let Some(ws) = workspace {
+        if std::fs::symlink_metadata(ws.join(rel)).is_err() {
+            return Err(bad("no such path in the workspace"));
+        }
+    }
+    Ok(rel.to_path_buf())
 }
 
 fn parse_tmp_size(s: &str) -> Result<u64, String> {
@@ -378,12 +597,12 @@ fn parse_tmp_size(s: &str) -> Result<u64, String> {
     }
 }
 
-fn parse_cpus(s: &str) -> Result<f64, String> {
+fn parse_cpus(s: &str) -> Result<Limit<f64>, String> {
     let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    match s.trim().parse::<f64>() {
+    unlimited(s, |s| match s.trim().parse::<f64>() {
         Ok(c) if c.is_finite() && c >= 0.01 && c <= online as f64 => Ok(c),
-        _ => Err(format!("invalid CPU count '{s}': give cores between 0.01 and {online}, e.g. 0.5")),
-    }
+        _ => Err(format!("invalid CPU count '{s}': give cores between 0.01 and {online}, e.g. 0.5, or unlimited")),
+    })
 }
 
 /// `30s`, `500ms`, `1.5s`, `2m`, `1h`; a bare number is seconds.
@@ -426,6 +645,10 @@ mod limit_parsing_tests {
             assert!(e.contains("e.g. 256M"), "{bad}: {e}");
         }
         assert!(parse_memory("1M").unwrap_err().contains("at least 4M"));
+        assert_eq!(parse_memory("unlimited"), Ok(Limit::Unlimited));
+        assert_eq!(parse_memory("256M"), Ok(Limit::Value(256 << 20)));
+        assert_eq!(parse_pids("UNLIMITED"), Ok(Limit::Unlimited));
+        assert!(parse_pids("0").is_err());
         assert!(parse_tmp_size("0").is_err());
     }
 
@@ -441,7 +664,8 @@ mod limit_parsing_tests {
             assert!(parse_duration(bad).unwrap_err().contains("e.g. 30s"), "{bad}");
         }
         assert!(parse_positive_duration("0").is_err());
-        assert_eq!(parse_cpus("0.5"), Ok(0.5));
+        assert_eq!(parse_cpus("0.5"), Ok(Limit::Value(0.5)));
+        assert_eq!(parse_cpus("unlimited"), Ok(Limit::Unlimited));
         assert!(parse_cpus("0").unwrap_err().contains("between 0.01"));
         assert!(parse_cpus("100000").is_err());
         assert!(parse_cpus("nan").is_err());

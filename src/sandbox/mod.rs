@@ -4,6 +4,7 @@
 mod backend;
 pub mod guarantees;
 pub mod host_paths;
+pub mod identity;
 #[cfg(target_os = "linux")]
 pub mod linux;
 #[cfg(unix)]
@@ -69,6 +70,10 @@ pub enum Stream {
     Null,
     /// A pipe whose other end the supervisor keeps.
     Piped,
+    /// This fd of the supervisor's (a pty's terminal side, say), which the
+    /// caller keeps open until the job is started.
+    #[cfg(unix)]
+    Fd(std::os::fd::RawFd),
 }
 
 impl From<Stream> for Stdio {
@@ -77,6 +82,16 @@ impl From<Stream> for Stdio {
             Stream::Inherit => Stdio::inherit(),
             Stream::Null => Stdio::null(),
             Stream::Piped => Stdio::piped(),
+            #[cfg(unix)]
+            Stream::Fd(fd) => {
+                // SAFETY: the caller keeps `fd` open across the spawn, and
+                // the borrow ends before this returns; the copy is ours.
+                let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                match borrowed.try_clone_to_owned() {
+                    Ok(copy) => Stdio::from(copy),
+                    Err(_) => Stdio::null(),
+                }
+            }
         }
     }
 }

@@ -32,9 +32,6 @@ pub const STAGE_FD: i32 = 3;
 pub const KILL_TREE_SIGNAL: libc::c_int = libc::SIGUSR1;
 /// After the tree-kill request, how long the stage gets before SIGKILL.
 const STAGE_KILL_GRACE: Duration = Duration::from_secs(3);
-/// Host uid/gid of a job when confine runs as root.
-const NOBODY: u32 = 65534;
-
 /// An rlimit resource, by name: the numbers differ between platforms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Resource {
@@ -153,19 +150,14 @@ pub fn missing(spec: &JobSpec, ids: Option<(u32, u32)>) -> Vec<String> {
     m
 }
 
-/// Ids of the job: as root, the workspace's owner when that is not root,
-/// else nobody; otherwise our own (no switch).
+/// Ids of the job: as root, those of `sandbox::identity`; otherwise our
+/// own (no switch).
 fn job_ids(spec: &JobSpec) -> Option<(u32, u32)> {
-    use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return None;
     }
-    let owner = spec.workspace.as_ref().and_then(|w| std::fs::metadata(w).ok()).map(|m| (m.uid(), m.gid()));
-    Some(match owner {
-        Some((u, g)) if u != 0 => (u, if g != 0 { g } else { NOBODY }),
-        _ => (NOBODY, NOBODY),
-    })
+    Some(super::identity::as_root(spec.workspace.as_deref()))
 }
 
 static STAGE_EXECUTABLE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -399,13 +391,14 @@ fn outcome(
     ending: Option<Status>,
     ids: Option<(u32, u32)>,
 ) -> Outcome {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let layers = Layers {
         landlock: LandlockLayer { abi: 0, status: "off".into(), skipped: Vec::new() },
         caps_dropped: ids.is_some() || euid != 0,
         no_new_privs: cfg!(target_os = "linux"),
         host_uid: ids.map_or(euid, |(u, _)| u),
+        host_gid: ids.map_or(egid, |(_, g)| g),
         missing: missing(spec, ids),
         ..Layers::default()
     };
@@ -527,7 +520,8 @@ mod tests {
     fn missing_names_every_lost_layer() {
         let mut spec = JobSpec::new(vec!["true".into()]);
         spec.limits.cpus = Some(0.5);
-        let m = missing(&spec, Some((NOBODY, NOBODY)));
+        let nobody = crate::sandbox::identity::NOBODY;
+        let m = missing(&spec, Some((nobody, nobody)));
         for layer in ["userns", "netns", "landlock", "seccomp", "cgroup", "cpuQuota"] {
             assert!(m.iter().any(|l| l == layer), "{layer} in {m:?}");
         }

@@ -8,14 +8,15 @@
 //!    root and pivots into it, forks the job, reaps zombies, forwards
 //!    signals; when the job ends it exits, and the kernel kills every
 //!    process left in the pid namespace;
-//! 3. **job**: rlimits, drop capabilities, no_new_privs, landlock, seccomp
-//!    (last), execve.
+//! 3. **job**: a session of its own (and, with `--tty`, its pty as the
+//!    controlling terminal), rlimits, drop capabilities, no_new_privs,
+//!    landlock, seccomp (last), execve.
 //!
 //! No tokio here, ever: this code forks.
 
 use super::protocol::{encode_report, read_spec, InitSpec, Report, CONTROL_FD, RELEASE, SECCOMP_FD};
 use super::sys::{self, SysError};
-use super::{caps, exec, landlock, mounts, namespaces, rlimits, seccomp};
+use super::{caps, exec, inherit, landlock, mounts, namespaces, rlimits, seccomp};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, pipe2, read, write, ForkResult, Pid};
@@ -87,9 +88,10 @@ fn forwarded_set() -> SigSet {
 /// Step 1, in the host namespaces.
 fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     // A supervisor run under a real-time policy (chrt, a systemd unit's
-    // CPUSchedulingPolicy) must not hand it to untrusted code: a SCHED_FIFO
+    // CPUSchedulingPolicy), a negative nice, a protective oom_score_adj or
+    // raised rlimits must not hand them to untrusted code: a SCHED_FIFO
     // busy loop starves the host's other work on that CPU.
-    sys::reset_realtime_scheduling()?;
+    inherit::reset()?;
     // v1 hierarchies (`tasks`): "0" moves the writer, and every process we
     // create is then born inside. The v2 one (`cgroup.procs`) is joined by
     // pid 1 at birth instead (clone3 + CLONE_INTO_CGROUP): a write there
@@ -195,8 +197,13 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd) -> Result<i32, SysError> {
     if spec.new_netns {
         sys::loopback_up()?;
     }
-    mounts::build(&spec.mounts, &sources)?;
+    let protected = mounts::build(&spec.mounts, &sources)?;
     drop(sources);
+    // While we still hold CAP_SYS_RESOURCE in the job's user namespace,
+    // after the mounts (a detached mount tree is a mount namespace too)
+    // and before the pivot (the job's /proc/sys is read-only): what the
+    // job allocates in its namespaces is charged to their creator.
+    inherit::limit_ucounts()?;
     mounts::enter()?;
     write_files(&spec.files)?;
     sys::set_not_dumpable()?;
@@ -204,7 +211,7 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd) -> Result<i32, SysError> {
     // SAFETY: this process is single-threaded (it was cloned from the
     // single-threaded outer stage), so the child may run ordinary Rust code.
     let job = match unsafe { fork() }.map_err(|e| SysError::call("fork job", e))? {
-        ForkResult::Child => job(spec, ctl),
+        ForkResult::Child => job(spec, ctl, protected),
         ForkResult::Parent { child } => child,
     };
     // pid 1 keeps no privilege it does not need to reap and forward.
@@ -253,8 +260,8 @@ fn write_files(files: &[crate::job::JobFile]) -> Result<(), SysError> {
 }
 
 /// Step 3, the job process. Never returns.
-fn job(spec: &InitSpec, ctl: &File) -> ! {
-    match confine_self(spec) {
+fn job(spec: &InitSpec, ctl: &File, protected: Vec<String>) -> ! {
+    match confine_self(spec, protected) {
         Ok(confined) => {
             report(ctl, &confined);
             if spec.hold && !released(ctl) {
@@ -312,8 +319,18 @@ fn released(ctl: &File) -> bool {
 
 /// The job's own confinement, in the order DESIGN.md fixes: seccomp last,
 /// since it may forbid what the earlier steps need.
-fn confine_self(spec: &InitSpec) -> Result<Report, SysError> {
+fn confine_self(spec: &InitSpec, protected: Vec<String>) -> Result<Report, SysError> {
     let mut missing = Vec::new();
+    // A session of its own: no controlling terminal, so no TIOCSPGRP or
+    // TIOCSTI on its caller's (even where legacy_tiocsti allows the
+    // latter), and no job-control signals from it.
+    nix::unistd::setsid().map_err(|e| SysError::call("setsid", e))?;
+    if spec.tty {
+        // The pty the supervisor allocated and relays, at fd 0.
+        // SAFETY: TIOCSCTTY takes an integer argument and no pointers.
+        let ret = unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) };
+        nix::errno::Errno::result(ret).map_err(|e| SysError::call("make the pty the controlling terminal", e))?;
+    }
     nix::unistd::chdir(spec.cwd.as_path()).map_err(|e| SysError::path("chdir", &spec.cwd, e))?;
     rlimits::apply(&spec.rlimits)?;
     caps::drop_all()?;
@@ -328,5 +345,5 @@ fn confine_self(spec: &InitSpec) -> Result<Report, SysError> {
     if spec.seccomp.is_some() {
         seccomp::load_from_fd(SECCOMP_FD)?;
     }
-    Ok(Report::Confined { landlock, seccomp: spec.seccomp.clone(), missing })
+    Ok(Report::Confined { landlock, seccomp: spec.seccomp.clone(), missing, protected })
 }

@@ -9,6 +9,7 @@
 pub mod caps;
 pub mod cgroup;
 pub mod exec;
+pub mod inherit;
 pub mod init;
 pub mod landlock;
 pub mod mounts;
@@ -24,13 +25,8 @@ use crate::job::{JobSpec, Layers, Network, Outcome, Status, Usage};
 use crate::sandbox::{SandboxError, StdioSpec};
 use protocol::{IdMap, InitSpec, LandlockPlan, MountOp, Report, CONTROL_FD, SECCOMP_FD};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::Instant;
-
-/// Host uid/gid a job runs as when the supervisor is root and the workspace
-/// does not name a better one.
-pub const NOBODY: u32 = 65534;
 
 /// A started job.
 pub struct RunningJob {
@@ -45,23 +41,17 @@ pub struct RunningJob {
     cgroup: Option<cgroup::JobCgroup>,
 }
 
-/// Which ids the job has, inside and on the host.
-///
-/// As root, the job runs as the owner of the workspace when that owner is
-/// not root (so files it writes belong to the project's owner, as a user
-/// expects), and as `nobody` otherwise. Rootless, the only id we may map is
-/// our own. Inside, the ids are the same numbers as outside.
+/// Which ids the job has, inside and on the host: as root, those of
+/// [`crate::sandbox::identity`] (never the workspace's group, never a
+/// system account); rootless, our own, the only ones we may map. Inside,
+/// the ids are the same numbers as outside.
 pub fn sandbox_ids(spec: &JobSpec) -> (IdMap, IdMap, bool) {
     let euid = nix::unistd::geteuid().as_raw();
     let egid = nix::unistd::getegid().as_raw();
     if euid != 0 {
         return (IdMap { inside: euid, outside: euid }, IdMap { inside: egid, outside: egid }, true);
     }
-    let owner = spec.workspace.as_ref().and_then(|w| std::fs::metadata(w).ok()).map(|m| (m.uid(), m.gid()));
-    let (uid, gid) = match owner {
-        Some((u, g)) if u != 0 => (u, if g != 0 { g } else { NOBODY }),
-        _ => (NOBODY, NOBODY),
-    };
+    let (uid, gid) = crate::sandbox::identity::as_root(spec.workspace.as_deref());
     (IdMap { inside: uid, outside: uid }, IdMap { inside: gid, outside: gid }, false)
 }
 
@@ -121,6 +111,7 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
         seccomp: None,
         allow_degraded: spec.allow_degraded,
         hold: spec.hold,
+        tty: spec.tty,
     }
 }
 
@@ -276,6 +267,7 @@ impl InitStage {
             utsns: true,
             cgroupns: true,
             host_uid: init.uid.outside,
+            host_gid: init.gid.outside,
             cgroup: cgroup.as_ref().map(|c| c.layer().to_string()),
             missing,
             ..Layers::default()
@@ -442,6 +434,11 @@ impl RunningJob {
             .ok()
     }
 
+    /// The write end of the job's stdin pipe, when it was piped (blocking).
+    pub fn stdin_fd(&mut self) -> Option<OwnedFd> {
+        self.child.stdin.take()
+    }
+
     /// The read end of the job's stdout pipe, when it was piped (blocking).
     pub fn stdout_fd(&mut self) -> Option<OwnedFd> {
         self.child.stdout.take()
@@ -495,7 +492,8 @@ impl RunningJob {
         for r in reports {
             match r {
                 Report::Started { .. } => {}
-                Report::Confined { landlock, seccomp, missing } => {
+                Report::Confined { landlock, seccomp, missing, protected } => {
+                    layers.protected = protected;
                     layers.landlock = landlock;
                     layers.seccomp = seccomp;
                     layers.missing.extend(missing);

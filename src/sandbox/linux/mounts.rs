@@ -28,15 +28,54 @@ pub const STAGING: &str = "/tmp";
 /// symlinks, which is both faithful and cheaper than a bind.
 pub const SYSTEM_PATHS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc"];
 
-/// Device nodes of the minimal /dev.
-pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// Device nodes of the minimal /dev. `/dev/tty` is added only for a job
+/// with a terminal of its own (`--tty`): without one, the job must not
+/// reach its caller's.
+pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
 
-/// /proc files hidden behind /dev/null, as runc masks them.
-const PROC_MASKED_FILES: &[&str] = &["kcore", "keys", "timer_list", "timer_stats", "sched_debug", "latency_stats"];
-/// /proc directories hidden behind an empty read-only tmpfs.
-const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
-/// /proc paths made read-only.
-const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+/// /proc files hidden behind /dev/null: Docker's and runc's masked files
+/// (`kcore keys timer_list timer_stats sched_debug latency_stats
+/// interrupts`), and more of the host that a job has no use for and that
+/// docs/design.md's "/proc" table explains one by one: the host's boot
+/// line and boot config (secrets and host layout), the symbol table and
+/// module list (kernel reconnaissance), the other interrupt and memory
+/// fragmentation counters (timing and memory-layout side channels), and
+/// the key users (like `keys`).
+pub const PROC_MASKED_FILES: &[&str] = &[
+    "kcore",
+    "keys",
+    "key-users",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+    "latency_stats",
+    "interrupts",
+    "softirqs",
+    "cmdline",
+    "bootconfig",
+    "kallsyms",
+    "modules",
+    "buddyinfo",
+    "pagetypeinfo",
+    "zoneinfo",
+];
+/// /proc directories hidden behind an empty read-only tmpfs (Docker's).
+pub const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
+/// /proc paths made read-only (Docker's).
+pub const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+
+
+/// Inodes of a tmpfs per byte of its size: one per 4 KiB page, so a cap
+/// of files (`nr_inodes`) holds when they are empty as well as when they
+/// are full (200,000 empty files once went past a 64 MiB cap).
+const TMPFS_BYTES_PER_INODE: u64 = 4096;
+/// The fewest inodes a sized tmpfs gets.
+const TMPFS_MIN_INODES: u64 = 1024;
+
+/// The inode cap of a tmpfs of `size` bytes.
+pub fn tmpfs_inodes(size: u64) -> u64 {
+    (size / TMPFS_BYTES_PER_INODE).max(TMPFS_MIN_INODES)
+}
 
 /// What [`plan`] needs to know of the host; a parameter so plans are testable.
 pub trait HostFs {
@@ -89,12 +128,22 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
             dev: false,
             optional: false,
         });
+        if spec.workspace_rw {
+            for path in &spec.protect {
+                ops.push(MountOp::Protect { base: "/workspace".into(), path: path.clone() });
+            }
+        }
     }
-    ops.push(MountOp::Tmpfs { dst: "/tmp".into(), size: spec.limits.tmp_size_bytes, mode: 0o1777 });
-    ops.push(MountOp::Tmpfs { dst: "/dev".into(), size: 64 * 1024, mode: 0o755 });
-    for dev in DEVICES {
+    let tmp = spec.limits.tmp_size_bytes;
+    ops.push(MountOp::Tmpfs { dst: "/tmp".into(), size: tmp, mode: 0o1777, inodes: tmpfs_inodes(tmp) });
+    ops.push(MountOp::Tmpfs { dst: "/dev".into(), size: 64 * 1024, mode: 0o755, inodes: 64 });
+    let tty = spec.tty.then_some("tty");
+    for dev in DEVICES.iter().copied().chain(tty) {
         let p = Path::new("/dev").join(dev);
         ops.push(MountOp::Bind { src: p.clone(), dst: p, rw: true, dev: true, optional: false });
+    }
+    if spec.tty {
+        ops.push(MountOp::Terminal);
     }
     for (name, target) in [
         ("fd", "/proc/self/fd"),
@@ -104,7 +153,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
     ] {
         ops.push(MountOp::Symlink { target: target.into(), dst: Path::new("/dev").join(name) });
     }
-    ops.push(MountOp::Tmpfs { dst: "/dev/shm".into(), size: spec.limits.tmp_size_bytes, mode: 0o1777 });
+    ops.push(MountOp::Tmpfs { dst: "/dev/shm".into(), size: tmp, mode: 0o1777, inodes: tmpfs_inodes(tmp) });
     ops.push(MountOp::Proc { dst: "/proc".into() });
     for f in PROC_MASKED_FILES {
         ops.push(MountOp::MaskFile { dst: Path::new("/proc").join(f) });
@@ -154,10 +203,32 @@ fn mkdir_p(path: &Path, mode: u32) -> Result<(), SysError> {
     std::fs::DirBuilder::new().recursive(true).mode(mode).create(path).map_err(|e| SysError::io("mkdir", path, e))
 }
 
-fn touch(path: &Path) -> Result<(), SysError> {
-    if let Some(parent) = path.parent() {
-        mkdir_p(parent, 0o755)?;
+/// Make the missing directories above a mount point under `root`, each
+/// with the permission bits of the host directory at the same path (a
+/// 0700 `/root` above a bound `/root/.rustup` stays 0700), or 0700 where
+/// the host has none. The mount point itself is covered by its mount.
+fn mkdir_parents(root: &Path, target: &Path) -> Result<(), SysError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let Some(parent) = target.parent() else { return Ok(()) };
+    let Ok(rel) = parent.strip_prefix(root) else { return mkdir_p(parent, 0o755) };
+    let mut at = root.to_path_buf();
+    let mut host = PathBuf::from("/");
+    for c in rel.components() {
+        at.push(c);
+        host.push(c);
+        if at.is_dir() {
+            continue;
+        }
+        let mode = std::fs::metadata(&host).map(|m| m.permissions().mode() & 0o777).unwrap_or(0o700);
+        std::fs::DirBuilder::new().mode(mode).create(&at).map_err(|e| SysError::io("mkdir", &at, e))?;
+        // The umask may have cut bits the host has.
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| SysError::io("chmod", &at, e))?;
     }
+    Ok(())
+}
+
+fn touch(path: &Path) -> Result<(), SysError> {
     std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -167,8 +238,11 @@ fn touch(path: &Path) -> Result<(), SysError> {
         .map_err(|e| SysError::io("create mount point", path, e))
 }
 
-/// Run the plan under `root` (a fresh tmpfs at [`STAGING`]).
-pub fn build(ops: &[MountOp], fds: &[Option<OwnedFd>]) -> Result<(), SysError> {
+/// Run the plan under `root` (a fresh tmpfs at [`STAGING`]). Returns the
+/// paths that [`MountOp::Protect`] made read-only, as `base/path`.
+pub fn build(ops: &[MountOp], fds: &[Option<OwnedFd>]) -> Result<Vec<String>, SysError> {
+    let mut protected = Vec::new();
+    let mut pinned = std::collections::HashSet::new();
     let root = Path::new(STAGING);
     let nil: Option<&str> = None;
     // Nothing we mount may propagate back to the host.
@@ -183,6 +257,7 @@ pub fn build(ops: &[MountOp], fds: &[Option<OwnedFd>]) -> Result<(), SysError> {
                 let Some(fd) = fd else { continue };
                 let target = under(root, dst);
                 let meta = nix::sys::stat::fstat(fd).map_err(|e| SysError::path("stat bind source", src, e))?;
+                mkdir_parents(root, &target)?;
                 if meta.st_mode & libc::S_IFMT == libc::S_IFDIR {
                     mkdir_p(&target, 0o755)?;
                 } else {
@@ -209,10 +284,13 @@ pub fn build(ops: &[MountOp], fds: &[Option<OwnedFd>]) -> Result<(), SysError> {
                 }
                 std::os::unix::fs::symlink(target, &link).map_err(|e| SysError::io("symlink", &link, e))?;
             }
-            MountOp::Tmpfs { dst, size, mode } => {
+            MountOp::Tmpfs { dst, size, mode, inodes } => {
                 let target = under(root, dst);
                 mkdir_p(&target, 0o755)?;
-                let data = format!("mode={mode:o},size={size}");
+                let data = match inodes {
+                    0 => format!("mode={mode:o},size={size}"),
+                    n => format!("mode={mode:o},size={size},nr_inodes={n}"),
+                };
                 mount(
                     Some("tmpfs"),
                     &target,
@@ -267,9 +345,126 @@ pub fn build(ops: &[MountOp], fds: &[Option<OwnedFd>]) -> Result<(), SysError> {
                     )?;
                 }
             }
+            MountOp::Terminal => bind_terminal(root)?,
+            MountOp::Protect { base, path } => {
+                if let Some(done) = protect(&under(root, base), path, &mut pinned)? {
+                    protected.push(base.join(done).display().to_string());
+                }
+            }
         }
     }
-    Ok(())
+    Ok(protected)
+}
+
+/// Bind the pty at our fd 0 (a host `/dev/pts/N`) at the same name in the
+/// new root's `/dev/pts`. fd 0 was opened in the host's mount namespace,
+/// which a bind can't take from: the name is opened again here, in ours,
+/// and must be the very device fd 0 is.
+fn bind_terminal(root: &Path) -> Result<(), SysError> {
+    let fd0 = Path::new("/proc/self/fd/0");
+    let name = std::fs::read_link(fd0).map_err(|e| SysError::io("find the job's terminal", fd0, e))?;
+    let not_pty = || SysError::other("find the job's terminal", format!("fd 0 is {}, not a pty", name.display()));
+    let n = name.strip_prefix("/dev/pts").ok().filter(|n| n.components().count() == 1).ok_or_else(not_pty)?;
+    let fd = open(name.as_path(), OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| SysError::path("open the job's terminal", &name, e))?;
+    let ours = nix::sys::stat::fstat(&fd).map_err(|e| SysError::path("stat", &name, e))?;
+    // SAFETY: fd 0 is open for the whole life of this process.
+    let given = nix::sys::stat::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(0) })
+        .map_err(|e| SysError::path("stat", fd0, e))?;
+    if (ours.st_dev, ours.st_ino, ours.st_rdev) != (given.st_dev, given.st_ino, given.st_rdev) {
+        return Err(not_pty());
+    }
+    let target = root.join("dev/pts").join(n);
+    mkdir_p(&root.join("dev/pts"), 0o755)?;
+    touch(&target)?;
+    let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let nil: Option<&str> = None;
+    mount(Some(source.as_str()), &target, nil, MsFlags::MS_BIND, nil).map_err(|e| SysError::path("bind", &name, e))?;
+    sys::set_mount_attrs(&target, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC, false)
+}
+
+/// Keep `path` under the read-write bind at `base` read-only for the job.
+///
+/// The bind's content belongs to the job's side: another job may be
+/// changing it right now. So no path is looked up: each component is
+/// opened with `O_NOFOLLOW` from the one before, and the mounts are made
+/// on those very objects (`open_tree` and `move_mount` on fds). Every
+/// directory on the way is bound onto itself (read-write), which makes it
+/// a mount point: the job can then neither rename it away nor replace it
+/// with one of its own (a fresh `.git` with a hostile `config` beside a
+/// renamed real one). A component that is a file where a directory was
+/// expected (a `.git` gitfile pointing elsewhere) is protected itself.
+///
+/// `Ok(None)`: nothing to protect (the path is not there, or the job
+/// could not reach it anyway). A symlink on the way is an error: the job
+/// could repoint it, and following it would protect something else.
+fn protect(
+    base: &Path,
+    path: &Path,
+    pinned: &mut std::collections::HashSet<PathBuf>,
+) -> Result<Option<PathBuf>, SysError> {
+    use std::path::Component;
+    let refuse = |what: String| {
+        SysError::other(
+            "protect",
+            format!("cannot keep {} read-only: {what}; remove it, or pass --no-protect", path.display()),
+        )
+    };
+    let names: Vec<&std::ffi::OsStr> = path
+        .components()
+        .map(|c| match c {
+            Component::Normal(n) => Ok(n),
+            _ => Err(refuse("the path must be relative to the workspace, without '.' or '..'".into())),
+        })
+        .collect::<Result<_, _>>()?;
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let mut at = open(base, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| SysError::path("open protected base", base, e))?;
+    let mut done = PathBuf::new();
+    for (i, name) in names.iter().enumerate() {
+        let fd = match nix::fcntl::openat(&at, *name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+        {
+            Ok(fd) => fd,
+            // Not there, or out of the job's reach too.
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::EACCES) => return Ok(None),
+            Err(e) => return Err(SysError::path("open protected path", &done.join(name), e)),
+        };
+        done.push(name);
+        let kind = nix::sys::stat::fstat(&fd).map_err(|e| SysError::path("stat protected path", &done, e))?.st_mode
+            & libc::S_IFMT;
+        let last = i + 1 == names.len();
+        match kind {
+            libc::S_IFLNK => return Err(refuse(format!("{} is a symbolic link", done.display()))),
+            libc::S_IFDIR if !last => {
+                // Pinned once: a later protected path under it finds the
+                // bind through its lookup from `base`.
+                if pinned.insert(done.clone()) {
+                    at = bind_onto_itself(&fd, false).map_err(|e| SysError::path("pin", &done, e))?;
+                } else {
+                    at = fd;
+                }
+            }
+            _ => {
+                bind_onto_itself(&fd, true).map_err(|e| SysError::path("protect", &done, e))?;
+                return Ok(Some(done));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Bind the object `fd` refers to onto itself, read-only if `ro`. Returns
+/// the new mount's root, from which a deeper path must be opened (the old
+/// fd still sees what the mount now covers).
+fn bind_onto_itself(fd: &OwnedFd, ro: bool) -> Result<OwnedFd, nix::errno::Errno> {
+    let tree = sys::open_tree_clone(fd)?;
+    if ro {
+        sys::set_mount_attrs_fd(&tree, sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV)?;
+    }
+    sys::move_mount_onto(&tree, fd)?;
+    Ok(tree)
 }
 
 /// Pivot into the built root, detach the host's root, and make `/` itself
@@ -346,6 +541,9 @@ mod tests {
         let mut spec = JobSpec::new(vec!["true".into()]);
         spec.limits.tmp_size_bytes = 1234;
         let ops = plan(&spec, &merged_usr());
-        assert!(ops.contains(&MountOp::Tmpfs { dst: "/tmp".into(), size: 1234, mode: 0o1777 }));
+        assert!(ops.contains(&MountOp::Tmpfs { dst: "/tmp".into(), size: 1234, mode: 0o1777, inodes: 1024 }));
+        spec.limits.tmp_size_bytes = 64 << 20;
+        let ops = plan(&spec, &merged_usr());
+        assert!(ops.contains(&MountOp::Tmpfs { dst: "/dev/shm".into(), size: 64 << 20, mode: 0o1777, inodes: 16384 }));
     }
 }

@@ -44,10 +44,14 @@ pub enum MountOp {
         target: PathBuf,
         dst: PathBuf,
     },
+    /// A tmpfs of `size` bytes and at most `inodes` files (0: the kernel's
+    /// default, half the RAM's pages).
     Tmpfs {
         dst: PathBuf,
         size: u64,
         mode: u32,
+        #[serde(default)]
+        inodes: u64,
     },
     Dir {
         dst: PathBuf,
@@ -68,6 +72,19 @@ pub enum MountOp {
     /// Make an existing path of the new root read-only (e.g. /proc/sys).
     ReadOnly {
         dst: PathBuf,
+    },
+    /// The job's own terminal (`--tty`): the pty that pid 1 has at fd 0 is
+    /// bound alone at its name under `/dev/pts`, so `ttyname` finds it.
+    /// No other terminal of the host is there.
+    Terminal,
+    /// Keep a path inside a read-write bind read-only (`.git/hooks` of a
+    /// workspace): `path`, relative to the bind at `base`, is reached
+    /// without following any symlink and bound read-only onto itself. A
+    /// path that does not exist, or is reached only through a symlink, is
+    /// left alone (and not reported as protected).
+    Protect {
+        base: PathBuf,
+        path: PathBuf,
     },
 }
 
@@ -123,6 +140,11 @@ pub struct InitSpec {
     /// its execve (after landlock and seccomp are in force).
     #[serde(default)]
     pub hold: bool,
+    /// The job's stdin is a terminal of its own (a pty the supervisor
+    /// relays): it becomes the controlling terminal of the job's session,
+    /// and `/dev/tty` is there. Otherwise the job has no terminal at all.
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// The byte the supervisor sends to let a held job execve.
@@ -134,8 +156,15 @@ pub const RELEASE: u8 = b'g';
 pub enum Report {
     /// Sandbox is built; pid 1 of the new pid namespace has this host pid.
     Started { pid1: i32 },
-    /// Sent by the job process right before execve.
-    Confined { landlock: LandlockLayer, seccomp: Option<String>, missing: Vec<String> },
+    /// Sent by the job process right before execve. `protected`: the paths
+    /// of [`MountOp::Protect`] that were made read-only.
+    Confined {
+        landlock: LandlockLayer,
+        seccomp: Option<String>,
+        missing: Vec<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        protected: Vec<String>,
+    },
     /// The command could not be executed (errno from execve or lookup).
     ExecFailed { errno: i32, command: String },
     /// Building the sandbox failed; `step` names the step.
@@ -193,6 +222,7 @@ mod tests {
             seccomp: None,
             allow_degraded: false,
             hold: true,
+            tty: false,
         };
         let mut buf = Vec::new();
         write_spec(&mut buf, &spec).unwrap();

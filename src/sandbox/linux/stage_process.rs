@@ -58,6 +58,7 @@ pub(crate) fn spawn(
         match stream {
             Stream::Inherit => {}
             Stream::Null => placed.push((open_dev_null()?, target as RawFd)),
+            Stream::Fd(fd) => placed.push((dup_above(fd, 0)?, target as RawFd)),
             Stream::Piped => {
                 let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
                 let (theirs, mine) = if target == 0 { (read, write) } else { (write, read) };
@@ -268,7 +269,9 @@ impl Drop for FileActions {
 /// `posix_spawnattr_t`: the child starts with no signal blocked and
 /// SIGPIPE at its default action (we ignore it, as every Rust program
 /// does; an ignored signal stays ignored across execve, and the job, a
-/// pipeline's `yes`, must die of it).
+/// pipeline's `yes`, must die of it), in a process group of its own: a
+/// terminal's signals (Ctrl-C, Ctrl-Z) reach the supervisor alone, which
+/// forwards what they mean once, and never the sandbox behind its back.
 struct SpawnAttr(libc::posix_spawnattr_t);
 
 impl SpawnAttr {
@@ -286,7 +289,8 @@ impl SpawnAttr {
             libc::sigemptyset(&mut default);
             libc::sigaddset(&mut default, libc::SIGPIPE);
             check(libc::posix_spawnattr_setsigdefault(&mut attr.0, &default))?;
-            let flags = libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
+            check(libc::posix_spawnattr_setpgroup(&mut attr.0, 0))?;
+            let flags = libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETPGROUP;
             check(libc::posix_spawnattr_setflags(&mut attr.0, flags as libc::c_short))?;
         }
         Ok(attr)

@@ -228,20 +228,58 @@ pub fn set_no_new_privs() -> Result<(), SysError> {
     Errno::result(ret).map(drop).map_err(|e| SysError::call("set no_new_privs", e))
 }
 
-/// Switch the calling process to SCHED_OTHER if it runs under a real-time
-/// or deadline policy; children inherit the policy, the job included. The
-/// nice value is left as it is (an operator may lower the jobs' priority).
-pub fn reset_realtime_scheduling() -> Result<(), SysError> {
-    // SAFETY: sched_getscheduler takes a pid and no pointers.
-    let policy = unsafe { libc::sched_getscheduler(0) };
-    if !matches!(policy, libc::SCHED_FIFO | libc::SCHED_RR | SCHED_DEADLINE) {
-        return Ok(());
-    }
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a valid sched_param that outlives the call.
-    let ret = unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
-    Errno::result(ret).map(drop).map_err(|e| SysError::call("leave the real-time scheduling policy", e))
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+/// `open_tree(fd, "", OPEN_TREE_CLONE)` (Linux 5.2): a detached copy of
+/// the mount at the object `fd` refers to, rooted at that very object
+/// (a bind that never looks a path up again). Not recursive.
+pub fn open_tree_clone(fd: &std::os::fd::OwnedFd) -> Result<std::os::fd::OwnedFd, Errno> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+    // SAFETY: an open fd and an empty NUL-terminated path; the kernel
+    // returns a new fd or -1.
+    let ret = unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), c"".as_ptr(), flags) };
+    let tree = Errno::result(ret)?;
+    // SAFETY: the kernel just returned this new fd; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(tree as libc::c_int) })
 }
 
-/// SCHED_DEADLINE (not in every libc crate version's constants).
-const SCHED_DEADLINE: i32 = 6;
+/// Add mount attributes to the mount `fd` refers to (a detached tree from
+/// [`open_tree_clone`]), with `mount_setattr(2)` on the fd itself.
+pub fn set_mount_attrs_fd(fd: &std::os::fd::OwnedFd, attrs: u64) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let attr = MountAttr { attr_set: attrs, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    // SAFETY: an open fd, an empty NUL-terminated path and a valid struct
+    // of the size passed; the kernel only reads them.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(ret).map(drop)
+}
+
+/// `move_mount(2)` of the detached tree `from` onto the object `onto`
+/// refers to: no path is looked up, so nothing can be swapped in between.
+pub fn move_mount_onto(from: &std::os::fd::OwnedFd, onto: &std::os::fd::OwnedFd) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: two open fds and empty NUL-terminated paths.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from.as_raw_fd(),
+            c"".as_ptr(),
+            onto.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    Errno::result(ret).map(drop)
+}

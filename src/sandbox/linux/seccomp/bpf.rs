@@ -151,7 +151,7 @@ fn check_actions(file: &str, plan: &Plan) -> Result<(), SeccompError> {
 
 /// The tree with no code in its leaves: each node is one `jge` whose
 /// targets are other nodes, one shared `ret` per action after the tree, or
-/// the argument blocks after those. About a quarter smaller than
+/// the argument blocks after those (one per distinct set of checks). About a quarter smaller than
 /// [`tree`], but only while every target is within a jump's 255
 /// instructions; `None` when one is not.
 fn compact_tree(leaves: &[(u32, Verdict<'_>)], default: Action) -> Option<Vec<libc::sock_filter>> {
@@ -167,6 +167,12 @@ fn compact_tree(leaves: &[(u32, Verdict<'_>)], default: Action) -> Option<Vec<li
         let mut target = |asm: &mut Asm, v: &'r Verdict<'_>| -> Tgt {
             if let Verdict::Ret(a) = v {
                 if let Some((_, existing)) = rets.iter().find(|(r, _)| r == a) {
+                    return Tgt::To(*existing);
+                }
+            }
+            // Syscalls with the same argument checks share one block.
+            if let Verdict::Args(rules) = v {
+                if let Some((existing, _)) = blocks.iter().find(|(_, b)| same_rules(b, rules)) {
                     return Tgt::To(*existing);
                 }
             }
@@ -260,15 +266,31 @@ fn intervals<'a>(plan: &Plan, by_nr: &std::collections::BTreeMap<i32, PerSyscall
             points.push((next, default.clone()));
         }
     }
-    // Neighbours that return the same action are one interval.
+    // Neighbours with the same verdict are one interval: the same action,
+    // or the same argument checks (chmod and fchmod test their mode alike).
     let mut out: Vec<(u32, Verdict<'a>)> = Vec::with_capacity(points.len());
     for (start, v) in points {
         match out.last() {
-            Some((_, last @ Verdict::Ret(_))) if *last == v => {}
+            Some((_, last)) if same_verdict(last, &v) => {}
             _ => out.push((start, v)),
         }
     }
     out
+}
+
+/// Whether two verdicts compile to the same code.
+fn same_verdict(a: &Verdict<'_>, b: &Verdict<'_>) -> bool {
+    match (a, b) {
+        (Verdict::Ret(x), Verdict::Ret(y)) => x == y,
+        (Verdict::Args(x), Verdict::Args(y)) => same_rules(x, y),
+        _ => false,
+    }
+}
+
+/// Whether two syscalls' argument checks are the same, rule for rule
+/// (their names aside).
+fn same_rules(a: &[&Rule], b: &[&Rule]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.action == y.action && x.conds == y.conds)
 }
 
 /// A masked comparison that no value can satisfy (the value has bits the

@@ -223,16 +223,53 @@ fn every_comparison_and_mask_shape_compiles_as_libseccomp_does() {
     assert_same(&plan);
 }
 
+/// Docker's profile, whose argument checks are few, compiles to under a
+/// third of libseccomp's program. Ours tests the mode of eleven calls for
+/// setuid bits as well (three shared blocks, and two more points of the
+/// number tree for each call): under 36% (262 against 741 when written,
+/// 223 against 710 before those checks).
 #[test]
 fn the_default_profile_is_a_third_of_libseccomps_size() {
     let plan = default_plan();
     let (a, b) = (ours(&plan).len(), libseccomp_program(&plan).len());
     eprintln!("default profile: {a} instructions here, {b} from libseccomp");
-    assert!(a * 3 < b, "{a} vs {b}");
+    assert!(a * 100 < b * 36, "{a} vs {b}");
     let plan = docker_plan();
     let (a, b) = (ours(&plan).len(), libseccomp_program(&plan).len());
     eprintln!("Docker's profile: {a} instructions here, {b} from libseccomp");
     assert!(a * 3 < b, "{a} vs {b}");
+}
+
+/// Syscalls whose argument checks are the same share one block of code,
+/// and neighbours among them one interval of the number tree.
+#[test]
+fn identical_argument_checks_share_one_block() {
+    let profile = |names: &str| {
+        format!(
+            r#"{{"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38, "syscalls": [
+            {{"names": [{names}], "action": "SCMP_ACT_ALLOW", "args": [
+                {{"index": 1, "op": "SCMP_CMP_MASKED_EQ", "value": 3072, "valueTwo": 0}}]}},
+            {{"names": [{names}], "action": "SCMP_ACT_ERRNO", "errnoRet": 1, "args": [
+                {{"index": 1, "op": "SCMP_CMP_MASKED_EQ", "value": 2048, "valueTwo": 2048}},
+                {{"index": 1, "op": "SCMP_CMP_MASKED_EQ", "value": 1024, "valueTwo": 1024}}]}}
+            ]}}"#
+        )
+    };
+    if !cfg!(target_arch = "x86_64") {
+        // The names and numbers below are x86_64's (aarch64 has no chmod).
+        return;
+    }
+    let one = plan_of(&profile(r#""chmod""#));
+    // chmod (90) and fchmod (91) are neighbours.
+    let neighbours = plan_of(&profile(r#""chmod", "fchmod""#));
+    let apart = plan_of(&profile(r#""chmod", "mkdir", "creat""#));
+    for plan in [&one, &neighbours, &apart] {
+        assert_same(plan);
+    }
+    let (a, b, c) = (ours(&one).len(), ours(&neighbours).len(), ours(&apart).len());
+    assert_eq!(a, b, "neighbours with the same checks are one interval");
+    // Each call apart adds at most two tree nodes, never a second block.
+    assert!(c <= a + 4, "{a} instructions for one call, {c} for three");
 }
 
 #[test]

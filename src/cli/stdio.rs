@@ -1,0 +1,290 @@
+//! The caller's standard streams, as `confine run` hands them to a job.
+//!
+//! A job never gets the caller's terminal or files themselves: with its
+//! caller's tty it could take the terminal's foreground (`TIOCSPGRP`) or
+//! type into the shell behind it (`TIOCSTI`), and with a regular file it
+//! could truncate or rewrite the caller's log (`ftruncate`, `pwrite`,
+//! `fchmod`). A pipe passes through as it is (it can't be rewound or
+//! truncated), and so does `/dev/null`; anything else is relayed by this
+//! process through a pipe of its own, as `docker run` does. With `--tty`
+//! the job gets a terminal of its own: a pty whose other side is relayed
+//! here, with the caller's terminal in raw mode and its size kept in step
+//! (`docker run -t`).
+//!
+//! The relays are threads doing blocking reads and writes (no tokio in
+//! the copy path, so a slow consumer holds nothing else up); the caller
+//! waits for the output relays to drain after the job ends, and a stop
+//! request (SIGTERM, SIGINT, SIGHUP) ends that wait at once.
+
+use crate::sandbox::linux::RunningJob;
+use crate::sandbox::{StdioSpec, Stream};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::thread::JoinHandle;
+
+/// How one of the caller's streams reaches the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Passed as it is: a pipe, or /dev/null.
+    Pass,
+    /// Relayed through a pipe by this process.
+    Relay,
+    /// Not open in the caller (or a terminal the caller can't read now):
+    /// the job gets /dev/null.
+    Null,
+}
+
+/// The plan for the caller's three streams, made before the job starts.
+pub struct CallerStdio {
+    routes: [Route; 3],
+    pty: Option<Pty>,
+}
+
+impl CallerStdio {
+    /// Look at fds 0, 1 and 2. `tty`: give the job a pty of its own.
+    pub fn detect(tty: bool) -> io::Result<CallerStdio> {
+        let routes = [route(0), route(1), route(2)];
+        let pty = if tty { Some(Pty::open()?) } else { None };
+        Ok(CallerStdio { routes, pty })
+    }
+
+    /// What the sandbox's stage gets as fds 0, 1 and 2. With a pty, all
+    /// three are its terminal side (kept open by `self` until the job is
+    /// started).
+    pub fn stdio(&self) -> StdioSpec {
+        if let Some(pty) = &self.pty {
+            let fd = Stream::Fd(pty.terminal.as_raw_fd());
+            return StdioSpec { stdin: fd, stdout: fd, stderr: fd };
+        }
+        let stream = |r: Route| match r {
+            Route::Pass => Stream::Inherit,
+            Route::Relay => Stream::Piped,
+            Route::Null => Stream::Null,
+        };
+        StdioSpec { stdin: stream(self.routes[0]), stdout: stream(self.routes[1]), stderr: stream(self.routes[2]) }
+    }
+
+    /// Start the relays of a job just spawned with [`CallerStdio::stdio`].
+    pub fn start(self, job: &mut RunningJob) -> io::Result<Relays> {
+        let mut relays = Relays { outputs: Vec::new(), raw: None, master: None };
+        if let Some(pty) = self.pty {
+            // Only the job's side may hold the terminal open now: the
+            // master reads EIO (the end) once the job's last process exits.
+            drop(pty.terminal);
+            let master = pty.master;
+            if let Some(size) = window_size(0).or_else(|| window_size(1)) {
+                set_window_size(&master, &size);
+            }
+            relays.raw = RawMode::enter(0);
+            let to_job = File::from(master.try_clone()?);
+            relays.outputs.push(spawn_copy("confine-pty-out", File::from(master.try_clone()?), dup(1)?)?);
+            spawn_detached("confine-pty-in", dup(0)?, to_job)?;
+            relays.master = Some(master);
+            return Ok(relays);
+        }
+        if self.routes[0] == Route::Relay {
+            if let Some(to_job) = job.stdin_fd() {
+                spawn_detached("confine-stdin", dup(0)?, File::from(to_job))?;
+            }
+        }
+        for (fd, pipe) in [(1, job.stdout_fd()), (2, job.stderr_fd())] {
+            if let Some(pipe) = pipe {
+                relays.outputs.push(spawn_copy("confine-relay", File::from(pipe), dup(fd)?)?);
+            }
+        }
+        Ok(relays)
+    }
+}
+
+/// The relays of a running job.
+pub struct Relays {
+    outputs: Vec<JoinHandle<()>>,
+    /// The caller's terminal settings, restored when this is dropped.
+    raw: Option<RawMode>,
+    /// The pty's master, for window size changes.
+    master: Option<OwnedFd>,
+}
+
+impl Relays {
+    /// Whether the job has a pty whose size follows the caller's.
+    pub fn has_pty(&self) -> bool {
+        self.master.is_some()
+    }
+
+    /// What copies the caller's window size to the job's terminal, for a
+    /// task that runs it on each SIGWINCH.
+    pub fn resizer(&self) -> Option<impl Fn() + Send + 'static> {
+        let master = self.master.as_ref()?.try_clone().ok()?;
+        Some(move || {
+            if let Some(size) = window_size(0).or_else(|| window_size(1)) {
+                set_window_size(&master, &size);
+            }
+        })
+    }
+
+    /// Wait until everything the job wrote has reached the caller.
+    pub async fn drain(&mut self) {
+        let outputs = std::mem::take(&mut self.outputs);
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in outputs {
+                let _ = t.join();
+            }
+        })
+        .await;
+    }
+}
+
+fn route(fd: RawFd) -> Route {
+    // SAFETY: fstat fills the struct we own; an fd that is not open is
+    // an error, not undefined behaviour.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Route::Null;
+    }
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFIFO => Route::Pass,
+        libc::S_IFCHR if st.st_rdev == libc::makedev(1, 3) => Route::Pass,
+        // A terminal stdin is read only by the terminal's foreground
+        // process group; read from the background, it would stop us
+        // (SIGTTIN). The job then gets no input, as `docker run` without -i.
+        libc::S_IFCHR if fd == 0 && is_tty(0) && !in_foreground(0) => Route::Null,
+        _ => Route::Relay,
+    }
+}
+
+fn is_tty(fd: RawFd) -> bool {
+    // SAFETY: isatty only inspects the fd.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
+fn in_foreground(fd: RawFd) -> bool {
+    // SAFETY: tcgetpgrp and getpgrp take no pointers.
+    unsafe { libc::tcgetpgrp(fd) == libc::getpgrp() }
+}
+
+/// A close-on-exec copy of one of our standard streams.
+fn dup(fd: RawFd) -> io::Result<File> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a number; a closed fd is an error.
+    let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if copy < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fcntl just returned this new fd; nothing else owns it.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(copy) }))
+}
+
+/// Copy `from` to `to` until `from` ends (EOF, or EIO from a pty whose
+/// job side is gone) or `to` fails (the caller's reader left: the rest is
+/// drained and dropped, so the job never blocks on a full pipe).
+fn spawn_copy(name: &str, mut from: File, mut to: File) -> io::Result<JoinHandle<()>> {
+    let run = move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut sink_ok = true;
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            if sink_ok && to.write_all(&buf[..n]).is_err() {
+                sink_ok = false;
+            }
+        }
+        let _ = to.flush();
+    };
+    std::thread::Builder::new().name(name.into()).spawn(run)
+}
+
+/// [`spawn_copy`] for the input side: nobody waits for it (a job that
+/// never reads its stdin must not keep us, and a terminal read blocks
+/// until the user types). It ends with the process.
+fn spawn_detached(name: &str, from: File, to: File) -> io::Result<()> {
+    spawn_copy(name, from, to).map(drop)
+}
+
+/// A pseudo-terminal: the master stays here, the terminal side goes to
+/// the job.
+struct Pty {
+    master: OwnedFd,
+    terminal: OwnedFd,
+}
+
+impl Pty {
+    fn open() -> io::Result<Pty> {
+        use nix::fcntl::OFlag;
+        let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)?;
+        nix::pty::grantpt(&master)?;
+        nix::pty::unlockpt(&master)?;
+        let name = nix::pty::ptsname_r(&master)?;
+        let terminal = nix::fcntl::open(
+            name.as_str(),
+            OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )?;
+        // SAFETY: posix_openpt returned an fd we now own alone.
+        let master = unsafe { OwnedFd::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(master)) };
+        Ok(Pty { master, terminal })
+    }
+}
+
+fn window_size(fd: RawFd) -> Option<libc::winsize> {
+    // SAFETY: winsize is plain old data; all-zero is a valid value.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes a winsize into the struct we own.
+    (unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0).then_some(ws)
+}
+
+fn set_window_size(master: &OwnedFd, size: &libc::winsize) {
+    // SAFETY: TIOCSWINSZ reads the winsize we own; the fd is open.
+    unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, size) };
+}
+
+/// The caller's terminal in raw mode (every key goes to the job's pty,
+/// Ctrl-C included, whose line discipline turns it into the job's
+/// SIGINT), restored when dropped.
+struct RawMode {
+    fd: File,
+    saved: nix::sys::termios::Termios,
+}
+
+impl RawMode {
+    fn enter(fd: RawFd) -> Option<RawMode> {
+        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+        if !is_tty(fd) {
+            return None;
+        }
+        let file = dup(fd).ok()?;
+        let saved = tcgetattr(file.as_fd()).ok()?;
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        tcsetattr(file.as_fd(), SetArg::TCSANOW, &raw).ok()?;
+        Some(RawMode { fd: file, saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = nix::sys::termios::tcsetattr(self.fd.as_fd(), nix::sys::termios::SetArg::TCSANOW, &self.saved);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipes_and_dev_null_pass_files_are_relayed() {
+        let (r, _w) = nix::unistd::pipe().unwrap();
+        let file = tempfile::tempfile().unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(route(r.as_raw_fd()), Route::Pass);
+        assert_eq!(route(null.as_raw_fd()), Route::Pass);
+        assert_eq!(route(file.as_raw_fd()), Route::Relay);
+        let dir = std::fs::File::open("/").unwrap();
+        assert_eq!(route(dir.as_raw_fd()), Route::Relay);
+        assert_eq!(route(1_000_000), Route::Null);
+    }
+}
