@@ -400,7 +400,9 @@ async fn run_linux(args: &RunArgs, spec: JobSpec) -> Result<Outcome, SandboxErro
 fn with_limits_hint(e: SandboxError, args: &RunArgs) -> SandboxError {
     let defaulted = args.memory.is_none() || args.cpus.is_none() || args.pids.is_none();
     match e {
-        SandboxError::Cgroup(c) if defaulted && !matches!(c, crate::sandbox::linux::cgroup::CgroupError::BadParent(_)) => {
+        SandboxError::Cgroup(c)
+            if defaulted && !matches!(c, crate::sandbox::linux::cgroup::CgroupError::BadParent(_)) =>
+        {
             SandboxError::Unavailable(format!(
                 "{c}. (The default limits need a cgroup; lift them with --memory unlimited --cpus unlimited \
                  --pids unlimited, or set others in [limits] of confine.toml.)"
@@ -577,8 +579,7 @@ fn protected_path(p: &Path, workspace: Option<&Path>) -> Result<PathBuf, Sandbox
     use std::path::Component;
     let rel = p.strip_prefix("/workspace").unwrap_or(p);
     let bad = |why: &str| SandboxError::Unavailable(format!("--protect {}: {why}", p.display()));
-    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) || rel.as_os_str().is_empty()
-    {
+    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) || rel.as_os_str().is_empty() {
         return Err(bad("give a path inside the workspace, relative to it, without '.' or '..'"));
     }
     if let Some(ws) = workspace {

@@ -5,8 +5,11 @@
 
 use std::process::{Command, Output, Stdio};
 
+/// The binary under test: this build's, or `CONFINE_TEST_BIN` (to show
+/// that a regression test fails against an older build).
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_confine")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| std::env::var("CONFINE_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_confine").to_string()))
 }
 
 /// `confine run ARGS…` with captured output.

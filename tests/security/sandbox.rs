@@ -2,3 +2,838 @@
 //! supervisor writes (1), host ids (3), planted code and setuid bits (4),
 //! default limits (5), kernel counters (6), session and terminal (7),
 //! inherited attributes (8), `/proc` and syscalls (9), and the posture test.
+//!
+//! Each test is the attack, run by a real job against a real sandbox, and
+//! what the host must see afterwards.
+
+use crate::common::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A workspace directory owned by `uid:gid`, mode 0755.
+fn workspace(uid: u32, gid: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// `confine run FLAGS… -- python3 -c CODE`.
+fn python(flags: &[&str], code: &str) -> std::process::Output {
+    let mut args: Vec<&str> = flags.to_vec();
+    args.extend(["--", "/usr/bin/python3", "-c", code]);
+    run(&args)
+}
+
+/// `key=value` lines of a job's output.
+fn answers(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
+}
+
+fn root_sandbox() -> bool {
+    if !is_root() {
+        skip("the security suite's sandbox classes run as root, as the probes did");
+        return false;
+    }
+    sandbox_available()
+}
+
+// ---- class 1: the supervisor never writes through what the job planted ----
+
+/// The job replaces its `--json-status` file with a symlink to a host
+/// path: confine must replace the link, never write through it.
+#[test]
+fn class01_json_status_symlink_planted_by_the_job_is_not_followed() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = workspace(1000, 1000);
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("root-owned-file");
+    let script = format!("rm -f status.json; ln -s {} status.json", target.display());
+    let ws_path = ws.path().to_str().unwrap();
+    let out = run(&[
+        "--workspace",
+        ws_path,
+        "--rw",
+        "--json-status",
+        &format!("{ws_path}/status.json"),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!target.exists(), "confine wrote through the job's symlink to {}", target.display());
+    let meta = std::fs::symlink_metadata(ws.path().join("status.json")).unwrap();
+    assert!(meta.is_file(), "status.json must be a regular file again");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(ws.path().join("status.json")).unwrap()).unwrap();
+    assert_eq!(v["status"], "success");
+}
+
+/// The job replaces its status file with a FIFO: confine must not block.
+#[test]
+fn class01_json_status_fifo_planted_by_the_job_does_not_block() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = workspace(1000, 1000);
+    let ws_path = ws.path().to_str().unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.args(["run", "--workspace", ws_path, "--rw", "--json-status", &format!("{ws_path}/status.json")]);
+    cmd.args(["--", "/bin/sh", "-c", "rm -f status.json; mkfifo status.json"]);
+    let out = output_within(&mut cmd, Duration::from_secs(20));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::symlink_metadata(ws.path().join("status.json")).unwrap().is_file());
+}
+
+/// SIGTERM ends the CLI, and the job with it, even when the job ignores
+/// SIGTERM and the CLI's own output is stuck (a reader that never reads).
+#[test]
+fn class01_sigterm_always_ends_the_cli_and_the_job() {
+    if !root_sandbox() {
+        return;
+    }
+    let token = token("class01-term");
+    // stdout: a socket nobody reads, so confine relays it and its relay
+    // blocks once the socket's buffer is full.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let script = format!(
+        "trap '' TERM; exec -a {token} /bin/sh -c 'trap \"\" TERM; while :; do echo {token}{token}{token}; done'"
+    );
+    let mut child = Command::new(bin())
+        .args(["run", "--kill-grace", "300ms", "--", "/bin/sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Until the job runs (its pid is on the host, in its pid namespace).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while host_pids_with(&token).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("confine did not end within 10 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(ours);
+    assert!(!status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !host_pids_with(&token).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(host_pids_with(&token), Vec::<u32>::new(), "the job outlived confine");
+}
+
+// ---- class 3: the job's host ids are unprivileged ----
+
+/// A workspace in group `shadow`: the job must not join that group, so
+/// `/etc/shadow` (root:shadow 0640) stays unreadable.
+#[test]
+fn class03_the_workspace_group_is_never_the_jobs() {
+    if !root_sandbox() {
+        return;
+    }
+    let Some(shadow) = nix::unistd::Group::from_name("shadow").unwrap() else {
+        return skip("this host has no shadow group");
+    };
+    let meta = std::fs::metadata("/etc/shadow").unwrap();
+    assert_eq!(
+        (meta.gid(), meta.mode() & 0o077),
+        (shadow.gid.as_raw(), 0o040),
+        "the attack needs /etc/shadow root:shadow 0640"
+    );
+    for owner in [1000, 0] {
+        let ws = workspace(owner, shadow.gid.as_raw());
+        let out = run(&[
+            "--workspace",
+            ws.path().to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo gid=$(id -g); echo groups=$(id -G); head -c1 /etc/shadow >/dev/null 2>&1 && echo shadow=readable || echo shadow=denied",
+        ]);
+        let a = answers(&stdout(&out));
+        assert_eq!(a.get("shadow").map(String::as_str), Some("denied"), "owner {owner}: {a:?} {}", stderr(&out));
+        assert_eq!(a.get("gid").map(String::as_str), Some("65534"), "owner {owner}: {a:?}");
+        assert_eq!(a.get("groups").map(String::as_str), Some("65534"), "owner {owner}: {a:?}");
+    }
+}
+
+/// A workspace owned by a system account (uid < 1000: `postgres`, `www-data`)
+/// does not make the job that account: it could read what the account owns
+/// in the bound system paths.
+#[test]
+fn class03_a_system_accounts_workspace_runs_the_job_as_nobody() {
+    if !root_sandbox() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let status = dir.path().join("status.json");
+    for (owner, want) in [(33, 65534), (0, 65534), (1000, 1000)] {
+        let ws = workspace(owner, owner);
+        let out = run(&[
+            "--workspace",
+            ws.path().to_str().unwrap(),
+            "--json-status",
+            status.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+            "id -u",
+        ]);
+        assert_eq!(stdout(&out).trim(), want.to_string(), "owner {owner}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+        assert_eq!(v["layers"]["hostUid"], want, "{v}");
+        assert_eq!(v["layers"]["hostGid"], 65534, "{v}");
+    }
+}
+
+// ---- class 4: no planted code for the host, no setuid files ----
+
+/// A git repository as the workspace, read-write.
+fn git_workspace() -> tempfile::TempDir {
+    let ws = workspace(1000, 1000);
+    let ok = Command::new("git").args(["init", "-q"]).current_dir(ws.path()).status().unwrap().success();
+    assert!(ok, "git init");
+    let ok = Command::new("chown").args(["-R", "1000:1000"]).arg(ws.path()).status().unwrap().success();
+    assert!(ok, "chown");
+    std::fs::create_dir_all(ws.path().join(".git/modules/sub/hooks")).unwrap();
+    ws
+}
+
+const PLANT: &str = r#"
+for f in .git/hooks/pre-commit .git/modules/sub/hooks/post-checkout; do
+  (echo '#!/bin/sh' > $f && chmod +x $f) 2>/dev/null && echo "$f=planted" || echo "$f=refused"
+done
+printf '[core]\n\tfsmonitor = touch /tmp/pwned\n' >> .git/config 2>/dev/null && echo config=planted || echo config=refused
+mv .git .git-away 2>/dev/null && echo rename=done || echo rename=refused
+rm -rf .git/hooks 2>/dev/null; [ -d .git/hooks ] && echo rmhooks=refused || echo rmhooks=done
+echo data > file.txt && echo write=ok
+"#;
+
+#[test]
+fn class04_git_hooks_and_config_stay_read_only_in_a_rw_workspace() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = git_workspace();
+    let config_before = std::fs::read(ws.path().join(".git/config")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let status = dir.path().join("status.json");
+    let wsp = ws.path().to_str().unwrap();
+    let out =
+        run(&["--workspace", wsp, "--rw", "--json-status", status.to_str().unwrap(), "--", "/bin/sh", "-c", PLANT]);
+    let a = answers(&stdout(&out));
+    for (k, v) in [
+        (".git/hooks/pre-commit", "refused"),
+        (".git/modules/sub/hooks/post-checkout", "refused"),
+        ("config", "refused"),
+        ("rename", "refused"),
+        ("rmhooks", "refused"),
+        ("write", "ok"),
+    ] {
+        assert_eq!(a.get(k).map(String::as_str), Some(v), "{k}: {a:?} {}", stderr(&out));
+    }
+    assert!(!ws.path().join(".git/hooks/pre-commit").exists());
+    assert_eq!(std::fs::read(ws.path().join(".git/config")).unwrap(), config_before);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    let protected: Vec<&str> = v["layers"]["protected"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
+    assert_eq!(protected, ["/workspace/.git/hooks", "/workspace/.git/config", "/workspace/.git/modules"], "{v}");
+
+    // --no-protect lifts it (the user's choice), --protect adds a path.
+    std::fs::write(ws.path().join(".env"), "SECRET=1\n").unwrap();
+    let out = run(&["--workspace", wsp, "--rw", "--no-protect", "--protect", ".env", "--", "/bin/sh", "-c", "echo x >> .env 2>/dev/null && echo env=written || echo env=refused; echo x > .git/hooks/pre-push && echo hook=written"]);
+    let a = answers(&stdout(&out));
+    assert_eq!(a.get("env").map(String::as_str), Some("refused"), "{a:?} {}", stderr(&out));
+    assert_eq!(a.get("hook").map(String::as_str), Some("written"), "{a:?}");
+    let out = run(&["--workspace", wsp, "--rw", "--protect", "no/such/path", "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("--protect no/such/path"), "{}", stderr(&out));
+}
+
+/// A `.git` gitfile (a worktree's) is protected itself: repointed, it would
+/// hand the host's git a gitdir of the job's making.
+#[test]
+fn class04_a_gitfile_and_symlinked_hooks_are_handled() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = workspace(1000, 1000);
+    std::fs::write(ws.path().join(".git"), "gitdir: /srv/real/.git/worktrees/w\n").unwrap();
+    std::os::unix::fs::chown(ws.path().join(".git"), Some(1000), Some(1000)).unwrap();
+    let wsp = ws.path().to_str().unwrap();
+    let out = run(&[
+        "--workspace",
+        wsp,
+        "--rw",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo 'gitdir: /tmp/evil' > .git && echo gitfile=written || echo gitfile=refused",
+    ]);
+    assert_eq!(answers(&stdout(&out)).get("gitfile").map(String::as_str), Some("refused"), "{}", stderr(&out));
+    // A symlinked .git/hooks can be repointed by the job: that is refused
+    // (fail closed), with the way out named.
+    let ws = git_workspace();
+    std::fs::remove_dir_all(ws.path().join(".git/hooks")).unwrap();
+    std::os::unix::fs::symlink("/usr/share/git-core/templates/hooks", ws.path().join(".git/hooks")).unwrap();
+    let out = run(&["--workspace", ws.path().to_str().unwrap(), "--rw", "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        stderr(&out).contains(".git/hooks is a symbolic link") && stderr(&out).contains("--no-protect"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Setuid and setgid bits can't be set by any call, and file capabilities
+/// can't be written: such a file left in the workspace would run with its
+/// owner's ids on the host.
+#[test]
+fn class04_setuid_setgid_and_file_capabilities_are_refused() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = workspace(1000, 1000);
+    let code = r#"
+import ctypes, errno, os, stat
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, f):
+    try:
+        f(); print(f"{name}=ok")
+    except OSError as e:
+        print(f"{name}={errno.errorcode[e.errno]}")
+def sys(name, nr, *args):
+    def call():
+        if libc.syscall(nr, *args) < 0:
+            raise OSError(ctypes.get_errno(), name)
+    attempt(name, call)
+open("f", "w").close()
+attempt("chmod_suid", lambda: os.chmod("f", 0o4755))
+attempt("chmod_sgid", lambda: os.chmod("f", 0o2755))
+attempt("chmod_plain", lambda: os.chmod("f", 0o755))
+fd = os.open("f", os.O_RDONLY)
+attempt("fchmod_suid", lambda: os.fchmod(fd, 0o4755))
+attempt("open_creat_suid", lambda: os.close(os.open("g", os.O_CREAT | os.O_WRONLY, 0o4755)))
+attempt("mkdir_sgid", lambda: os.mkdir("d", 0o2755))
+attempt("mknod_suid", lambda: os.mknod("n", stat.S_IFREG | 0o4755))
+# High bits set to dodge a 64-bit comparison: the kernel reads 16 of them.
+sys("chmod_suid_high", 90, b"f", ctypes.c_ulong(0x100000000 | 0o4755))
+sys("fchmodat2_suid", 452, -100, b"f", ctypes.c_ulong(0o4755), 0)
+sys("openat2", 437, -100, b"f", ctypes.c_void_p(0), 24)
+attempt("setcap", lambda: os.setxattr("f", "security.capability", b"\x01\x00\x00\x02" + b"\x00" * 16))
+print("mode=%o" % stat.S_IMODE(os.stat("f").st_mode))
+"#;
+    let out = python(&["--workspace", ws.path().to_str().unwrap(), "--rw"], code);
+    let a = answers(&stdout(&out));
+    for (k, v) in [
+        ("chmod_suid", "EPERM"),
+        ("chmod_sgid", "EPERM"),
+        ("chmod_plain", "ok"),
+        ("fchmod_suid", "EPERM"),
+        ("open_creat_suid", "EPERM"),
+        ("mkdir_sgid", "EPERM"),
+        ("mknod_suid", "EPERM"),
+        ("chmod_suid_high", "EPERM"),
+        ("fchmodat2_suid", "EPERM"),
+        ("openat2", "ENOSYS"),
+        ("setcap", "EPERM"),
+        ("mode", "755"),
+    ] {
+        assert_eq!(a.get(k).map(String::as_str), Some(v), "{k}: {a:?} {}", stderr(&out));
+    }
+    for entry in std::fs::read_dir(ws.path()).unwrap() {
+        let m = entry.unwrap().metadata().unwrap();
+        assert_eq!(m.mode() & 0o6000, 0, "a setuid or setgid file reached the host");
+    }
+}
+
+// ---- class 5: limits by default ----
+
+#[test]
+fn class05_confine_run_has_default_limits_and_unlimited_lifts_them() {
+    if !root_sandbox() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let status = dir.path().join("status.json");
+    let s = status.to_str().unwrap();
+    // A fork bomb, bounded: it must stop at the pids limit, not at the host's.
+    let bomb = "n=0; while [ $n -lt 400 ]; do sleep 30 & n=$((n+1)); done 2>/dev/null; echo started=$(jobs -p | wc -l); kill $(jobs -p) 2>/dev/null; exit 0";
+    let out = run(&["--json-status", s, "--", "/bin/bash", "-c", bomb]);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    assert_eq!(v["limits"]["memoryBytes"], 512u64 << 20, "{v}");
+    assert_eq!(v["limits"]["pids"], 256, "{v}");
+    assert_eq!(v["limits"]["cpus"], 1.0, "{v}");
+    let started: u32 = answers(&stdout(&out)).get("started").and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(started < 256, "the default pids limit did not hold: {started} started; {}", stderr(&out));
+    let out = run(&[
+        "--json-status",
+        s,
+        "--pids",
+        "unlimited",
+        "--memory",
+        "unlimited",
+        "--cpus",
+        "unlimited",
+        "--",
+        "/bin/true",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    for k in ["memoryBytes", "pids", "cpus"] {
+        assert!(v["limits"][k].is_null(), "{k}: {v}");
+    }
+}
+
+/// /tmp and /dev/shm cap their inodes as well as their bytes.
+#[test]
+fn class05_tmp_and_shm_cap_their_inodes() {
+    if !root_sandbox() {
+        return;
+    }
+    let code = r#"
+import os
+for d in ("/tmp", "/dev/shm"):
+    n = 0
+    try:
+        while n < 200000:
+            open(f"{d}/f{n}", "w").close(); n += 1
+    except OSError as e:
+        pass
+    print(f"{d}={n}")
+"#;
+    let out = python(&["--tmp-size", "4M"], code);
+    let a = answers(&stdout(&out));
+    for d in ["/tmp", "/dev/shm"] {
+        let n: u64 = a.get(d).and_then(|n| n.parse().ok()).unwrap_or(u64::MAX);
+        // 4 MiB: 1,024 inodes (one per 4 KiB page, at least 1,024).
+        assert!((1000..=1024).contains(&n), "{d}: {n} files; {a:?} {}", stderr(&out));
+    }
+}
+
+// ---- class 6: kernel counters charged to the host's root ----
+
+/// The job takes every inotify instance it can and holds them; root on
+/// the host must still get one.
+#[test]
+fn class06_a_job_cannot_exhaust_roots_inotify_instances() {
+    if !root_sandbox() {
+        return;
+    }
+    let token = token("class06");
+    let code = format!(
+        r#"
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while len(fds) < 1000:
+    fd = libc.inotify_init1(0)
+    if fd < 0: break
+    fds.append(fd)
+print(f"instances={{len(fds)}}", flush=True)
+print("limits=" + ",".join(open(f"/proc/sys/user/{{n}}").read().strip() for n in ("max_inotify_instances", "max_user_namespaces", "max_mnt_namespaces")), flush=True)
+time.sleep(30)  # {token}
+"#
+    );
+    let mut child = Command::new(bin())
+        .args(["run", "--", "/usr/bin/python3", "-c", &code])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let instances = lines.next().unwrap().unwrap();
+    let limits = lines.next().unwrap().unwrap();
+    // While the job holds them: root's own inotify_init1.
+    // SAFETY: inotify_init1 takes flags and returns a new fd or -1.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    let err = std::io::Error::last_os_error();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(fd >= 0, "root's inotify_init1 failed while the job ran: {err} (job: {instances})");
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    assert_eq!(instances, "instances=16");
+    assert_eq!(limits, "limits=16,0,0");
+}
+
+// ---- class 7: session, terminal and the caller's files ----
+
+/// The job has a session of its own and no controlling terminal, even
+/// when confine runs on one: it can't take the terminal's foreground
+/// (TIOCSPGRP) nor type into it.
+#[test]
+fn class07_the_job_has_its_own_session_and_no_terminal() {
+    if !root_sandbox() {
+        return;
+    }
+    let code = r#"
+import fcntl, os, struct, termios
+print(f"sid_is_self={os.getsid(0) == os.getpid()}")
+print(f"tty_nr={open('/proc/self/stat').read().rsplit(')', 1)[1].split()[4]}")
+for fd in (0, 1, 2):
+    print(f"fd{fd}={os.readlink(f'/proc/self/fd/{fd}').split(':')[0]}")
+    try:
+        fcntl.ioctl(fd, termios.TIOCSPGRP, struct.pack("i", os.getpgrp())); print(f"tiocspgrp{fd}=ok")
+    except OSError as e:
+        print(f"tiocspgrp{fd}=refused")
+try:
+    os.open("/dev/tty", os.O_RDWR); print("devtty=open")
+except OSError:
+    print("devtty=absent")
+"#;
+    // confine on a real terminal: `script` gives it one, as its stdio and
+    // controlling tty, in the foreground.
+    let cmd = format!("{} run -- /usr/bin/python3 -c '{}'", bin(), code.replace('\'', "'\\''"));
+    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output();
+    let Ok(out) = out else { return skip("script (util-linux) is not available") };
+    let text = stdout(&out).replace('\r', "");
+    let a = answers(&text);
+    assert_eq!(a.get("sid_is_self").map(String::as_str), Some("True"), "{text}");
+    assert_eq!(a.get("tty_nr").map(String::as_str), Some("0"), "{text}");
+    for fd in 0..3 {
+        assert_eq!(a.get(&format!("tiocspgrp{fd}")).map(String::as_str), Some("refused"), "{text}");
+        assert_ne!(a.get(&format!("fd{fd}")).map(String::as_str), Some("/dev/pts/0"), "{text}");
+    }
+    assert_eq!(a.get("devtty").map(String::as_str), Some("absent"), "{text}");
+}
+
+/// A regular file on stdout is relayed: the job gets a pipe, and can't
+/// truncate or rewrite the caller's log behind it.
+#[test]
+fn class07_a_regular_file_on_stdout_is_relayed_not_passed() {
+    if !root_sandbox() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    std::fs::write(&log, "precious\n").unwrap();
+    let file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let code = "import os\ntry:\n    os.ftruncate(1, 0); print('truncate=ok')\nexcept OSError:\n    print('truncate=refused')\nprint('kind=' + os.readlink('/proc/self/fd/1').split(':')[0], flush=True)";
+    let out = Command::new(bin())
+        .args(["run", "--", "/usr/bin/python3", "-c", code])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text, "precious\ntruncate=refused\nkind=pipe\n");
+}
+
+/// `--tty`: a pty of the job's own, its controlling terminal, relayed.
+#[test]
+fn class07_tty_gives_the_job_a_terminal_of_its_own() {
+    if !root_sandbox() {
+        return;
+    }
+    let cmd = format!("stty cols 123 rows 45; {} run --tty -- /bin/sh -c 'tty; stty size; ls /dev/pts'", bin());
+    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output();
+    let Ok(out) = out else { return skip("script (util-linux) is not available") };
+    // (`script` may echo a control character of its own first.)
+    let text = stdout(&out).replace('\r', "");
+    let lines: Vec<&str> = text.lines().skip_while(|l| !l.contains("/dev/pts/")).collect();
+    assert!(lines.len() >= 3, "{text} {}", stderr(&out));
+    let pty = &lines[0][lines[0].find("/dev/pts/").unwrap_or(0)..];
+    assert_eq!(lines[1], "45 123", "{text}");
+    // Only its own pty is there.
+    assert_eq!(lines[2], pty.trim_start_matches("/dev/pts/"), "{text}");
+}
+
+// ---- class 8: attributes inherited from the supervisor ----
+
+#[test]
+fn class08_inherited_favours_are_reset() {
+    if !root_sandbox() {
+        return;
+    }
+    // The supervisor runs with every favour an operator could give it.
+    let wrapper = format!(
+        r#"
+import ctypes, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+def favour(f):
+    # Some need CAP_SYS_RESOURCE, which a container's root may lack.
+    try:
+        f()
+    except (OSError, ValueError):
+        pass
+os.nice(-10)
+assert libc.syscall(251, 1, 0, (1 << 13) | 0) == 0  # ioprio_set: real-time class, level 0
+favour(lambda: open("/proc/self/oom_score_adj", "w").write("-500"))
+favour(lambda: resource.setrlimit(resource.RLIMIT_RTPRIO, (50, 50)))
+favour(lambda: resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)))
+libc.prctl(29, 1, 0, 0, 0)                       # PR_SET_TIMERSLACK: 1 ns
+libc.personality(0x0040000)                      # ADDR_NO_RANDOMIZE
+os.umask(0)
+os.execv("{bin}", ["confine", "run", "--", "/usr/bin/python3", "-c", CODE])
+"#,
+        bin = bin()
+    );
+    let code = r#"
+import ctypes, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+print(f"nice={os.nice(0)}")
+print(f"ioprio={libc.syscall(252, 1, 0)}")
+print(f"oom={open('/proc/self/oom_score_adj').read().strip()}")
+print(f"rtprio={resource.getrlimit(resource.RLIMIT_RTPRIO)[1]}")
+print(f"nicelimit={resource.getrlimit(resource.RLIMIT_NICE)[1]}")
+print(f"core={resource.getrlimit(resource.RLIMIT_CORE)[1]}")
+print(f"slack={open('/proc/self/timerslack_ns').read().strip()}")
+print(f"personality={libc.personality(ctypes.c_ulong(0xffffffff))}")
+print(f"umask={os.umask(0o22):o}")
+print(f"raise_nice={'ok' if libc.setpriority(0, 0, -5) == 0 else 'refused'}")
+"#;
+    let script = format!("CODE = {code:?}\n{wrapper}");
+    let out = Command::new("/usr/bin/python3").args(["-c", &script]).stdin(Stdio::null()).output().unwrap();
+    let a = answers(&stdout(&out));
+    for (k, v) in [
+        ("nice", "0"),
+        ("ioprio", "0"),
+        ("oom", "1000"),
+        ("rtprio", "0"),
+        ("nicelimit", "0"),
+        ("core", "0"),
+        ("slack", "50000"),
+        ("personality", "0"),
+        ("umask", "22"),
+        ("raise_nice", "refused"),
+    ] {
+        assert_eq!(a.get(k).map(String::as_str), Some(v), "{k}: {a:?} {}", stderr(&out));
+    }
+    // What an operator uses to make jobs *less* favoured is kept.
+    let out = Command::new("nice")
+        .args(["-n", "7", bin(), "run", "--", "/bin/sh", "-c", "echo nice=$(cut -d' ' -f19 /proc/self/stat)"])
+        .output()
+        .unwrap();
+    assert_eq!(answers(&stdout(&out)).get("nice").map(String::as_str), Some("7"), "{}", stderr(&out));
+}
+
+// ---- class 9: /proc and syscalls ----
+
+#[test]
+fn class09_host_details_in_proc_are_masked() {
+    if !root_sandbox() {
+        return;
+    }
+    assert!(!std::fs::read_to_string("/proc/cmdline").unwrap().is_empty());
+    let files = [
+        "cmdline",
+        "interrupts",
+        "softirqs",
+        "kallsyms",
+        "modules",
+        "keys",
+        "kcore",
+        "sched_debug",
+        "timer_list",
+        "zoneinfo",
+        "buddyinfo",
+        "key-users",
+    ];
+    let script: String = files
+        .iter()
+        .map(|f| format!("[ -e /proc/{f} ] && echo {f}=$(wc -c < /proc/{f} 2>/dev/null || echo 0) || echo {f}=0;"))
+        .collect();
+    let out = run(&["--", "/bin/sh", "-c", &script]);
+    let a = answers(&stdout(&out));
+    for f in files {
+        assert_eq!(a.get(f).map(String::as_str), Some("0"), "/proc/{f} is readable: {a:?} {}", stderr(&out));
+    }
+    // Still there and readable: what programs need.
+    let out = run(&[
+        "--",
+        "/bin/sh",
+        "-c",
+        "head -c1 /proc/meminfo /proc/stat /proc/cpuinfo /proc/version >/dev/null && echo ok",
+    ]);
+    assert_eq!(stdout(&out).trim(), "ok", "{}", stderr(&out));
+}
+
+#[test]
+fn class09_memfd_secret_and_cachestat_are_refused() {
+    if !root_sandbox() {
+        return;
+    }
+    let code = r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open("/etc/hostname", os.O_RDONLY)
+for name, nr, args in (("memfd_secret", 447, (0,)), ("cachestat", 451, (fd, 0, 0, 0))):
+    r = libc.syscall(nr, *args)
+    print(f"{name}=" + ("ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]))
+"#;
+    let out = python(&[], code);
+    let a = answers(&stdout(&out));
+    assert_eq!(a.get("memfd_secret").map(String::as_str), Some("ENOSYS"), "{a:?} {}", stderr(&out));
+    assert_eq!(a.get("cachestat").map(String::as_str), Some("ENOSYS"), "{a:?}");
+}
+
+// ---- the posture test ----
+
+/// The whole posture of a job, asserted in one place (gVisor's sandbox
+/// posture test): a change to any default fails here.
+#[test]
+fn posture_of_a_job_is_exactly_as_expected() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = workspace(1000, 1000);
+    let code = r#"
+import ctypes, json, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+st = {}
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Uid", "Gid", "Groups", "Umask"):
+    st[k] = status.get(k, "").strip()
+st["ns"] = {n: os.readlink(f"/proc/self/ns/{n}") for n in ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")}
+mounts = []
+for l in open("/proc/self/mountinfo"):
+    f = l.split()
+    sep = f.index("-")
+    opts = set(f[5].split(","))
+    mounts.append([f[4], f[sep + 1], sorted(o for o in opts if o in ("ro", "rw", "nosuid", "nodev", "noexec"))])
+st["mounts"] = mounts
+st["rlimits"] = {n: list(resource.getrlimit(getattr(resource, "RLIMIT_" + n))) for n in ("CORE", "RTPRIO", "RTTIME", "NICE", "SIGPENDING", "MSGQUEUE")}
+st["fds"] = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+st["cgroup"] = open("/proc/self/cgroup").read().strip()
+stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+st["sid_is_self"] = int(stat[3]) == os.getpid()
+st["tty_nr"] = int(stat[4])
+st["nice"] = int(stat[16])
+st["ioprio"] = libc.syscall(252, 1, 0)
+st["oom_score_adj"] = int(open("/proc/self/oom_score_adj").read())
+st["sched_policy"] = os.sched_getscheduler(0)
+st["ucounts"] = {n: int(open(f"/proc/sys/user/{n}").read()) for n in sorted(os.listdir("/proc/sys/user"))}
+st["hostname"] = os.uname().nodename
+st["cwd"] = os.getcwd()
+st["env"] = sorted(os.environ)
+print(json.dumps(st))
+"#;
+    let out = python(&["--workspace", ws.path().to_str().unwrap(), "--rw", "--hostname", "posture"], code);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // os.listdir holds an fd of its own while it lists: that one is 3.
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let zero = "0000000000000000";
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(v[cap], zero, "{cap}: {v}");
+    }
+    assert_eq!(v["NoNewPrivs"], "1");
+    assert_eq!(v["Seccomp"], "2", "seccomp filter mode");
+    assert_eq!(v["Uid"], "1000\t1000\t1000\t1000");
+    assert_eq!(v["Gid"], "65534\t65534\t65534\t65534");
+    assert_eq!(v["Groups"], "", "no supplementary groups");
+    assert_eq!(v["Umask"], "0022");
+    // Every namespace differs from the host's (this test process's).
+    for (name, inside) in v["ns"].as_object().unwrap() {
+        let host = std::fs::read_link(format!("/proc/self/ns/{name}")).unwrap();
+        assert_ne!(inside.as_str().unwrap(), host.to_str().unwrap(), "{name} namespace is the host's");
+    }
+    // The mount table: every mount point, its type and flags.
+    let mounts: Vec<(String, String, Vec<String>)> = v["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let f: Vec<String> = m[2].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
+            (m[0].as_str().unwrap().to_string(), m[1].as_str().unwrap().to_string(), f)
+        })
+        .collect();
+    let find =
+        |point: &str| mounts.iter().find(|(p, _, _)| p == point).unwrap_or_else(|| panic!("no {point}: {mounts:?}"));
+    let flags = |point: &str| find(point).2.join(",");
+    assert_eq!(find("/").1, "tmpfs");
+    assert_eq!(flags("/"), "nodev,nosuid,ro");
+    for ro in ["/usr", "/etc"] {
+        assert_eq!(flags(ro), "nodev,nosuid,ro", "{ro}");
+    }
+    assert_eq!(flags("/workspace"), "nodev,nosuid,rw");
+    for p in ["/workspace/.git/hooks", "/workspace/.git/config"] {
+        assert!(mounts.iter().all(|(m, _, _)| m != p), "no .git here, nothing to protect: {mounts:?}");
+    }
+    assert_eq!((find("/tmp").1.as_str(), flags("/tmp").as_str()), ("tmpfs", "nodev,nosuid,rw"));
+    assert_eq!((find("/dev/shm").1.as_str(), flags("/dev/shm").as_str()), ("tmpfs", "nodev,nosuid,rw"));
+    assert_eq!((find("/proc").1.as_str(), flags("/proc").as_str()), ("proc", "nodev,noexec,nosuid,rw"));
+    assert_eq!(flags("/proc/sys"), "nodev,noexec,nosuid,ro");
+    assert_eq!(flags("/proc/cmdline"), "noexec,nosuid,ro", "masked by a read-only /dev/null");
+    for dev in ["null", "zero", "full", "random", "urandom"] {
+        assert_eq!(flags(&format!("/dev/{dev}")), "noexec,nosuid,rw", "/dev/{dev}");
+    }
+    let allowed: Vec<&str> = vec![
+        "/",
+        "/usr",
+        "/etc",
+        "/workspace",
+        "/tmp",
+        "/dev",
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/random",
+        "/dev/urandom",
+        "/dev/shm",
+        "/proc",
+    ];
+    for (point, _, _) in &mounts {
+        let masked = point.starts_with("/proc/")
+            || ["/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"].contains(&point.as_str());
+        assert!(allowed.contains(&point.as_str()) || masked, "unexpected mount {point}: {mounts:?}");
+    }
+    // rlimits: [soft, hard].
+    let rl = &v["rlimits"];
+    for (k, want) in [("CORE", 0), ("RTPRIO", 0), ("RTTIME", 0), ("NICE", 0)] {
+        assert_eq!(rl[k], serde_json::json!([want, want]), "RLIMIT_{k}: {rl}");
+    }
+    assert!(rl["SIGPENDING"][1].as_u64().unwrap() <= 4096, "{rl}");
+    assert!(rl["MSGQUEUE"][1].as_u64().unwrap() <= 65536, "{rl}");
+    assert_eq!(v["fds"], serde_json::json!([0, 1, 2, 3]), "only stdio (and listdir's own)");
+    // Its own cgroup namespace, rooted at its cgroup in every hierarchy
+    // (v2, and the v1 ones of a hybrid host).
+    let cgroups = v["cgroup"].as_str().unwrap();
+    assert!(cgroups.lines().any(|l| l == "0::/"), "{cgroups}");
+    assert!(cgroups.lines().all(|l| l.ends_with(":/")), "{cgroups}");
+    assert_eq!(v["sid_is_self"], true);
+    assert_eq!(v["tty_nr"], 0);
+    assert_eq!(v["nice"], 0);
+    assert_eq!(v["ioprio"], 0);
+    assert_eq!(v["oom_score_adj"], 1000);
+    assert_eq!(v["sched_policy"], 0, "SCHED_OTHER");
+    let uc = &v["ucounts"];
+    for (k, want) in [
+        ("max_user_namespaces", 0),
+        ("max_mnt_namespaces", 0),
+        ("max_pid_namespaces", 0),
+        ("max_net_namespaces", 0),
+        ("max_ipc_namespaces", 0),
+        ("max_uts_namespaces", 0),
+        ("max_cgroup_namespaces", 0),
+        ("max_inotify_instances", 16),
+        ("max_inotify_watches", 16384),
+    ] {
+        assert_eq!(uc[k], want, "{k}: {uc}");
+    }
+    assert_eq!(v["hostname"], "posture");
+    assert_eq!(v["cwd"], "/workspace");
+    // Only the scrubbed environment (python adds LC_CTYPE on a C locale).
+    let env: Vec<&str> = v["env"].as_array().unwrap().iter().filter_map(|e| e.as_str()).collect();
+    for k in ["HOME", "PATH", "TMPDIR"] {
+        assert!(env.contains(&k), "{k} missing: {env:?}");
+    }
+    assert!(env.iter().all(|k| ["HOME", "PATH", "TMPDIR", "LANG", "LC_CTYPE"].contains(k)), "{env:?}");
+}

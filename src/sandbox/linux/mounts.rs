@@ -64,7 +64,6 @@ pub const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
 /// /proc paths made read-only (Docker's).
 pub const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
-
 /// Inodes of a tmpfs per byte of its size: one per 4 KiB page, so a cap
 /// of files (`nr_inodes`) holds when they are empty as well as when they
 /// are full (200,000 empty files once went past a 64 MiB cap).
@@ -318,6 +317,12 @@ pub fn build(ops: &[MountOp], fds: &[Option<OwnedFd>]) -> Result<Vec<String>, Sy
                 if target.exists() {
                     mount(Some("/dev/null"), &target, nil, MsFlags::MS_BIND, nil)
                         .map_err(|e| SysError::path("mask", dst, e))?;
+                    // Reads give nothing, writes go nowhere, nothing runs.
+                    sys::set_mount_attrs(
+                        &target,
+                        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+                        false,
+                    )?;
                 }
             }
             MountOp::MaskDir { dst } => {
@@ -424,13 +429,13 @@ fn protect(
         .map_err(|e| SysError::path("open protected base", base, e))?;
     let mut done = PathBuf::new();
     for (i, name) in names.iter().enumerate() {
-        let fd = match nix::fcntl::openat(&at, *name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
-        {
-            Ok(fd) => fd,
-            // Not there, or out of the job's reach too.
-            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::EACCES) => return Ok(None),
-            Err(e) => return Err(SysError::path("open protected path", &done.join(name), e)),
-        };
+        let fd =
+            match nix::fcntl::openat(&at, *name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()) {
+                Ok(fd) => fd,
+                // Not there, or out of the job's reach too.
+                Err(nix::errno::Errno::ENOENT | nix::errno::Errno::EACCES) => return Ok(None),
+                Err(e) => return Err(SysError::path("open protected path", &done.join(name), e)),
+            };
         done.push(name);
         let kind = nix::sys::stat::fstat(&fd).map_err(|e| SysError::path("stat protected path", &done, e))?.st_mode
             & libc::S_IFMT;
