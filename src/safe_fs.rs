@@ -125,6 +125,15 @@ fn unlink_in(dir: &OwnedFd, name: &OsStr) {
     }
 }
 
+/// Why [`OutputFile::write_with`] failed: the file system, or the content.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError<E> {
+    #[error(transparent)]
+    Fs(SafeFsError),
+    #[error("{0}")]
+    Content(E),
+}
+
 /// A file the supervisor will write when a job ends (`--json-status`,
 /// an export): its directory is opened now, before any job code runs, so
 /// that what the job does to the path afterwards can't redirect the write.
@@ -156,11 +165,27 @@ impl OutputFile {
     /// Write `bytes` as the file's new content: a temp file beside it,
     /// synced, renamed over the name, the directory synced.
     pub fn write(&self, bytes: &[u8]) -> Result<(), SafeFsError> {
-        let err = |e: io::Error| SafeFsError::io(&self.shown, e);
+        self.write_with(|f| f.write_all(bytes)).map_err(|e| match e {
+            WriteError::Fs(e) => e,
+            WriteError::Content(e) => SafeFsError::io(&self.shown, e),
+        })
+    }
+
+    /// As [`OutputFile::write`], with the content streamed by `fill` into
+    /// the temp file (an export larger than memory should hold). An error
+    /// of `fill` leaves the old file as it was.
+    pub fn write_with<T, E>(&self, fill: impl FnOnce(&mut File) -> Result<T, E>) -> Result<T, WriteError<E>> {
+        let err = |e: io::Error| WriteError::Fs(SafeFsError::io(&self.shown, e));
         let (tmp_name, tmp) = self.create_temp().map_err(err)?;
+        let mut f = File::from(tmp);
+        let filled = match fill(&mut f) {
+            Ok(v) => v,
+            Err(e) => {
+                unlink_in(&self.dir, &tmp_name);
+                return Err(WriteError::Content(e));
+            }
+        };
         let written = (|| {
-            let mut f = File::from(tmp);
-            f.write_all(bytes)?;
             f.sync_all()?;
             rename_in(&self.dir, &tmp_name, &self.name)?;
             File::from(self.dir.try_clone()?).sync_all()
@@ -169,7 +194,7 @@ impl OutputFile {
             unlink_in(&self.dir, &tmp_name);
             return Err(err(e));
         }
-        Ok(())
+        Ok(filled)
     }
 
     /// A new temp file in the directory, under a name nobody could have

@@ -148,6 +148,25 @@ fn verify(log: &AuditLog) -> i32 {
 
 fn export(log: &AuditLog, args: &ExportArgs) -> Result<(), AuditError> {
     let n = match &args.output {
+        // Written whole, then renamed over the name (`safe_fs`): an export
+        // into a directory a job shares never follows what it planted.
+        #[cfg(unix)]
+        Some(path) => {
+            use crate::safe_fs::{OutputFile, WriteError};
+            let out = OutputFile::prepare(path).map_err(|e| AuditError::Io(std::io::Error::other(e)))?;
+            let exported = out.write_with(|f| {
+                let mut w = std::io::BufWriter::new(f);
+                let n = log.export_jsonl(&mut w)?;
+                std::io::Write::flush(&mut w)?;
+                Ok::<_, AuditError>(n)
+            });
+            match exported {
+                Ok(n) => n,
+                Err(WriteError::Content(e)) => return Err(e),
+                Err(WriteError::Fs(e)) => return Err(AuditError::Io(std::io::Error::other(e))),
+            }
+        }
+        #[cfg(not(unix))]
         Some(path) => {
             let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
             log.export_jsonl(&mut f)?

@@ -102,18 +102,21 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // Read as `safe_fs` reads what a job may have planted (a code file
+    // in a repository that jobs write to): never through a symlink, never
+    // blocking on a FIFO, at most as much as a request may carry.
     let code = match (&args.code, &args.code_file) {
         (Some(c), _) => Some(c.clone()),
-        (None, Some(f)) => match std::fs::read_to_string(f) {
+        (None, Some(f)) => match crate::safe_fs::read_regular_string(f, config.limits.max_code_bytes) {
             Ok(c) => Some(c),
-            Err(e) => return fail(format!("--code-file {}: {e}", f.display())),
+            Err(e) => return fail(format!("--code-file: {e}")),
         },
         (None, None) => None,
     };
     let stdin = match &args.stdin_file {
-        Some(f) => match std::fs::read_to_string(f) {
+        Some(f) => match crate::safe_fs::read_regular_string(f, config.limits.max_stdin_bytes) {
             Ok(s) => Some(s),
-            Err(e) => return fail(format!("--stdin-file {}: {e}", f.display())),
+            Err(e) => return fail(format!("--stdin-file: {e}")),
         },
         None => None,
     };

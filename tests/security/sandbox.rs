@@ -137,6 +137,35 @@ fn class01_sigterm_always_ends_the_cli_and_the_job() {
     assert_eq!(host_pids_with(&token), Vec::<u32>::new(), "the job outlived confine");
 }
 
+/// `confine exec --code-file` reads a file in a repository that jobs write
+/// to: a symlink planted there (to a host secret that root can read) or a
+/// FIFO must be refused, never followed into the next job or blocked on.
+#[test]
+fn class01_code_and_stdin_files_planted_by_a_job_are_refused() {
+    if !root_sandbox() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let config = dir.path().join("confine.toml");
+    std::fs::write(&config, exec_config(&dir.path().join("store"), "r", &repo)).unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", repo.join("main.py")).unwrap();
+    nix::unistd::mkfifo(&repo.join("input"), nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    let exec = |extra: &[&str]| {
+        let mut cmd = Command::new(bin());
+        cmd.arg("--config").arg(&config).args(["exec", "--repo-id", "r", "--runtime", "python"]).args(extra);
+        output_within(&mut cmd, Duration::from_secs(30))
+    };
+    let out = exec(&["--code-file", repo.join("main.py").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(125), "{}", stdout(&out));
+    assert!(stderr(&out).contains("not a regular file"), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("root:"), "the host's /etc/shadow reached the job");
+    let out = exec(&["--code", "print(1)", "--stdin-file", repo.join("input").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("not a regular file"), "{}", stderr(&out));
+}
+
 // ---- class 3: the job's host ids are unprivileged ----
 
 /// A workspace in group `shadow`: the job must not join that group, so
