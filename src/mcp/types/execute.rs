@@ -114,7 +114,7 @@ impl ExecuteRequest {
     }
 }
 
-/// Result of `runtime_execute` and `runtime_kill` (the DESIGN.md outcome, plus the output of the chosen mode).
+/// Result of `runtime_execute` and `runtime_kill` (the outcome of docs/design.md, plus the output of the chosen mode).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecuteResponse {

@@ -317,7 +317,7 @@ fn released(ctl: &File) -> bool {
     }
 }
 
-/// The job's own confinement, in the order DESIGN.md fixes: seccomp last,
+/// The job's own confinement, in the order docs/design.md gives: seccomp last,
 /// since it may forbid what the earlier steps need.
 fn confine_self(spec: &InitSpec, protected: Vec<String>) -> Result<Report, SysError> {
     let mut missing = Vec::new();
