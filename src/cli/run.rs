@@ -22,7 +22,8 @@ pub enum NetArg {
 processes); lift one with `unlimited`, e.g. --pids unlimited. In a --rw workspace, .git/hooks, \
 .git/config and .git/modules stay read-only (--protect adds paths, --no-protect lifts them). \
 The job has a session of its own and no terminal: a terminal or file on the standard streams \
-is relayed through pipes (--tty gives it a pty of its own).\n\n\
+is relayed through pipes (--tty gives it a pty of its own; -i passes what you type on a \
+terminal to its stdin).\n\n\
 Exit status: the command's own; 128+N when killed by signal N; \
 124 when --timeout or --cpu-time ended it; 137 when the memory limit's OOM killer did; \
 125 when confine failed; 126 when the command can't be executed; 127 when it is not found.")]
@@ -71,6 +72,12 @@ pub struct RunArgs {
     /// no terminal.
     #[arg(long, short = 't')]
     pub tty: bool,
+    /// Pass what is typed on your terminal to the job's stdin (docker's
+    /// `-i`). Without it a job whose stdin is your terminal reads end of
+    /// file, and what you type ahead stays for your shell. Pipes and files
+    /// on stdin always reach the job.
+    #[arg(long, short = 'i')]
+    pub interactive: bool,
     /// Run even when an isolation layer can't be applied, or on a weaker
     /// backend; the outcome names what is missing. (Also allow_degraded
     /// under [runtime] in confine.toml.)
@@ -360,7 +367,7 @@ async fn run_linux(args: &RunArgs, spec: JobSpec) -> Result<Outcome, SandboxErro
     // Before the job starts: a stop request must never kill confine itself
     // and leave the job to the parent-death signal alone.
     let stops = StopRequests::watch()?;
-    let caller = super::stdio::CallerStdio::detect(spec.tty).map_err(SandboxError::Spawn)?;
+    let caller = super::stdio::CallerStdio::detect(spec.tty, args.interactive).map_err(SandboxError::Spawn)?;
     let mut job = crate::sandbox::linux::spawn(&spec, caller.stdio(), Some((&profile.name, &profile.fd)))
         .await
         .map_err(|e| with_limits_hint(e, args))?;

@@ -43,8 +43,13 @@ pub struct CallerStdio {
 
 impl CallerStdio {
     /// Look at fds 0, 1 and 2. `tty`: give the job a pty of its own.
-    pub fn detect(tty: bool) -> io::Result<CallerStdio> {
-        let routes = [route(0), route(1), route(2)];
+    /// `interactive`: relay a terminal stdin (else the job gets /dev/null
+    /// there, and what the user types ahead stays for the shell).
+    pub fn detect(tty: bool, interactive: bool) -> io::Result<CallerStdio> {
+        let mut routes = [route(0), route(1), route(2)];
+        if routes[0] == Route::Relay && is_tty(0) && !interactive {
+            routes[0] = Route::Null;
+        }
         let pty = if tty { Some(Pty::open()?) } else { None };
         Ok(CallerStdio { routes, pty })
     }

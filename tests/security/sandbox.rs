@@ -542,6 +542,30 @@ except OSError:
     assert_eq!(a.get("devtty").map(String::as_str), Some("absent"), "{text}");
 }
 
+/// What the user types on the terminal reaches the job only with `-i`:
+/// without it the job reads end of file, and type-ahead stays for the shell.
+#[test]
+fn class07_terminal_input_reaches_the_job_only_when_asked() {
+    if !root_sandbox() {
+        return;
+    }
+    for (flag, want) in [("", "got=[]"), ("-i", "got=[hello]")] {
+        let cmd = format!("{} run {flag} -- /bin/sh -c 'read x; echo \"got=[$x]\"'", bin());
+        let child = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn();
+        let Ok(mut child) = child else { return skip("script (util-linux) is not available") };
+        std::thread::sleep(Duration::from_millis(500));
+        // (Without -i the job may be gone already: the write may fail.)
+        let _ = std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"hello\n");
+        let out = child.wait_with_output().unwrap();
+        let text = stdout(&out).replace('\r', "");
+        assert!(text.lines().any(|l| l.ends_with(want)), "{flag}: {text}");
+    }
+}
+
 /// A regular file on stdout is relayed: the job gets a pipe, and can't
 /// truncate or rewrite the caller's log behind it.
 #[test]
