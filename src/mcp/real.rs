@@ -343,12 +343,12 @@ impl RuntimeService for SupervisorService {
     }
 
     async fn info(&self, repo_id: Option<&str>) -> Result<Info, ServiceError> {
-        let host = crate::runtimes::toolchain::Host::from_env();
+        let host = &self.sup.host;
         let runtimes = crate::runtimes::NAMES
             .iter()
             .map(|name| {
                 match crate::runtimes::lookup(name)
-                    .and_then(|rt| crate::runtimes::toolchain::resolve(rt, None, true, &host))
+                    .and_then(|rt| crate::runtimes::toolchain::resolve(rt, None, true, host))
                 {
                     Ok(r) => RuntimeInfo {
                         name: name.to_string(),

@@ -17,7 +17,17 @@ struct Gov {
 
 impl Gov {
     fn new(extra: &str) -> Gov {
-        let dir = tempfile::tempdir().unwrap();
+        Gov::in_dir(tempfile::tempdir().unwrap(), extra)
+    }
+
+    /// Outside /tmp: the sandbox mounts a private /tmp over the host's, so
+    /// a host directory under /tmp bound into a job would be hidden, and
+    /// an exposure would go unseen.
+    fn outside_tmp(extra: &str) -> Gov {
+        Gov::in_dir(tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap(), extra)
+    }
+
+    fn in_dir(dir: tempfile::TempDir, extra: &str) -> Gov {
         let repo = dir.path().join("repo");
         std::fs::create_dir(&repo).unwrap();
         use std::os::unix::fs::PermissionsExt;
@@ -84,4 +94,110 @@ fn class12_the_policy_sees_the_code_and_the_arguments() {
     // Names that merely contain the word pass.
     let (v, out) = g.exec_json(&["--repo-id", "demo", "--runtime", "shell", "--code", "echo curling-stone"]);
     assert_eq!(v["status"], "success", "{v}\n{}", stderr(&out));
+}
+
+// ---------------------------------------------------------------------------
+// Class 2: an executable and its `#!` line chosen by a repository.
+// ---------------------------------------------------------------------------
+
+/// A secret directory outside every repository, holding an executable
+/// file (what the old `#!` parser needed to bind its directory) and a
+/// token; and a repository file named like the runtime whose `#!` line
+/// names the secret through `env -S -u`.
+fn plant_shebang_attack(g: &Gov) -> (PathBuf, PathBuf, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let secret = g.path("secret");
+    std::fs::create_dir(&secret).unwrap();
+    let token = token("class02");
+    std::fs::write(secret.join("token.txt"), &token).unwrap();
+    std::fs::write(secret.join("file"), "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(secret.join("file"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = g.repo.join("python3");
+    let s = secret.display();
+    std::fs::write(&script, format!("#!/usr/bin/env -S -u {s}/file sh -c 'ls {s}; cat {s}/token.txt'\n")).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (secret, script, token)
+}
+
+/// `confine exec --executable <repo>/python3`: refused before anything
+/// runs, naming why; the secret directory is never bound, so its token
+/// appears nowhere in the answer.
+#[test]
+fn class02_an_executable_inside_a_repository_is_refused() {
+    if !is_root() {
+        return skip("class 2's attack needs a root supervisor (it binds host directories)");
+    }
+    if !sandbox_available() {
+        return;
+    }
+    let g = Gov::outside_tmp("");
+    let (_secret, script, token) = plant_shebang_attack(&g);
+    let script = script.to_str().unwrap();
+    let (v, out) = g.exec_json(&[
+        "--repo-id",
+        "demo",
+        "--runtime",
+        "python",
+        "--output-mode",
+        "summary",
+        "--executable",
+        script,
+        "--",
+        "x",
+    ]);
+    let all = format!("{v}{}{}", stdout(&out), stderr(&out));
+    assert!(!all.contains(&token) && !all.contains("token.txt"), "the secret leaked: {all}");
+    assert_ne!(v["status"], "success", "{v}");
+    assert!(v["outcome"].is_null(), "nothing may run: {v}");
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(error.contains("is not trusted") && error.contains("repository"), "the refusal says why: {error}");
+}
+
+/// A `python3` in a directory outside every repository, but not on the
+/// supervisor's PATH, is refused too: an absolute executable must be in
+/// a directory of PATH or a system directory.
+#[test]
+fn class02_an_executable_outside_the_trusted_locations_is_refused() {
+    if !is_root() && !sandbox_available() {
+        return;
+    }
+    let g = Gov::outside_tmp("");
+    let (secret, _script, token) = plant_shebang_attack(&g);
+    let elsewhere = secret.join("python3");
+    std::fs::copy(g.repo.join("python3"), &elsewhere).unwrap();
+    let (v, out) = g.exec_json(&[
+        "--repo-id",
+        "demo",
+        "--runtime",
+        "python",
+        "--output-mode",
+        "summary",
+        "--executable",
+        elsewhere.to_str().unwrap(),
+        "--",
+        "x",
+    ]);
+    let all = format!("{v}{}{}", stdout(&out), stderr(&out));
+    assert!(!all.contains(&token), "the secret leaked: {all}");
+    assert!(v["outcome"].is_null(), "nothing may run: {v}");
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(error.contains("is not trusted") && error.contains("PATH"), "the refusal says why: {error}");
+    // The same name looked up on PATH is the system's python3, which runs.
+    if Command::new("python3").arg("-V").output().is_ok_and(|o| o.status.success()) {
+        let (v, out) = g.exec_json(&[
+            "--repo-id",
+            "demo",
+            "--runtime",
+            "python",
+            "--output-mode",
+            "summary",
+            "--executable",
+            "python3",
+            "--",
+            "-c",
+            "import os; print(os.path.exists(os.environ.get('S', '/nonexistent')))",
+        ]);
+        assert_eq!(v["status"], "success", "{v}\n{}", stderr(&out));
+    }
 }
