@@ -201,3 +201,412 @@ fn class02_an_executable_outside_the_trusted_locations_is_refused() {
         assert_eq!(v["status"], "success", "{v}\n{}", stderr(&out));
     }
 }
+
+// ---------------------------------------------------------------------------
+// An MCP client over streamable HTTP, written against the wire: nothing of
+// confine's own code is between the test and the server.
+// ---------------------------------------------------------------------------
+
+/// `confine serve --http 127.0.0.1:0 ARGS…` on `g`'s config, killed on drop.
+struct Serve {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+    /// Where a generated token is written ($XDG_RUNTIME_DIR).
+    runtime: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start(g: &Gov, args: &[&str], env: &[(&str, &str)]) -> Serve {
+        use std::io::BufRead;
+        let runtime = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(bin());
+        cmd.arg("--config")
+            .arg(&g.config)
+            .args(["serve", "--http", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("CONFINE_TOKEN")
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .env("CONFINE_LOG", "info");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("streamable HTTP at http://").nth(1) {
+                    let _ = tx.send(rest.split("/mcp").next().unwrap_or_default().to_string());
+                }
+                log2.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a.parse().unwrap(),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not start: {}", log.lock().unwrap());
+            }
+        };
+        Serve { child, addr, log, runtime }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// The generated token's file, as the server printed it.
+    fn generated(&self) -> PathBuf {
+        let log = self.log();
+        let rest = log.split("generated one in ").nth(1).unwrap_or_else(|| panic!("no generated token: {log}"));
+        PathBuf::from(rest.split(" (").next().unwrap())
+    }
+
+    /// SIGTERM, and the exit status within 20 s.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(std::time::Instant::now() < deadline, "the server did not stop: {}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 POST to /mcp: status, headers (lower-cased names), body
+/// (de-chunked).
+fn post(addr: std::net::SocketAddr, headers: &[(&str, &str)], body: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(90))).unwrap();
+    let mut req = format!("POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n", body.len());
+    req.push_str("Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n");
+    req.push_str("MCP-Protocol-Version: 2025-06-18\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let head = head.to_ascii_lowercase();
+    let body = if head.contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
+    (status, head, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
+/// The JSON-RPC message of a response body: plain JSON, or the `data:`
+/// of an event stream that carries a result or an error.
+fn message(body: &str) -> serde_json::Value {
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(body) {
+        return v;
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.trim()).ok())
+        .find(|v| v.get("result").is_some() || v.get("error").is_some())
+        .unwrap_or_else(|| panic!("no JSON-RPC answer in: {body}"))
+}
+
+/// One MCP session over HTTP with one bearer token.
+struct Session {
+    addr: std::net::SocketAddr,
+    auth: String,
+    id: String,
+}
+
+impl Session {
+    fn open(addr: std::net::SocketAddr, token: &str) -> Session {
+        let auth = format!("Bearer {token}");
+        let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"security","version":"0"}}}"#;
+        let (status, head, body) = post(addr, &[("Authorization", &auth)], init);
+        assert_eq!(status, 200, "{head}{body}");
+        let id = head
+            .lines()
+            .find_map(|l| l.strip_prefix("mcp-session-id:"))
+            .unwrap_or_else(|| panic!("no session id: {head}"))
+            .trim()
+            .to_string();
+        let s = Session { addr, auth, id };
+        let (status, _, _) = post(addr, &s.headers(), r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        assert!(status == 202 || status == 200, "initialized: {status}");
+        s
+    }
+
+    fn headers(&self) -> [(&str, &str); 2] {
+        [("Authorization", self.auth.as_str()), ("Mcp-Session-Id", self.id.as_str())]
+    }
+
+    /// `tools/call`: the result (its `isError`, `structuredContent`, text).
+    fn call(&self, tool: &str, args: serde_json::Value) -> serde_json::Value {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                      "params": {"name": tool, "arguments": args}});
+        let (status, head, text) = post(self.addr, &self.headers(), &body.to_string());
+        assert_eq!(status, 200, "{tool}: {head}{text}");
+        let m = message(&text);
+        m.get("result").cloned().unwrap_or_else(|| panic!("{tool}: {m}"))
+    }
+}
+
+/// A tool result's one-line text (a tool error's `status: message`).
+fn text(result: &serde_json::Value) -> String {
+    result["content"].as_array().into_iter().flatten().filter_map(|c| c["text"].as_str()).collect()
+}
+
+/// A tool error with this status prefix.
+fn assert_tool_error(result: &serde_json::Value, status: &str) {
+    assert_eq!(result["isError"], true, "not an error: {result}");
+    let t = text(result);
+    assert!(t.starts_with(&format!("{status}: ")), "wanted '{status}: …', got {t:?}");
+}
+
+/// Class 2 through MCP: `runtime_execute` with a repository's `python3`
+/// as its executable is refused; the secret never shows.
+#[test]
+fn class02_mcp_executable_in_a_repository_is_refused() {
+    if !is_root() {
+        return skip("class 2's attack needs a root supervisor (it binds host directories)");
+    }
+    if !sandbox_available() {
+        return;
+    }
+    let g = Gov::outside_tmp("");
+    let (_secret, script, token) = plant_shebang_attack(&g);
+    let server = Serve::start(&g, &[], &[("CONFINE_TOKEN", "class02-token")]);
+    let s = Session::open(server.addr, "class02-token");
+    let r = s.call(
+        "runtime_execute",
+        serde_json::json!({"repoId": "demo", "runtime": "python", "executable": script.to_str().unwrap(),
+                           "args": ["x"], "outputMode": "summary"}),
+    );
+    assert!(!r.to_string().contains(&token), "the secret leaked: {r}");
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(r.to_string().contains("is not trusted"), "{r}");
+}
+
+// ---------------------------------------------------------------------------
+// Class 11: HTTP without a token on loopback.
+// ---------------------------------------------------------------------------
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+
+/// Without any token given, `serve --http` on loopback generates one,
+/// writes it 0600 in a 0700 directory of XDG_RUNTIME_DIR, says where, and
+/// refuses requests without it; the file goes at shutdown. The header is
+/// read per RFC 6750: scheme in any case, one or more spaces, one token.
+#[test]
+fn class11_http_without_a_token_generates_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let g = Gov::new("");
+    let mut server = Serve::start(&g, &[], &[]);
+    let file = server.generated();
+    assert!(file.starts_with(server.runtime.path().join("confine")), "{}", file.display());
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(file.parent().unwrap()), mode(&file)), (0o700, 0o600));
+    let token = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    assert!(token.len() == 64 && token.chars().all(|c| c.is_ascii_hexdigit()), "{token:?}");
+    assert!(server.log().contains("(bearer token required)"), "{}", server.log());
+
+    let a = server.addr;
+    let status =
+        |auth: Option<&str>| post(a, &auth.map(|v| ("Authorization", v)).into_iter().collect::<Vec<_>>(), INITIALIZE).0;
+    assert_eq!(status(None), 401, "no token on loopback is refused");
+    assert_eq!(status(Some(&format!("Bearer {token}"))), 200);
+    // RFC 6750 §2.1 `"Bearer" 1*SP b64token`, the scheme case-insensitive.
+    assert_eq!(status(Some(&format!("bearer  {token}"))), 200);
+    assert_eq!(status(Some(&format!("BEARER {token}"))), 200);
+    for refused in [
+        format!("Bearer\t{token}"),
+        format!("Bearer {token} x"),
+        format!("Bearer{token}"),
+        format!("Basic {token}"),
+        "Bearer nope".into(),
+    ] {
+        assert_eq!(status(Some(&refused)), 401, "{refused:?}");
+    }
+    assert!(server.terminate().success(), "{}", server.log());
+    assert!(!file.exists(), "the generated token is removed at shutdown");
+}
+
+/// The attack: a job run with `--net host` reaches the loopback server.
+/// It gets 401, and can't read the token's file.
+#[test]
+fn class11_a_job_with_host_network_cannot_use_the_server() {
+    if !sandbox_available() {
+        return;
+    }
+    let g = Gov::new("");
+    let server = Serve::start(&g, &[], &[]);
+    let file = server.generated();
+    let script = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port}; \
+         printf 'POST /mcp HTTP/1.1\\r\\nHost: 127.0.0.1:{port}\\r\\nContent-Type: application/json\\r\\nAccept: application/json, text/event-stream\\r\\nContent-Length: {len}\\r\\nConnection: close\\r\\n\\r\\n%s' '{body}' >&3; \
+         head -1 <&3; cat {file} 2>/dev/null || echo no-token-file",
+        port = server.addr.port(),
+        len = INITIALIZE.len(),
+        body = INITIALIZE,
+        file = file.display()
+    );
+    let out = run(&["--net", "host", "--", "/bin/bash", "-c", &script]);
+    let said = stdout(&out);
+    assert!(said.starts_with("HTTP/1.1 401"), "{said}\n{}", stderr(&out));
+    assert!(said.contains("no-token-file"), "{said}");
+}
+
+/// `--no-token`: loopback only, with a warning; never with a token given.
+#[test]
+fn class11_no_token_is_loopback_only_and_warned() {
+    let g = Gov::new("");
+    let open = Serve::start(&g, &["--no-token"], &[]);
+    assert!(open.log().contains("warning: --no-token"), "{}", open.log());
+    assert_eq!(post(open.addr, &[], INITIALIZE).0, 200);
+    assert_eq!(std::fs::read_dir(open.runtime.path()).map(|d| d.count()).unwrap_or(0), 0, "nothing generated");
+    // sled lets one process open the store: the next servers need it.
+    drop(open);
+    let refused = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(bin());
+        cmd.arg("--config").arg(&g.config).arg("serve").args(args).env_remove("CONFINE_TOKEN");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = output_within(&mut cmd, Duration::from_secs(30));
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {}", stderr(&out));
+        stderr(&out)
+    };
+    let public = refused(&["--http", "0.0.0.0:0", "--no-token"], &[]);
+    assert!(public.contains("requires a bearer token"), "{public}");
+    assert!(refused(&["--http", "127.0.0.1:0", "--no-token"], &[("CONFINE_TOKEN", "t")]).contains("conflicts"));
+    let bad = refused(&["--http", "127.0.0.1:0"], &[("CONFINE_TOKEN", "has space")]);
+    assert!(bad.contains("RFC 6750"), "{bad}");
+}
+
+// ---------------------------------------------------------------------------
+// Class 10: sessions and repositories kept apart.
+// ---------------------------------------------------------------------------
+
+/// Two repositories, `alpha` and `beta`, and two tokens scoped to one each.
+fn two_tenants() -> (Gov, &'static str, &'static str) {
+    let g = Gov::new("");
+    let beta = g.path("beta");
+    std::fs::create_dir(&beta).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&beta, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ta, tb) = ("alpha-token-1", "beta-token-2");
+    let token_file = g.path("alpha.token");
+    std::fs::write(&token_file, format!("{ta}\n")).unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    use sha2::Digest;
+    let config = format!(
+        "[runtime]\nenabled = true\n\n[store]\npath = \"{store}\"\n\n\
+         [[repos]]\nid = \"alpha\"\nroot = \"{a}\"\n\n[[repos]]\nid = \"beta\"\nroot = \"{b}\"\n\n\
+         [[mcp.tokens]]\nid = \"a\"\nfile = \"{tf}\"\nrepos = [\"alpha\"]\n\n\
+         [[mcp.tokens]]\nid = \"b\"\nsha256 = \"{hb}\"\nrepos = [\"beta\"]\n",
+        store = g.path("store").display(),
+        a = g.repo.display(),
+        b = beta.display(),
+        tf = token_file.display(),
+        hb = hex::encode(sha2::Sha256::digest(tb.as_bytes())),
+    );
+    std::fs::write(&g.config, config).unwrap();
+    (g, ta, tb)
+}
+
+/// Session B (another token, scoped to `beta`) can't see or kill A's
+/// job, nor read A's artifact, nor name `alpha` at all; a second session
+/// of A's own token can read alpha's artifact but not A's jobs.
+#[test]
+fn class10_sessions_and_repositories_are_kept_apart() {
+    if !sandbox_available() {
+        return;
+    }
+    let (g, ta, tb) = two_tenants();
+    let server = Serve::start(&g, &[], &[]);
+    assert!(!server.log().contains("generated one"), "configured tokens: nothing generated: {}", server.log());
+    let a = Session::open(server.addr, ta);
+    let secret = token("class10");
+    let r = a.call(
+        "runtime_execute",
+        serde_json::json!({"repoId": "alpha", "runtime": "shell", "code": format!("echo {secret}")}),
+    );
+    assert_eq!(r["structuredContent"]["status"], "success", "{r}");
+    let handle = r["structuredContent"]["artifactHandle"].as_str().unwrap().to_string();
+    let r = a.call(
+        "runtime_execute",
+        serde_json::json!({"repoId": "alpha", "runtime": "shell", "code": "echo up; sleep 60", "background": true}),
+    );
+    let job = r["structuredContent"]["jobId"].as_str().unwrap_or_else(|| panic!("{r}")).to_string();
+
+    let b = Session::open(server.addr, tb);
+    let listed = b.call("runtime_jobs", serde_json::json!({}));
+    assert_eq!(listed["structuredContent"]["jobs"], serde_json::json!([]), "B lists nobody else's jobs: {listed}");
+    assert_tool_error(&b.call("runtime_jobs", serde_json::json!({"jobId": job})), "not_found");
+    assert_tool_error(&b.call("runtime_kill", serde_json::json!({"jobId": job})), "not_found");
+    let q = b.call("runtime_query_output", serde_json::json!({"artifactHandle": handle, "queryTerms": [secret]}));
+    assert_tool_error(&q, "not_found");
+    assert!(!q.to_string().contains(&secret), "{q}");
+    // The same words for A's artifact as for one that never existed.
+    let none =
+        b.call("runtime_query_output", serde_json::json!({"artifactHandle": "run-alpha-1-00", "queryTerms": ["x"]}));
+    assert_eq!(text(&q).replace(&handle, "H"), text(&none).replace("run-alpha-1-00", "H"));
+    for (tool, args) in [
+        ("runtime_execute", serde_json::json!({"repoId": "alpha", "runtime": "shell", "code": "ls"})),
+        ("info", serde_json::json!({"repoId": "alpha"})),
+        ("memory_query", serde_json::json!({"repoId": "alpha"})),
+        ("memory_store", serde_json::json!({"repoId": "alpha", "type": "decision", "title": "t", "content": "c"})),
+    ] {
+        let r = b.call(tool, args);
+        assert_tool_error(&r, "denied");
+        assert!(text(&r).contains("not available to this token (it may use: beta)"), "{tool}: {}", text(&r));
+    }
+    // B's own repository works.
+    let r = b.call("runtime_execute", serde_json::json!({"repoId": "beta", "runtime": "shell", "code": "echo beta"}));
+    assert_eq!(r["structuredContent"]["status"], "success", "{r}");
+
+    // Another session of A's token: alpha's artifacts yes, A's jobs no.
+    let a2 = Session::open(server.addr, ta);
+    let q = a2.call("runtime_query_output", serde_json::json!({"artifactHandle": handle, "queryTerms": [secret]}));
+    assert_eq!(q["isError"], false, "{q}");
+    assert_tool_error(&a2.call("runtime_kill", serde_json::json!({"jobId": job})), "not_found");
+
+    // A's job ran on through all of that, and A can still follow and kill it.
+    let mine = a.call("runtime_jobs", serde_json::json!({"jobId": job}));
+    assert_eq!(mine["structuredContent"]["jobs"][0]["status"], "running", "{mine}");
+    let k = a.call("runtime_kill", serde_json::json!({"jobId": job}));
+    assert_eq!(k["structuredContent"]["status"], "killed", "{k}");
+}
