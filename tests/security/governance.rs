@@ -610,3 +610,102 @@ fn class10_sessions_and_repositories_are_kept_apart() {
     let k = a.call("runtime_kill", serde_json::json!({"jobId": job}));
     assert_eq!(k["structuredContent"]["status"], "killed", "{k}");
 }
+
+// ---------------------------------------------------------------------------
+// Class 1, the governance side: what the supervisor reads and writes in a
+// repository for the memory tools, while a job may be changing it.
+// ---------------------------------------------------------------------------
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: c is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "mkfifo {}", path.display());
+}
+
+impl Gov {
+    /// `confine memory ARGS…` within 30 s: a FIFO that blocked an open
+    /// would hang it, and fail the test here instead.
+    fn memory(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(bin());
+        cmd.arg("--config").arg(&self.config).arg("memory").args(args).env_remove("CONFINE_CONFIG");
+        output_within(&mut cmd, Duration::from_secs(30))
+    }
+
+    fn memory_json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.memory(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {}", stdout(&out)))
+    }
+}
+
+/// A FIFO planted as a memory file or as a linked file is refused at
+/// once: no memory operation opens it in a way that waits for a writer.
+#[test]
+fn class01_memory_fifos_never_hang_the_supervisor() {
+    let g = Gov::new("");
+    std::fs::create_dir_all(g.repo.join("src")).unwrap();
+    std::fs::write(g.repo.join("src/a.rs"), "fn a() {}\n").unwrap();
+    let stored = g.memory_json(&[
+        "store",
+        "--json",
+        "--type",
+        "decision",
+        "--title",
+        "t",
+        "--content",
+        "c",
+        "--file",
+        "src/a.rs",
+    ]);
+    assert!(stored["memoryId"].is_string(), "{stored}");
+    // The linked file becomes a FIFO: stale, never read.
+    std::fs::remove_file(g.repo.join("src/a.rs")).unwrap();
+    mkfifo(&g.repo.join("src/a.rs"));
+    let checked = g.memory_json(&["check", "--json"]);
+    assert_eq!(checked["stale"], 1, "{checked}");
+    // Linking a FIFO is refused, naming why.
+    let out =
+        g.memory(&["store", "--json", "--type", "decision", "--title", "u", "--content", "d", "--file", "src/a.rs"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a regular file"), "{}", stderr(&out));
+    // A FIFO as a memory file: reported, not read.
+    mkfifo(&g.repo.join(".confine-memory/planted.md"));
+    let synced = g.memory_json(&["sync", "--json"]);
+    let problems = synced["problems"].to_string();
+    assert!(problems.contains("planted.md") && problems.contains("not a regular file"), "{synced}");
+}
+
+/// A symlinked `.confine-memory`, or a symlink planted at a memory's file,
+/// never leads a write (or a removal) out of the repository.
+#[test]
+fn class01_memory_writes_never_leave_the_repository() {
+    let g = Gov::new("");
+    let outside = g.path("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, g.repo.join(".confine-memory")).unwrap();
+    let out = g.memory(&["store", "--json", "--type", "decision", "--title", "t", "--content", "c"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(stderr(&out).contains(".confine-memory is a symlink"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing written outside");
+    assert!(!g.memory(&["sync", "--json"]).status.success());
+
+    std::fs::remove_file(g.repo.join(".confine-memory")).unwrap();
+    let id = g.memory_json(&["store", "--json", "--type", "decision", "--title", "t", "--content", "c"])["memoryId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let victim = outside.join("victim");
+    std::fs::write(&victim, "untouched").unwrap();
+    let md = g.repo.join(format!(".confine-memory/{id}.md"));
+    std::fs::remove_file(&md).unwrap();
+    std::os::unix::fs::symlink(&victim, &md).unwrap();
+    let synced = g.memory_json(&["sync", "--json"]);
+    assert!(synced["problems"].to_string().contains("symlink"), "{synced}");
+    g.memory_json(&["store", "--json", "--memory-id", &id, "--type", "decision", "--title", "t2", "--content", "c2"]);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+    assert!(!std::fs::symlink_metadata(&md).unwrap().file_type().is_symlink(), "the link was replaced, not followed");
+    std::fs::remove_file(&md).unwrap();
+    std::os::unix::fs::symlink(&victim, &md).unwrap();
+    g.memory_json(&["rm", "--json", "--delete-file", &id]);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+}
