@@ -243,10 +243,11 @@ impl Serve {
         let log2 = log.clone();
         std::thread::spawn(move || {
             for line in stderr.lines().map_while(Result::ok) {
+                // Logged first: whoever gets the address may read the log.
+                log2.lock().unwrap().push_str(&format!("{line}\n"));
                 if let Some(rest) = line.split("streamable HTTP at http://").nth(1) {
                     let _ = tx.send(rest.split("/mcp").next().unwrap_or_default().to_string());
                 }
-                log2.lock().unwrap().push_str(&(line + "\n"));
             }
         });
         let addr = match rx.recv_timeout(Duration::from_secs(30)) {
