@@ -1,6 +1,7 @@
 //! Classes that cross the governed pipeline and the MCP server: executables
 //! and `#!` lines (2), sessions and repositories kept apart (10), HTTP
-//! tokens (11), and what the policy sees (12).
+//! tokens (11), and what the policy sees (12); and class 1's governance
+//! side, the files the memory tools read and write in a repository.
 
 use crate::common::*;
 use std::path::{Path, PathBuf};
