@@ -16,16 +16,20 @@ import time
 import anyio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 
 async def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("url")
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--token", help="bearer token (the server always requires one)")
     args = p.parse_args()
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else None
     lat: list[float] = []
     counts = {"success": 0, "busy": 0, "other": 0}
-    async with Client(streamable_http_client(args.url), mode="legacy") as client:
+    transport = streamable_http_client(args.url, http_client=create_mcp_http_client(headers=headers))
+    async with Client(transport, mode="legacy") as client:
         async def one() -> None:
             t = time.monotonic()
             r = await client.call_tool(

@@ -27,7 +27,9 @@ path = "$dir/store"
 id = "load"
 root = "$dir/repo"
 TOML
-"$bin" --config "$dir/confine.toml" serve --http 127.0.0.1:0 2> "$dir/log" &
+# The server always requires a bearer token: give it one.
+token=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+CONFINE_TOKEN="$token" "$bin" --config "$dir/confine.toml" serve --http 127.0.0.1:0 2> "$dir/log" &
 pid=$!
 for _ in $(seq 100); do grep -q "streamable HTTP at" "$dir/log" && break; sleep 0.1; done
 url=$(grep -o "http://[0-9.:]*/mcp" "$dir/log" | head -1)
@@ -36,7 +38,7 @@ peak=0
     r=$(awk '/VmRSS/{print $2}' /proc/$pid/status 2>/dev/null || echo 0); echo "$r"; sleep 0.05
   done ) > "$dir/rss" &
 sampler=$!
-"$py" benches/mcp_load.py "$url" --calls "$calls"
+"$py" benches/mcp_load.py "$url" --calls "$calls" --token "$token"
 sleep 2
 settled=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
 kill $sampler 2>/dev/null || true

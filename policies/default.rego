@@ -6,7 +6,10 @@
 #   limits        optional caps: {"timeoutMs", "memoryBytes", "cpus", "pids", "outputBytes"}
 #
 # input: {operation, runtime, command, args, cwd, env_keys, timeoutMs, limits,
-#         network, repoId, code_sha256, code_bytes}
+#         network, repoId, code, code_truncated, code_sha256, code_bytes}
+#   code: the inline code's first 64 KiB (null in args mode); code_truncated:
+#   true when there was more; code_bytes and code_sha256 cover all of it.
+#   policies/examples/no-network-tools.rego reads code and args.
 # data.confine_config: {allow_host_network}; data.confine_data: [policy.data]
 #
 # What it allows: the 16 runtimes, inside a configured repository, with no

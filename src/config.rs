@@ -46,6 +46,8 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     /// `[output]`: capture caps, artifact TTL, store size cap, redaction.
     pub output: crate::output::OutputConfig,
+    /// `[mcp]`: the MCP server's bearer tokens.
+    pub mcp: McpConfig,
     /// Where this configuration came from (`None`: the embedded defaults).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -158,6 +160,28 @@ pub struct EvaluatorConfig {
 pub struct RepoConfig {
     pub id: String,
     pub root: PathBuf,
+}
+
+/// `[mcp]`: what `confine serve --http` accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// One `[[mcp.tokens]]` entry: a bearer token (exactly one of `file` or
+/// `sha256`) and the repositories its holder may use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// A name for logs and errors (never the token itself).
+    pub id: String,
+    /// A file whose first line is the token (keep it 0600).
+    pub file: Option<PathBuf>,
+    /// The token's SHA-256, in hex: the token itself is then kept nowhere.
+    pub sha256: Option<String>,
+    /// The repoIds this token may use; `["*"]` for every repository.
+    pub repos: Vec<String>,
 }
 
 /// `[sandbox]`.
@@ -339,6 +363,38 @@ impl Config {
             }
             if !r.root.is_absolute() {
                 return Err(self.invalid("repos", format!("root of '{}' must be an absolute path", r.id)));
+            }
+        }
+        self.validate_tokens()
+    }
+
+    /// `[[mcp.tokens]]`: unique ids, one secret each, and repositories that
+    /// exist (a typo must not leave a token with fewer repos than meant,
+    /// nor silently with none).
+    fn validate_tokens(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, t) in self.mcp.tokens.iter().enumerate() {
+            let key = format!("mcp.tokens[{i}]");
+            let id_ok = !t.id.is_empty() && t.id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            if !id_ok || !seen.insert(t.id.as_str()) {
+                return Err(self.invalid(&key, format!("id '{}' is empty, repeated, or not [A-Za-z0-9._-]", t.id)));
+            }
+            match (&t.file, &t.sha256) {
+                (Some(f), None) if f.is_absolute() => {}
+                (Some(_), None) => return Err(self.invalid(&key, "file must be an absolute path")),
+                (None, Some(h)) if h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()) => {}
+                (None, Some(_)) => {
+                    return Err(self.invalid(&key, "sha256 must be 64 hex digits (sha256sum of the token, no newline)"))
+                }
+                _ => return Err(self.invalid(&key, "set exactly one of file (holds the token) or sha256 (its hash)")),
+            }
+            if t.repos.is_empty() {
+                return Err(self.invalid(&key, "repos is empty: list the repoIds this token may use, or [\"*\"]"));
+            }
+            for r in t.repos.iter().filter(|r| *r != "*") {
+                if !self.repos.iter().any(|c| c.id == *r) {
+                    return Err(self.invalid(&key, format!("repos names '{r}', which is not a [[repos]] id")));
+                }
             }
         }
         Ok(())

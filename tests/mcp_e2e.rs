@@ -75,12 +75,20 @@ struct HttpServer {
 
 impl HttpServer {
     fn start(token: Option<&str>) -> HttpServer {
+        HttpServer::start_with(token, &[])
+    }
+
+    /// With `args` after `serve --http 127.0.0.1:0`. A token generated for
+    /// want of one goes to the config's temp dir (XDG_RUNTIME_DIR).
+    fn start_with(token: Option<&str>, args: &[&str]) -> HttpServer {
         let (dir, config) = test_config();
         let mut cmd = Command::new(exe());
         cmd.arg("--config")
             .arg(&config)
             .args(["serve", "--http", "127.0.0.1:0"])
+            .args(args)
             .env_remove("CONFINE_TOKEN")
+            .env("XDG_RUNTIME_DIR", dir.path())
             .env("CONFINE_LOG", "info");
         if let Some(t) = token {
             cmd.env("CONFINE_TOKEN", t);
@@ -182,12 +190,18 @@ fn http_guard_answers_401_403_413() {
     let (status, head) = post(a, &[auth, ("Origin", "http://localhost:6274")], INITIALIZE);
     assert_eq!(status, 200, "{head}\n{}", server.log.lock().unwrap());
 
-    // Loopback without a configured token: no token needed, Origin still checked.
-    let open = HttpServer::start(None);
+    // Loopback without a token given: one is generated and required
+    // (issue 27, class 11: any local process can reach loopback; this
+    // asserted 200 before). `--no-token` opens it, Origin still checked.
+    let generated = HttpServer::start(None);
+    assert_eq!(post(generated.addr, &[], INITIALIZE).0, 401);
+    let open = HttpServer::start_with(None, &["--no-token"]);
     assert_eq!(post(open.addr, &[], INITIALIZE).0, 200);
     assert_eq!(post(open.addr, &[("Origin", "https://evil.example")], INITIALIZE).0, 403);
 }
 
+/// A public address never serves without a token: `--no-token` is refused
+/// there (without it, a token is generated, as on loopback).
 #[test]
 fn non_loopback_bind_requires_a_token() {
     let (_dir, config) = test_config();
@@ -195,7 +209,7 @@ fn non_loopback_bind_requires_a_token() {
         Command::new(exe())
             .arg("--config")
             .arg(&config)
-            .args(["serve", "--http", "0.0.0.0:0"])
+            .args(["serve", "--http", "0.0.0.0:0", "--no-token"])
             .env_remove("CONFINE_TOKEN"),
         Duration::from_secs(30),
     )

@@ -247,7 +247,7 @@ async fn client_disconnect_cancels_the_call() {
     // closes, then cancels them.
     let started = Instant::now();
     loop {
-        let jobs = fake.jobs(JobsRequest::default()).await.unwrap();
+        let jobs = fake.jobs(JobsRequest::default(), &confine::mcp::access::Caller::local()).await.unwrap();
         if jobs.jobs[0].status == ExecStatus::Cancelled {
             break;
         }

@@ -3,7 +3,8 @@
 //! client leaves or SIGTERM/SIGINT arrives, then shuts the service down so
 //! its jobs die and its store is flushed before the process exits.
 
-use crate::mcp::http::{load_token, serve_http, HttpOptions, TOKEN_ENV};
+use crate::mcp::http::{serve_http, HttpOptions};
+use crate::mcp::token::TOKEN_ENV;
 use crate::mcp::{serve_stdio, ConfineServer, McpError};
 use clap::Args;
 use std::net::SocketAddr;
@@ -13,17 +14,26 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Args)]
 #[command(
     after_help = "Examples:\n  confine serve                                  # stdio, for an MCP client that spawns it\n  \
-confine serve --http 127.0.0.1:8765            # streamable HTTP at http://127.0.0.1:8765/mcp\n  \
+confine serve --http 127.0.0.1:8765            # streamable HTTP at http://127.0.0.1:8765/mcp, token generated\n  \
 confine serve --http 0.0.0.0:8765 --token-file /etc/confine/token\n\n\
+HTTP always requires a bearer token (Authorization: Bearer <token>), on loopback too: any local process, a job \
+run with --net host included, can reach it. The tokens are --token-file (else $CONFINE_TOKEN) and the \
+[[mcp.tokens]] of confine.toml, each scoped to repositories. With none of them, a random token is generated and \
+written, 0600, to $XDG_RUNTIME_DIR/confine/mcp-<port>.token (as root without XDG_RUNTIME_DIR: \
+/run/confine/mcp-<port>.token); its path is printed on stderr, and it is removed at shutdown. --no-token serves \
+without one, on a loopback address only, with a warning.\n\n\
 Logs go to stderr (filter with CONFINE_LOG, e.g. CONFINE_LOG=debug); stdout carries only the protocol."
 )]
 pub struct ServeArgs {
     /// Serve streamable HTTP on ADDR (path /mcp) instead of stdio. Port 0 picks a free port; the address is printed on stderr.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<SocketAddr>,
-    /// File whose first line is the bearer token HTTP clients must send (required unless ADDR is loopback) [default: $CONFINE_TOKEN].
-    #[arg(long, value_name = "FILE", requires = "http")]
+    /// File whose first line is the bearer token HTTP clients must send, for every repository [default: $CONFINE_TOKEN; none given: one is generated].
+    #[arg(long, value_name = "FILE", requires = "http", conflicts_with = "no_token")]
     pub token_file: Option<PathBuf>,
+    /// Serve HTTP without a token: loopback addresses only, and any local process can use the server.
+    #[arg(long, requires = "http")]
+    pub no_token: bool,
     /// Also accept requests from this browser Origin, as scheme://host[:port]; repeatable. Loopback origins are always accepted.
     #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
     pub allow_origin: Vec<String>,
@@ -63,16 +73,16 @@ async fn run(config: Option<&Path>, args: ServeArgs) -> Result<(), McpError> {
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone());
     let served = match args.http {
-        Some(addr) => match load_token(args.token_file.as_deref()) {
-            Ok(token) => {
-                if token.is_some() && args.token_file.is_none() {
-                    tracing::info!("using the bearer token from {TOKEN_ENV}");
+        Some(addr) => {
+            let env = std::env::var(TOKEN_ENV).ok();
+            match crate::mcp::token::load(args.token_file.as_deref(), env, &services.config.mcp) {
+                Ok(tokens) => {
+                    let opts = HttpOptions { addr, tokens, no_token: args.no_token, allow_origins: args.allow_origin };
+                    serve_http(server.clone(), opts, shutdown.clone()).await
                 }
-                let opts = HttpOptions { addr, token, allow_origins: args.allow_origin };
-                serve_http(server.clone(), opts, shutdown.clone()).await
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        },
+        }
         None => serve_stdio(server.clone(), shutdown.clone()).await,
     };
     // Transports are closed: no new calls. Kill what still runs, keep the

@@ -169,3 +169,29 @@ fn output_bytes_is_the_stored_cap_and_a_request_cannot_raise_it() {
     assert_eq!(e.clamped, ["outputBytes"]);
     assert_eq!(LimitsConfig::default().resolve(&LimitRequest::default()).output_bytes, 64 << 20);
 }
+
+#[test]
+fn mcp_tokens_are_checked() {
+    let repos = "[[repos]]\nid = \"web\"\nroot = \"/srv/web\"\n";
+    let ok = format!(
+        "{repos}[[mcp.tokens]]\nid = \"ci\"\nsha256 = \"{}\"\nrepos = [\"web\"]\n\n\
+         [[mcp.tokens]]\nid = \"ops\"\nfile = \"/etc/confine/ops.token\"\nrepos = [\"*\"]\n",
+        "ab".repeat(32)
+    );
+    let c = parse(&ok).unwrap();
+    assert_eq!(c.mcp.tokens.len(), 2);
+    assert_eq!(c.mcp.tokens[0].repos, ["web"]);
+    let bad = [
+        ("id = \"ci\"\nrepos = [\"web\"]", "exactly one of file"),
+        ("id = \"ci\"\nsha256 = \"xyz\"\nrepos = [\"web\"]", "64 hex digits"),
+        ("id = \"ci\"\nfile = \"rel/path\"\nrepos = [\"web\"]", "absolute"),
+        ("id = \"ci\"\nfile = \"/t\"\nrepos = []", "repos is empty"),
+        ("id = \"ci\"\nfile = \"/t\"\nrepos = [\"api\"]", "'api', which is not a [[repos]] id"),
+        ("id = \"a b\"\nfile = \"/t\"\nrepos = [\"web\"]", "id 'a b'"),
+        ("id = \"ci\"\nfile = \"/t\"\nrepos = [\"web\"]\ntoken = \"x\"", "unknown field `token`"),
+    ];
+    for (entry, want) in bad {
+        let err = parse(&format!("{repos}[[mcp.tokens]]\n{entry}\n")).unwrap_err().to_string();
+        assert!(err.contains(want), "{entry}: {err}");
+    }
+}

@@ -12,11 +12,19 @@
 //!   `--allow-origin` value, or http(s) on a loopback host or the bind
 //!   address, any port [local tools such as the MCP Inspector]. `null` is
 //!   refused unless allowed explicitly.
-//! - Token: when one is configured, `Authorization: Bearer <token>` is
-//!   required on every request, compared in constant time.
+//! - Token: `Authorization: Bearer <token>` is required on every request
+//!   (unless the server was started `--no-token` on loopback), compared in
+//!   constant time with every accepted token's digest; the token that
+//!   matched names the [`Caller`] the request is served as. The header is
+//!   read as RFC 6750 §2.1 writes it: the scheme `Bearer` in any case
+//!   (RFC 7235 §2.1), one or more spaces, a `b64token`, nothing after it
+//!   (blanks around the whole value are the header's, RFC 7230 §3.2.4). So
+//!   `bearer  tok` is accepted; `Bearer\ttok`, `Bearer tok x`, `Bearertok`
+//!   and `Basic tok` are not.
 
+use super::access::{Caller, RepoScope, ANONYMOUS};
+use super::token::{digest, is_b64token, Credential};
 use axum::http::{header, HeaderMap, StatusCode};
-use sha2::{Digest, Sha256};
 use std::net::{IpAddr, SocketAddr};
 
 /// Largest request body accepted.
@@ -29,7 +37,16 @@ pub struct Refusal {
     pub reason: String,
 }
 
-/// The allowlists and token of one HTTP listener.
+/// Who may use a listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// These tokens (at least one).
+    Tokens(Vec<Credential>),
+    /// Anyone who can connect (`--no-token`, loopback only).
+    Open,
+}
+
+/// The allowlists and tokens of one HTTP listener.
 #[derive(Debug, Clone)]
 pub struct Guard {
     bind: IpAddr,
@@ -37,13 +54,24 @@ pub struct Guard {
     origins: Vec<String>,
     /// Host names allowed besides `localhost` (from the allowed origins).
     names: Vec<String>,
-    token_digest: Option<[u8; 32]>,
+    auth: Auth,
 }
 
 impl Guard {
-    /// Check the allowlist values; an origin must be `scheme://host[:port]`
-    /// (no path) or `null`.
-    pub fn new(bind: SocketAddr, allow_origins: &[String], token: Option<&str>) -> Result<Guard, String> {
+    /// Check the allowlist values (an origin must be `scheme://host[:port]`,
+    /// no path, or `null`) and the tokens: a listener without any is only
+    /// allowed on loopback.
+    pub fn new(bind: SocketAddr, allow_origins: &[String], auth: Auth) -> Result<Guard, String> {
+        match &auth {
+            Auth::Tokens(t) if t.is_empty() => return Err("no bearer token to check requests against".into()),
+            Auth::Open if !bind.ip().is_loopback() => {
+                return Err(format!(
+                    "binding to {bind} (not loopback) requires a bearer token: drop --no-token (one is then \
+                     generated), or pass --token-file FILE"
+                ))
+            }
+            _ => {}
+        }
         let mut origins = Vec::new();
         let mut names = Vec::new();
         for o in allow_origins {
@@ -60,16 +88,17 @@ impl Guard {
             names.push(host.to_string());
             origins.push(norm);
         }
-        Ok(Guard { bind: bind.ip(), origins, names, token_digest: token.map(digest) })
+        Ok(Guard { bind: bind.ip(), origins, names, auth })
     }
 
     /// Whether a token is required.
     pub fn requires_token(&self) -> bool {
-        self.token_digest.is_some()
+        matches!(self.auth, Auth::Tokens(_))
     }
 
-    /// Check one request's headers (and its authority, for HTTP/2).
-    pub fn check(&self, headers: &HeaderMap, authority: Option<&str>) -> Result<(), Refusal> {
+    /// Check one request's headers (and its authority, for HTTP/2); the
+    /// caller it is served as.
+    pub fn check(&self, headers: &HeaderMap, authority: Option<&str>) -> Result<Caller, Refusal> {
         let refuse = |status, reason: String| Err(Refusal { status, reason });
         if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
             if len > MAX_BODY_BYTES as u64 {
@@ -89,18 +118,26 @@ impl Guard {
                 return refuse(StatusCode::FORBIDDEN, reason);
             }
         }
-        if let Some(expected) = &self.token_digest {
-            let given = headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.split_once(' '))
-                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                .map(|(_, t)| digest(t.trim()));
-            if !given.is_some_and(|g| ct_eq(&g, expected)) {
-                return refuse(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into());
+        let tokens = match &self.auth {
+            Auth::Open => return Ok(Caller { principal: ANONYMOUS.into(), session: None, repos: RepoScope::All }),
+            Auth::Tokens(tokens) => tokens,
+        };
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer).map(digest);
+        let Some(given) = given else {
+            return refuse(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into());
+        };
+        // Every digest is compared, so the time taken says nothing of
+        // which one (if any) matched.
+        let mut matched = None;
+        for t in tokens {
+            if ct_eq(&given, &t.digest) {
+                matched = Some(t);
             }
         }
-        Ok(())
+        match matched {
+            Some(t) => Ok(Caller { principal: t.principal.clone(), session: None, repos: t.repos.clone() }),
+            None => refuse(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()),
+        }
     }
 
     fn host_allowed(&self, authority: &str) -> bool {
@@ -157,8 +194,15 @@ fn strip_port(authority: &str) -> &str {
     }
 }
 
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
+/// The token of an `Authorization` value, as RFC 6750 §2.1 writes it
+/// (this module's doc says what is accepted).
+pub(crate) fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.trim_matches([' ', '\t']).split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = rest.trim_start_matches(' ');
+    is_b64token(token).then_some(token)
 }
 
 /// Equality that takes the same time wherever the first difference is.

@@ -16,7 +16,8 @@ use crate::store::memory::{
 use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input};
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::model::{CallToolResult, JsonObject};
-use rmcp::{tool, tool_router};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, RoleServer};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -69,6 +70,23 @@ pub(crate) fn service_error(e: MemoryError) -> ServiceError {
     }
 }
 
+/// A memory or feedback request: the repository it is about.
+pub(crate) trait RepoScoped {
+    fn repo_id(&self) -> &str;
+}
+
+macro_rules! repo_scoped {
+    ($($t:ty),*) => {$(
+        impl RepoScoped for $t {
+            fn repo_id(&self) -> &str {
+                &self.repo_id
+            }
+        }
+    )*};
+}
+
+repo_scoped!(StoreRequest, QueryRequest, RemoveRequest, SurfaceRequest, FeedbackRequest, FeedbackQuery);
+
 impl ConfineServer {
     /// Parse `args`, run `call` on the memory service off the async
     /// threads, and answer with its result or a one-line tool error.
@@ -76,10 +94,11 @@ impl ConfineServer {
         &self,
         tool: &str,
         args: JsonObject,
+        ctx: RequestContext<RoleServer>,
         call: impl FnOnce(&MemoryService, &Req) -> Result<Resp, MemoryError> + Send + 'static,
     ) -> CallToolResult
     where
-        Req: DeserializeOwned + Send + 'static,
+        Req: DeserializeOwned + RepoScoped + Send + 'static,
         Resp: Serialize + Send + 'static,
     {
         let Some(memory) = self.memory.clone() else {
@@ -92,6 +111,11 @@ impl ConfineServer {
             Ok(r) => r,
             Err(e) => return self.error(tool, &e),
         };
+        // Memories belong to a repository: only a caller that may use it
+        // reads or writes them.
+        if let Err(e) = self.caller(&ctx).and_then(|c| c.check_repo(req.repo_id())) {
+            return self.error(tool, &e);
+        }
         let joined = tokio::task::spawn_blocking(move || call(&memory, &req)).await;
         match joined {
             Ok(Ok(resp)) => self.structured(tool, &resp, CallOutcome::default()),
@@ -134,8 +158,8 @@ with deduplicated: true. Pass memoryId to update that memory (upsert). The memor
         output_schema = schema_for_output::<StoreResult>(),
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
     )]
-    async fn memory_store(&self, args: JsonObject) -> CallToolResult {
-        self.memory_call("memory_store", args, |m, r: &StoreRequest| m.store(r)).await
+    async fn memory_store(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
+        self.memory_call("memory_store", args, ctx, |m, r: &StoreRequest| m.store(r)).await
     }
 
     #[tool(
@@ -149,8 +173,8 @@ staleOnly: true re-checks linked files and returns only memories whose files cha
         output_schema = schema_for_output::<QueryResult>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn memory_query(&self, args: JsonObject) -> CallToolResult {
-        self.memory_call("memory_query", args, |m, r: &QueryRequest| m.query(r)).await
+    async fn memory_query(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
+        self.memory_call("memory_query", args, ctx, |m, r: &QueryRequest| m.query(r)).await
     }
 
     #[tool(
@@ -162,8 +186,8 @@ true removes it. An unknown memoryId is a tool error 'not_found: ...'.",
         output_schema = schema_for_output::<RemoveResult>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
-    async fn memory_remove(&self, args: JsonObject) -> CallToolResult {
-        self.memory_call("memory_remove", args, |m, r: &RemoveRequest| m.remove(r)).await
+    async fn memory_remove(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
+        self.memory_call("memory_remove", args, ctx, |m, r: &RemoveRequest| m.remove(r)).await
     }
 
     #[tool(
@@ -178,8 +202,8 @@ confidence x recencyFactor x overlapFactor, where recencyFactor = max(0.1, 0.5^(
         output_schema = schema_for_output::<SurfaceResult>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn memory_surface(&self, args: JsonObject) -> CallToolResult {
-        self.memory_call("memory_surface", args, |m, r: &SurfaceRequest| m.surface(r)).await
+    async fn memory_surface(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
+        self.memory_call("memory_surface", args, ctx, |m, r: &SurfaceRequest| m.surface(r)).await
     }
 
     #[tool(
@@ -192,8 +216,8 @@ feedbackId and symbolsRecorded (useful + missing).",
         output_schema = schema_for_output::<FeedbackResult>(),
         annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
     )]
-    async fn agent_feedback(&self, args: JsonObject) -> CallToolResult {
-        self.memory_call("agent_feedback", args, |m, r: &FeedbackRequest| m.feedback(r)).await
+    async fn agent_feedback(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
+        self.memory_call("agent_feedback", args, ctx, |m, r: &FeedbackRequest| m.feedback(r)).await
     }
 
     #[tool(
@@ -205,8 +229,8 @@ topUsefulSymbols, topMissingSymbols}, hasMore}; the stats cover every matching r
         output_schema = schema_for_output::<FeedbackQueryResult>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn agent_feedback_query(&self, args: JsonObject) -> CallToolResult {
-        self.memory_call("agent_feedback_query", args, |m, r: &FeedbackQuery| m.feedback_query(r)).await
+    async fn agent_feedback_query(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
+        self.memory_call("agent_feedback_query", args, ctx, |m, r: &FeedbackQuery| m.feedback_query(r)).await
     }
 }
 

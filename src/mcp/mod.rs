@@ -6,9 +6,12 @@
 //! every decision about a job is the service's.
 //!
 //! Layout: `service.rs` the trait (the seam), `types/` the wire types,
-//! `server.rs` + `tools.rs` the rmcp handler, `progress.rs`, `usage.rs`,
-//! `http.rs` + `http_guard.rs` the HTTP transport, `fake/` the test double.
+//! `server.rs` + `tools.rs` the rmcp handler, `access.rs` who is calling
+//! and what they may touch, `progress.rs`, `usage.rs`, `http.rs` +
+//! `http_guard.rs` + `token.rs` the HTTP transport and its tokens,
+//! `fake/` the test double.
 
+pub mod access;
 pub mod fake;
 pub mod http;
 pub mod http_guard;
@@ -18,6 +21,7 @@ mod progress;
 pub mod real;
 pub mod server;
 pub mod service;
+pub mod token;
 mod tools;
 pub mod types;
 pub mod usage;

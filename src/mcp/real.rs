@@ -1,8 +1,10 @@
 //! The real [`RuntimeService`]: MCP's calls mapped onto the supervisor's
-//! governed pipeline, plus the table of background jobs and the usage
-//! history in the store. No sandbox or policy logic lives here: this file
-//! only translates types and keeps track of jobs.
+//! governed pipeline, plus the table of jobs and the usage history in the
+//! store. No sandbox or policy logic lives here: this file translates
+//! types, keeps track of jobs and whose they are, and shows a caller only
+//! its own jobs and the artifacts of its repositories.
 
+use super::access::{Caller, Owner};
 use super::service::{ExecControl, Progress, RuntimeService, ServiceError};
 use super::types::{
     Excerpt, ExecStatus, ExecuteRequest, ExecuteResponse, Finding, Info, InfoLimits, JobOutput, JobSummary,
@@ -12,7 +14,7 @@ use super::types::{
 use super::usage::{summarise, UsageSnapshot, UsageStatsRequest};
 use crate::output::modes::RenderOptions;
 use crate::sandbox::{Backend, BackendKind};
-use crate::store::artifacts::{now_ms, StreamName};
+use crate::store::artifacts::{now_ms, ArtifactError, StreamName};
 use crate::supervisor::exec::{self as sup, Mirror, Rejection};
 use crate::supervisor::Supervisor;
 use async_trait::async_trait;
@@ -26,6 +28,8 @@ const KEEP_FINISHED: usize = 100;
 
 struct BackgroundJob {
     summary: JobSummary,
+    /// Whose it is: only they list, follow or kill it.
+    owner: Owner,
     cancel: CancellationToken,
     mirror: Mirror,
     /// The final response, once the job ended.
@@ -46,39 +50,35 @@ impl SupervisorService {
 
     /// Put a job in the table `runtime_jobs` lists, forgetting the oldest
     /// finished ones past [`KEEP_FINISHED`].
-    fn register(
-        &self,
-        job_id: &str,
-        req: &ExecuteRequest,
-        background: bool,
-        cancel: CancellationToken,
-        mirror: Mirror,
-        done: watch::Receiver<Option<ExecuteResponse>>,
-    ) -> Result<(), ServiceError> {
-        let summary = JobSummary {
-            job_id: job_id.to_string(),
-            repo_id: req.repo_id.clone(),
-            runtime: req.runtime.clone(),
-            status: ExecStatus::Running,
-            background,
-            started_at_ms: now_ms(),
-            duration_ms: 0,
-            exit_code: None,
-            artifact_handle: None,
-            output_bytes: 0,
-        };
+    fn register(&self, job: BackgroundJob) -> Result<(), ServiceError> {
         let mut jobs = self.jobs.lock().map_err(internal)?;
         let finished: Vec<String> =
             jobs.iter().filter(|(_, j)| j.done.borrow().is_some()).map(|(k, _)| k.clone()).collect();
         for k in finished.iter().take(finished.len().saturating_sub(KEEP_FINISHED)) {
             jobs.remove(k);
         }
-        jobs.insert(job_id.to_string(), BackgroundJob { summary, cancel, mirror, done });
+        jobs.insert(job.summary.job_id.clone(), job);
         Ok(())
     }
 
     fn usage_tree(&self) -> Result<sled::Tree, ServiceError> {
         self.sup.stores().map_err(internal)?.store.tree("usage").map_err(internal)
+    }
+}
+
+/// The summary of a job just started.
+fn running(job_id: &str, req: &ExecuteRequest, background: bool) -> JobSummary {
+    JobSummary {
+        job_id: job_id.to_string(),
+        repo_id: req.repo_id.clone(),
+        runtime: req.runtime.clone(),
+        status: ExecStatus::Running,
+        background,
+        started_at_ms: now_ms(),
+        duration_ms: 0,
+        exit_code: None,
+        artifact_handle: None,
+        output_bytes: 0,
     }
 }
 
@@ -189,6 +189,7 @@ fn merge(a: &mut UsageSnapshot, b: &UsageSnapshot) {
 impl RuntimeService for SupervisorService {
     async fn execute(&self, req: ExecuteRequest, ctl: ExecControl) -> Result<ExecuteResponse, ServiceError> {
         req.validate()?;
+        ctl.caller.check_repo(&req.repo_id)?;
         let background = req.background == Some(true);
         let mut sreq = to_request(&req);
         if background {
@@ -202,7 +203,13 @@ impl RuntimeService for SupervisorService {
         let cancel = if background { CancellationToken::new() } else { ctl.cancel.clone() };
         let mirror: Mirror = Arc::default();
         let (tx, rx) = watch::channel(None);
-        self.register(&job_id, &req, background, cancel.clone(), mirror.clone(), rx)?;
+        self.register(BackgroundJob {
+            summary: running(&job_id, &req, background),
+            owner: ctl.caller.owner(),
+            cancel: cancel.clone(),
+            mirror: mirror.clone(),
+            done: rx,
+        })?;
 
         let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel::<sup::Progress>();
         let forward = ctl.progress.clone().filter(|_| !background).map(|sink| {
@@ -247,7 +254,11 @@ impl RuntimeService for SupervisorService {
         run.await
     }
 
-    async fn query_output(&self, req: QueryOutputRequest) -> Result<QueryOutputResponse, ServiceError> {
+    async fn query_output(
+        &self,
+        req: QueryOutputRequest,
+        caller: &Caller,
+    ) -> Result<QueryOutputResponse, ServiceError> {
         req.validate()?;
         let q = crate::output::query::QueryRequest {
             artifact_handle: req.artifact_handle.clone(),
@@ -263,6 +274,14 @@ impl RuntimeService for SupervisorService {
             line_end: req.line_range.map(|r| r[1]),
         };
         let artifacts = &self.sup.stores().map_err(internal)?.artifacts;
+        // The artifact's repository decides, not the handle: another
+        // repository's artifact is not found, exactly as a missing one.
+        let not_found = || ServiceError::NotFound(ArtifactError::NotFound(req.artifact_handle.clone()).to_string());
+        match artifacts.get(&req.artifact_handle) {
+            Ok(meta) if caller.may_use(&meta.repo_id) => {}
+            Ok(_) | Err(ArtifactError::NotFound(_)) => return Err(not_found()),
+            Err(e) => return Err(internal(e)),
+        }
         let r = crate::output::query::query_output(artifacts, &q).map_err(|e| {
             let msg = e.to_string();
             if msg.contains("not found") {
@@ -290,9 +309,9 @@ impl RuntimeService for SupervisorService {
         })
     }
 
-    async fn jobs(&self, req: JobsRequest) -> Result<JobsResponse, ServiceError> {
+    async fn jobs(&self, req: JobsRequest, caller: &Caller) -> Result<JobsResponse, ServiceError> {
         let mut jobs = self.jobs.lock().map_err(internal)?;
-        for job in jobs.values_mut() {
+        for job in jobs.values_mut().filter(|j| caller.owns(&j.owner)) {
             if let Some(done) = job.done.borrow().clone() {
                 job.summary.status = done.status;
                 job.summary.exit_code = done.exit_code;
@@ -307,6 +326,7 @@ impl RuntimeService for SupervisorService {
         if let Some(id) = &req.job_id {
             let job = jobs
                 .get(id)
+                .filter(|j| caller.owns(&j.owner))
                 .ok_or_else(|| ServiceError::NotFound(format!("job '{id}' not found (list jobs without a jobId)")))?;
             let buf = job.mirror.lock().map_err(internal)?;
             let offset = req.offset.unwrap_or(0).min(buf.len() as u64);
@@ -319,15 +339,16 @@ impl RuntimeService for SupervisorService {
                 complete: job.summary.status != ExecStatus::Running,
             });
         }
-        let mut list: Vec<JobSummary> = jobs.values().map(|j| j.summary.clone()).collect();
+        let mut list: Vec<JobSummary> =
+            jobs.values().filter(|j| caller.owns(&j.owner)).map(|j| j.summary.clone()).collect();
         list.sort_by_key(|j| std::cmp::Reverse(j.started_at_ms));
         Ok(JobsResponse { jobs: list, output })
     }
 
-    async fn kill(&self, job_id: &str) -> Result<ExecuteResponse, ServiceError> {
+    async fn kill(&self, job_id: &str, caller: &Caller) -> Result<ExecuteResponse, ServiceError> {
         let mut done = {
             let jobs = self.jobs.lock().map_err(internal)?;
-            let job = jobs.get(job_id).ok_or_else(|| {
+            let job = jobs.get(job_id).filter(|j| caller.owns(&j.owner)).ok_or_else(|| {
                 ServiceError::NotFound(format!("job '{job_id}' not found (list jobs with runtime_jobs)"))
             })?;
             job.cancel.cancel();
@@ -343,12 +364,12 @@ impl RuntimeService for SupervisorService {
     }
 
     async fn info(&self, repo_id: Option<&str>) -> Result<Info, ServiceError> {
-        let host = crate::runtimes::toolchain::Host::from_env();
+        let host = &self.sup.host;
         let runtimes = crate::runtimes::NAMES
             .iter()
             .map(|name| {
                 match crate::runtimes::lookup(name)
-                    .and_then(|rt| crate::runtimes::toolchain::resolve(rt, None, true, &host))
+                    .and_then(|rt| crate::runtimes::toolchain::resolve(rt, None, true, host))
                 {
                     Ok(r) => RuntimeInfo {
                         name: name.to_string(),

@@ -10,6 +10,7 @@
 //! [`ConfineServer::with_memory`] when the server keeps memories (with a
 //! memory service, `info` also reports a repository's stale memories).
 
+use super::access::Caller;
 use super::service::{RuntimeService, ServiceError};
 use super::usage::{CallRecord, SessionUsage};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -37,6 +38,9 @@ pub struct ConfineServer {
     pub(crate) progress_interval: Duration,
     /// The memory and feedback tools' service (`None`: those tools are not offered).
     pub(crate) memory: Option<Arc<crate::store::memory::MemoryService>>,
+    /// Served over HTTP: every call must carry the caller the guard found
+    /// (`access.rs`); else the transport is stdio, the operator's.
+    pub(crate) over_http: bool,
     tool_router: ToolRouter<ConfineServer>,
 }
 
@@ -47,6 +51,7 @@ impl ConfineServer {
             usage: Arc::new(SessionUsage::default()),
             progress_interval: super::progress::PROGRESS_INTERVAL,
             memory: None,
+            over_http: false,
             // `with_memory` adds `Self::memory_tools()`.
             tool_router: Self::runtime_tools() + Self::diagnostic_tools(),
         }
@@ -59,6 +64,17 @@ impl ConfineServer {
         }
         self.memory = Some(memory);
         self
+    }
+
+    /// A clone for one HTTP session: its calls are served as the caller of
+    /// each request's token, never as the operator.
+    pub fn over_http(&self) -> Self {
+        ConfineServer { over_http: true, ..self.clone() }
+    }
+
+    /// The caller of one call (`access.rs`).
+    pub(crate) fn caller(&self, ctx: &rmcp::service::RequestContext<rmcp::RoleServer>) -> Result<Caller, ServiceError> {
+        Caller::of(ctx, self.over_http)
     }
 
     /// The service behind the tools (to shut it down after the transports).

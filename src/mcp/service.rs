@@ -7,6 +7,7 @@
 //! queueing, sandbox, artifacts, audit) lives behind this trait. Nothing
 //! here may spawn a process or touch the store.
 
+use super::access::Caller;
 use super::types::{
     ExecuteRequest, ExecuteResponse, Info, JobsRequest, JobsResponse, QueryOutputRequest, QueryOutputResponse,
 };
@@ -26,22 +27,28 @@ use tokio_util::sync::CancellationToken;
 pub trait RuntimeService: Send + Sync + 'static {
     /// Run one job through the governance pipeline and wait for it, or, with
     /// `background: true`, start it and return at once with `status:
-    /// running` and a `jobId`.
+    /// running` and a `jobId`. The job belongs to `ctl.caller`, who must
+    /// be allowed the request's repository.
     ///
     /// A denial by policy should be `Ok` with `status: denied` and the
     /// policy decision (it carries the audit hash); `Err` is for calls that
     /// never reached policy (bad arguments, unknown runtime, gate closed).
     async fn execute(&self, req: ExecuteRequest, ctl: ExecControl) -> Result<ExecuteResponse, ServiceError>;
 
-    /// Search or slice a stored output artifact.
-    async fn query_output(&self, req: QueryOutputRequest) -> Result<QueryOutputResponse, ServiceError>;
+    /// Search or slice a stored output artifact. Only an artifact of a
+    /// repository `caller` may use; any other is `not_found`, as if it did
+    /// not exist (a handle is not a capability).
+    async fn query_output(&self, req: QueryOutputRequest, caller: &Caller)
+        -> Result<QueryOutputResponse, ServiceError>;
 
-    /// List recent jobs, or one job with its output from an offset.
-    async fn jobs(&self, req: JobsRequest) -> Result<JobsResponse, ServiceError>;
+    /// List `caller`'s recent jobs, or one of them with its output from an
+    /// offset; another caller's job is `not_found`.
+    async fn jobs(&self, req: JobsRequest, caller: &Caller) -> Result<JobsResponse, ServiceError>;
 
-    /// Kill a running job (its whole tree) and return how it ended. Killing
-    /// a job that already ended returns its final outcome unchanged.
-    async fn kill(&self, job_id: &str) -> Result<ExecuteResponse, ServiceError>;
+    /// Kill a running job of `caller` (its whole tree) and return how it
+    /// ended; another caller's job is `not_found`. Killing a job that
+    /// already ended returns its final outcome unchanged.
+    async fn kill(&self, job_id: &str, caller: &Caller) -> Result<ExecuteResponse, ServiceError>;
 
     /// What this host and configuration offer: runtimes, isolation layers,
     /// limits, policy digest. `repo_id` narrows it to one workspace.
@@ -76,12 +83,15 @@ pub struct ExecControl {
     /// Where the job reports how far it got; the server turns the latest
     /// value into `notifications/progress` when the client asked for them.
     pub progress: Option<ProgressSink>,
+    /// Who asked: the job is theirs (`runtime_jobs`, `runtime_kill`).
+    pub caller: Caller,
 }
 
 impl ExecControl {
-    /// A control with a fresh token and no progress sink (CLI, tests).
+    /// A control with a fresh token, no progress sink, and the local
+    /// caller (CLI, tests).
     pub fn detached() -> Self {
-        ExecControl { cancel: CancellationToken::new(), progress: None }
+        ExecControl { cancel: CancellationToken::new(), progress: None, caller: Caller::local() }
     }
 
     /// Report progress if anyone listens; never blocks.

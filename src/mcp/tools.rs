@@ -1,7 +1,9 @@
 //! The tool handlers: runtime_execute, runtime_query_output, runtime_jobs,
 //! runtime_kill (the runtime router) and info, usage_stats (the diagnostic
-//! router). Each one parses and checks its arguments, calls the service,
-//! and shapes the result; none of them decides anything about a job.
+//! router). Each one parses and checks its arguments, works out its
+//! caller (`access.rs`: a tool naming a repository is refused one the
+//! caller may not use), calls the service, and shapes the result; none of
+//! them decides anything about a job.
 
 use super::progress::spawn_reporter;
 use super::server::{parse_args, CallOutcome, ConfineServer};
@@ -54,12 +56,16 @@ a denial is a tool error that still carries policyDecision.deniedReasons. Bad ar
             Ok(r) => r,
             Err(e) => return self.error(TOOL, &e),
         };
+        let caller = match self.caller(&ctx).and_then(|c| c.check_repo(&req.repo_id).map(|()| c)) {
+            Ok(c) => c,
+            Err(e) => return self.error(TOOL, &e),
+        };
         let (sink, latest) = ProgressSink::channel();
         let _reporter = ctx
             .meta
             .get_progress_token()
             .map(|token| spawn_reporter(ctx.peer.clone(), token, latest, self.progress_interval));
-        let ctl = ExecControl { cancel: ctx.ct.clone(), progress: Some(sink) };
+        let ctl = ExecControl { cancel: ctx.ct.clone(), progress: Some(sink), caller };
         let call = self.service.execute(req, ctl);
         let grace_over = async {
             ctx.ct.cancelled().await;
@@ -93,13 +99,17 @@ lineRange [start, end]. Use it after a 'minimal' execute to read only what matte
         output_schema = schema_for_output::<QueryOutputResponse>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn runtime_query_output(&self, args: JsonObject) -> CallToolResult {
+    async fn runtime_query_output(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
         const TOOL: &str = "runtime_query_output";
         let req = match parse_args::<QueryOutputRequest>(args).and_then(|r| r.validate().map(|()| r)) {
             Ok(r) => r,
             Err(e) => return self.error(TOOL, &e),
         };
-        match self.service.query_output(req).await {
+        let caller = match self.caller(&ctx) {
+            Ok(c) => c,
+            Err(e) => return self.error(TOOL, &e),
+        };
+        match self.service.query_output(req, &caller).await {
             Ok(resp) => self.structured(TOOL, &resp, CallOutcome::default()),
             Err(e) => self.error(TOOL, &e),
         }
@@ -114,13 +124,13 @@ background job until output.complete is true.",
         output_schema = schema_for_output::<JobsResponse>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn runtime_jobs(&self, args: JsonObject) -> CallToolResult {
+    async fn runtime_jobs(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
         const TOOL: &str = "runtime_jobs";
-        let req = match parse_args::<JobsRequest>(args) {
-            Ok(r) => r,
+        let (req, caller) = match parse_args::<JobsRequest>(args).and_then(|r| Ok((r, self.caller(&ctx)?))) {
+            Ok(x) => x,
             Err(e) => return self.error(TOOL, &e),
         };
-        match self.service.jobs(req).await {
+        match self.service.jobs(req, &caller).await {
             Ok(resp) => self.structured(TOOL, &resp, CallOutcome::default()),
             Err(e) => self.error(TOOL, &e),
         }
@@ -134,14 +144,18 @@ process tree is killed. Returns the final outcome: status killed, or the status 
         output_schema = schema_for_output::<ExecuteResponse>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
-    async fn runtime_kill(&self, args: JsonObject) -> CallToolResult {
+    async fn runtime_kill(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
         const TOOL: &str = "runtime_kill";
         let req = match parse_args::<KillRequest>(args) {
             Ok(r) if !r.job_id.trim().is_empty() => r,
             Ok(_) => return self.error(TOOL, &ServiceError::Invalid("jobId must not be empty".into())),
             Err(e) => return self.error(TOOL, &e),
         };
-        match self.service.kill(&req.job_id).await {
+        let caller = match self.caller(&ctx) {
+            Ok(c) => c,
+            Err(e) => return self.error(TOOL, &e),
+        };
+        match self.service.kill(&req.job_id, &caller).await {
             Ok(resp) => self.structured(
                 TOOL,
                 &resp,
@@ -165,12 +179,16 @@ workspace (and staleMemories: how many of its memories have linked files that ch
         output_schema = schema_for_output::<Info>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn info(&self, args: JsonObject) -> CallToolResult {
+    async fn info(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
         const TOOL: &str = "info";
         let req = match parse_args::<InfoRequest>(args) {
             Ok(r) => r,
             Err(e) => return self.error(TOOL, &e),
         };
+        // A repository this caller may not use is not described to it.
+        if let Err(e) = self.caller(&ctx).and_then(|c| req.repo_id.as_deref().map_or(Ok(()), |r| c.check_repo(r))) {
+            return self.error(TOOL, &e);
+        }
         match self.service.info(req.repo_id.as_deref()).await {
             Ok(resp) => {
                 // With a memory service and a repoId: `staleMemories` too.

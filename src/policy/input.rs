@@ -14,6 +14,10 @@ use sha2::{Digest, Sha256};
 pub const OP_CODE: &str = "execute_code";
 /// `operation` of a request that runs the runtime's executable with args.
 pub const OP_ARGS: &str = "execute_args";
+/// Bytes of inline code the input document carries (`code`); the rest is
+/// still counted (`code_bytes`) and hashed (`code_sha256`). A policy that
+/// must see all of it refuses `code_truncated`.
+pub const CODE_PREFIX_BYTES: usize = 64 << 10;
 
 /// A request as the MCP tool or the CLI receives it, before any check.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -124,11 +128,29 @@ impl ExecRequest {
             repo_id: self.repo_id.clone(),
             code_sha256: self.code.as_deref().map(|c| sha256_hex(c.as_bytes())),
             code_bytes: self.code.as_ref().map_or(0, |c| c.len() as u64),
+            code: self.code.as_deref().map(|c| code_prefix(c).to_string()),
+            code_truncated: self.code.as_ref().is_some_and(|c| c.len() > CODE_PREFIX_BYTES),
         }
     }
 }
 
-/// What every evaluator receives as `input`.
+/// The first [`CODE_PREFIX_BYTES`] of `code`, cut at a character boundary.
+fn code_prefix(code: &str) -> &str {
+    if code.len() <= CODE_PREFIX_BYTES {
+        return code;
+    }
+    let mut end = CODE_PREFIX_BYTES;
+    while !code.is_char_boundary(end) {
+        end -= 1;
+    }
+    &code[..end]
+}
+
+/// What every evaluator receives as `input`. The policy sees what will
+/// run, not only its name: the arguments, and the inline code itself (its
+/// first 64 KiB, with its full length and SHA-256), so that an operator's
+/// Rego can refuse `sh -c 'curl …'` or a script that calls wget. The audit
+/// hash covers this whole document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicyInput {
     pub operation: String,
@@ -144,7 +166,12 @@ pub struct PolicyInput {
     #[serde(rename = "repoId")]
     pub repo_id: Option<String>,
     pub code_sha256: Option<String>,
+    /// The whole code's length in bytes.
     pub code_bytes: u64,
+    /// The inline code, up to [`CODE_PREFIX_BYTES`] (null in args mode).
+    pub code: Option<String>,
+    /// `code` holds only the start of the code.
+    pub code_truncated: bool,
 }
 
 impl PolicyInput {
@@ -266,8 +293,10 @@ mod tests {
             keys,
             [
                 "args",
+                "code",
                 "code_bytes",
                 "code_sha256",
+                "code_truncated",
                 "command",
                 "cwd",
                 "env_keys",
@@ -285,7 +314,30 @@ mod tests {
         assert_eq!(v["cwd"], ".");
         assert_eq!(v["code_bytes"], 8);
         assert_eq!(v["code_sha256"], sha256_hex(b"print(1)"));
+        assert_eq!((v["code"].as_str(), v["code_truncated"].as_bool()), (Some("print(1)"), Some(false)));
         assert_eq!(v["limits"]["timeoutMs"], 30_000);
+        let args = ExecRequest { code: None, args: vec!["-c".into(), "curl x".into()], ..req() };
+        let v = args.to_input("bash", l.resolve(&args.limits)).to_value();
+        assert_eq!((v["code"].clone(), v["args"][1].as_str()), (serde_json::Value::Null, Some("curl x")));
+    }
+
+    #[test]
+    fn long_code_is_carried_up_to_64_kib_on_a_character_boundary() {
+        let l = LimitsConfig::default();
+        // 'é' is two bytes: the cut must not split one.
+        let code = format!("x{}", "é".repeat(CODE_PREFIX_BYTES));
+        let r = ExecRequest { code: Some(code.clone()), ..req() };
+        let input = r.to_input("python3", l.resolve(&r.limits));
+        let carried = input.code.as_deref().unwrap();
+        assert_eq!(carried.len(), CODE_PREFIX_BYTES - 1);
+        assert!(code.starts_with(carried));
+        assert!(input.code_truncated);
+        assert_eq!(input.code_bytes, code.len() as u64);
+        assert_eq!(input.code_sha256.as_deref(), Some(sha256_hex(code.as_bytes()).as_str()));
+        // Exactly 64 KiB is whole.
+        let r = ExecRequest { code: Some("y".repeat(CODE_PREFIX_BYTES)), ..req() };
+        let input = r.to_input("python3", l.resolve(&r.limits));
+        assert!(!input.code_truncated && input.code.unwrap().len() == CODE_PREFIX_BYTES);
     }
 
     #[test]
@@ -294,6 +346,6 @@ mod tests {
         assert_eq!(canonical_json(&v), r#"{"a":{"c":null,"d":[1,{"y":"x","z":0}]},"b":1}"#);
         let input = req().to_input("python3", LimitsConfig::default().resolve(&LimitRequest::default()));
         assert_eq!(input.canonical(), input.clone().canonical());
-        assert!(input.canonical().starts_with(r#"{"args":[],"code_bytes":8,"#));
+        assert!(input.canonical().starts_with(r#"{"args":[],"code":"print(1)","code_bytes":8,"#));
     }
 }

@@ -1,15 +1,15 @@
 //! The runtime table: the 16 languages a request may name, their default
 //! and compatible executables, and what their toolchains need.
 //!
-//! This module is data plus pure functions: it finds executables on a PATH
-//! it is given, checks `--executable` overrides, works out which host paths
-//! a toolchain needs read-only ([`toolchain`]) and how code mode compiles and
-//! runs ([`plan`]). It never spawns anything and needs no root.
+//! This module is data plus pure functions: it checks `--executable`
+//! overrides, finds executables in the trusted locations of a host it is
+//! given and works out which host paths a toolchain needs read-only
+//! ([`toolchain`]), and how code mode compiles and runs ([`plan`]). It
+//! never spawns anything, never takes an executable from a repository,
+//! and needs no root.
 
 pub mod plan;
 pub mod toolchain;
-
-use std::path::{Path, PathBuf};
 
 /// The names a request may use for `runtime`, in table order.
 pub const NAMES: [&str; 16] = [
@@ -86,6 +86,10 @@ pub enum RuntimeError {
     Incompatible { runtime: String, executable: String, expected: String },
     #[error("executable '{executable}': {reason}")]
     BadExecutable { executable: String, reason: String },
+    /// The executable is outside the trusted locations (the supervisor's
+    /// PATH and system directories), or inside a repository.
+    #[error("executable '{executable}' is not trusted: {reason}")]
+    Untrusted { executable: String, reason: &'static str },
 }
 
 /// The row for `name`.
@@ -138,23 +142,6 @@ impl Runtime {
     }
 }
 
-/// Find `name` on `path` (a PATH value): the first regular, executable file.
-/// An absolute `name` is taken as is when it is executable.
-pub fn find_on_path(name: &str, path: &std::ffi::OsStr) -> Option<PathBuf> {
-    #[cfg(unix)]
-    let executable = |p: &Path| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    // No execute bit on Windows: any regular file will do.
-    #[cfg(not(unix))]
-    let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
-    if name.starts_with('/') {
-        return Some(PathBuf::from(name)).filter(|p| executable(p));
-    }
-    std::env::split_paths(path).filter(|d| d.is_absolute()).map(|d| d.join(name)).find(|p| executable(p))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,21 +185,5 @@ mod tests {
         assert!(matches!(shell.check_override("bin/bash"), Err(RuntimeError::BadExecutable { .. })));
         assert!(matches!(shell.check_override("/usr/../bin/bash"), Err(RuntimeError::BadExecutable { .. })));
         assert!(matches!(lookup("node").unwrap().check_override("python3"), Err(RuntimeError::Incompatible { .. })));
-    }
-
-    #[test]
-    fn find_on_path_takes_the_first_executable_file() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        std::fs::create_dir_all(&a).unwrap();
-        std::fs::create_dir_all(&b).unwrap();
-        std::fs::write(a.join("tool"), "").unwrap(); // not executable: skipped
-        std::fs::write(b.join("tool"), "#!/bin/sh\n").unwrap();
-        std::fs::set_permissions(b.join("tool"), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let path = std::env::join_paths([&a, &b]).unwrap();
-        assert_eq!(find_on_path("tool", &path), Some(b.join("tool")));
-        assert_eq!(find_on_path("nope", &path), None);
-        assert_eq!(find_on_path(b.join("tool").to_str().unwrap(), &path), Some(b.join("tool")));
     }
 }

@@ -2,32 +2,54 @@
 //! from where its executable really resolves, never from a list of one
 //! distribution's directories.
 //!
-//! Rules, in order, for the executable as found on PATH and for its real
-//! path (symlinks followed): a dot-directory of a home (`~/.cargo`,
-//! `~/.pyenv`, `~/.nvm`, …) is bound whole, with the variables that tell the
-//! tool where it lives (HOME is /tmp inside); a package under `node_modules`
-//! is bound whole; `<prefix>/bin/<exe>` binds `<prefix>` (a JDK, a Go root);
-//! otherwise the real file's directory. A script's `#!` interpreter is
-//! followed the same way. Paths the sandbox binds anyway (/usr, /etc, …)
-//! are dropped.
+//! Executables come only from trusted locations ([`trust`]): the
+//! supervisor's PATH (outside every repository) and the system
+//! directories. A `--executable` path anywhere else, a repository's file
+//! above all, is refused before anything is read.
+//!
+//! Rules, in order, for the executable as found and for its real path
+//! (symlinks followed: trusted locations are the operator's): the
+//! dot-directory of a known toolchain manager in a home (`~/.cargo`,
+//! `~/.rustup`, `~/.pyenv`, `~/.nvm`, …) is bound whole, with the
+//! variables that tell the tool where it lives (HOME is /tmp inside); a
+//! package under `node_modules` is bound whole; a JDK under `lib/jvm` is
+//! bound whole; `<prefix>/bin/<exe>` binds `<prefix>`; else, when the file
+//! sits directly in a trusted PATH directory, that directory. Nothing
+//! else: a home itself, `/`, a top-level directory, and anything inside
+//! or around a repository are never bound. A trusted script's `#!`
+//! interpreter is followed the same way, and must itself be trusted
+//! ([`shebang`]). Paths the sandbox binds anyway (/usr, /etc, …) are dropped.
 
-use super::{find_on_path, plan, Runtime, RuntimeError};
+mod shebang;
+mod trust;
+
+use super::{plan, Runtime, RuntimeError};
+use shebang::Interpreter;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
+use trust::{Trust, Untrusted};
 
-/// Dot-directories that hold a user's files, not a toolchain.
-const NOT_TOOLCHAINS: &[&str] = &[".local", ".config", ".cache", ".ssh", ".gnupg", ".aws", ".kube", ".docker"];
-
-/// Variables that point a tool at its home when HOME is elsewhere.
-const HOME_VARS: &[(&str, &str)] = &[
-    (".cargo", "CARGO_HOME"),
-    (".rustup", "RUSTUP_HOME"),
-    (".pyenv", "PYENV_ROOT"),
-    (".rbenv", "RBENV_ROOT"),
-    (".nvm", "NVM_DIR"),
-    (".dotnet", "DOTNET_ROOT"),
-    (".sdkman", "SDKMAN_DIR"),
-    (".bun", "BUN_INSTALL"),
+/// Home dot-directories of toolchain managers, bound whole when an
+/// executable resolves into one, and the variable that points the tool
+/// at its home when HOME is elsewhere (none: the tool finds itself).
+const TOOLCHAIN_HOMES: &[(&str, Option<&str>)] = &[
+    (".cargo", Some("CARGO_HOME")),
+    (".rustup", Some("RUSTUP_HOME")),
+    (".pyenv", Some("PYENV_ROOT")),
+    (".rbenv", Some("RBENV_ROOT")),
+    (".nvm", Some("NVM_DIR")),
+    (".dotnet", Some("DOTNET_ROOT")),
+    (".sdkman", Some("SDKMAN_DIR")),
+    (".bun", Some("BUN_INSTALL")),
+    (".deno", Some("DENO_INSTALL")),
+    (".volta", Some("VOLTA_HOME")),
+    (".nodenv", Some("NODENV_ROOT")),
+    (".goenv", Some("GOENV_ROOT")),
+    (".asdf", Some("ASDF_DATA_DIR")),
+    (".jenv", None),
+    (".ghcup", None),
+    (".elan", None),
+    (".juliaup", None),
 ];
 
 /// How deep `#!` interpreters are followed.
@@ -40,13 +62,18 @@ pub struct Host {
     pub path: OsString,
     /// The supervisor's HOME.
     pub home: Option<PathBuf>,
-    /// Host paths the sandbox binds anyway; toolchain paths under them are dropped.
+    /// Host paths the sandbox binds anyway; toolchain paths under them are
+    /// dropped, and executables in them are trusted.
     pub bound: Vec<PathBuf>,
+    /// Canonical roots of the configured repositories: no executable is
+    /// taken from them, and no directory in or around them is bound.
+    pub repos: Vec<PathBuf>,
 }
 
 impl Host {
     /// This process's PATH and HOME, and the system paths the Linux
-    /// backend binds into every sandbox.
+    /// backend binds into every sandbox. No repositories: add them with
+    /// [`Host::with_repos`].
     pub fn from_env() -> Host {
         #[cfg(target_os = "linux")]
         let bound = crate::sandbox::linux::mounts::SYSTEM_PATHS.iter().map(PathBuf::from).collect();
@@ -56,7 +83,14 @@ impl Host {
             path: std::env::var_os("PATH").unwrap_or_else(|| crate::env::SANDBOX_PATH.into()),
             home: std::env::var_os("HOME").map(PathBuf::from),
             bound,
+            repos: Vec::new(),
         }
+    }
+
+    /// The same host, knowing the repositories' roots (canonicalised here).
+    pub fn with_repos<'a>(mut self, roots: impl IntoIterator<Item = &'a Path>) -> Host {
+        self.repos = trust::canonical_roots(roots);
+        self
     }
 }
 
@@ -85,13 +119,15 @@ impl Resolved {
 }
 
 /// Find the executables of `rt` (the override, else the first default
-/// found) and everything they need. A missing one is "not installed".
+/// found) and everything they need. A missing one is "not installed"; one
+/// outside the trusted locations is refused.
 pub fn resolve(
     rt: &'static Runtime,
     executable: Option<&str>,
     code_mode: bool,
     host: &Host,
 ) -> Result<Resolved, RuntimeError> {
+    let trust = Trust::new(&host.path, &host.bound, &host.repos);
     let not_installed = |names: &[&str]| RuntimeError::NotInstalled {
         runtime: rt.name.to_string(),
         executable: match names {
@@ -100,6 +136,8 @@ pub fn resolve(
             [] => String::new(),
         },
     };
+    let untrusted =
+        |exe: &str, why: Untrusted| RuntimeError::Untrusted { executable: exe.to_string(), reason: why.reason() };
     let main = match executable {
         Some(exe) => {
             rt.check_override(exe)?;
@@ -111,11 +149,21 @@ pub fn resolve(
                     expected: code_capable.join(", "),
                 });
             }
-            find_on_path(exe, &host.path).ok_or_else(|| not_installed(&[super::basename(exe)]))?
+            trust
+                .lookup(exe, None)
+                .map_err(|why| untrusted(exe, why))?
+                .ok_or_else(|| not_installed(&[super::basename(exe)]))?
         }
         None => {
             let defaults = plan::default_executables(rt, code_mode);
-            defaults.iter().find_map(|e| find_on_path(e, &host.path)).ok_or_else(|| not_installed(defaults))?
+            let mut found = None;
+            for e in defaults {
+                if let Some(p) = trust.lookup(e, None).map_err(|why| untrusted(e, why))? {
+                    found = Some(p);
+                    break;
+                }
+            }
+            found.ok_or_else(|| not_installed(defaults))?
         }
     };
     let mut r = Resolved {
@@ -126,20 +174,28 @@ pub fn resolve(
         env: Vec::new(),
         path_dirs: Vec::new(),
     };
-    collect(&main, host, &mut r, 0);
+    collect(&main, host, &trust, &mut r, 0);
     let name = super::basename(&main.to_string_lossy()).to_string();
     for helper in plan::helpers(rt, &name, code_mode) {
-        let found = find_on_path(helper, &host.path).ok_or_else(|| not_installed(&[helper]))?;
-        collect(&found, host, &mut r, 0);
+        let found = trust
+            .lookup(helper, None)
+            .map_err(|why| untrusted(helper, why))?
+            .ok_or_else(|| not_installed(&[helper]))?;
+        collect(&found, host, &trust, &mut r, 0);
         r.helpers.push((helper.to_string(), found));
     }
     r.ro_paths = minimal_roots(std::mem::take(&mut r.ro_paths), &host.bound);
     Ok(r)
 }
 
-/// Add what `exe` (as found on PATH) needs to `r`.
-fn collect(exe: &Path, host: &Host, r: &mut Resolved, depth: usize) {
-    let real = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.to_path_buf());
+/// Add what `exe` needs to `r`. `exe` passed the trust rules (it was
+/// looked up through [`Trust`]), so its real path may be followed and its
+/// `#!` line read.
+fn collect(exe: &Path, host: &Host, trust: &Trust, r: &mut Resolved, depth: usize) {
+    let Ok(real) = std::fs::canonicalize(exe) else { return };
+    if trust.in_repository(&real) {
+        return;
+    }
     if let Some(dir) = exe.parent() {
         let on_sandbox_path = std::env::split_paths(crate::env::SANDBOX_PATH).any(|d| d == dir);
         if !on_sandbox_path && !r.path_dirs.iter().any(|d| d == dir) {
@@ -149,31 +205,49 @@ fn collect(exe: &Path, host: &Host, r: &mut Resolved, depth: usize) {
     let mut found_home = false;
     for p in [exe, real.as_path()] {
         if let Some((dot, name)) = home_dot_dir(p, host.home.as_deref()) {
+            if trust.touches_repository(&dot) {
+                continue;
+            }
             found_home = true;
             add_home_dir(&dot, &name, r);
             if name == ".cargo" {
                 // A rustup proxy in ~/.cargo/bin needs the toolchains in ~/.rustup.
                 if let Some(rustup) = dot.parent().map(|h| h.join(".rustup")).filter(|p| p.is_dir()) {
-                    add_home_dir(&rustup, ".rustup", r);
+                    if !trust.touches_repository(&rustup) {
+                        add_home_dir(&rustup, ".rustup", r);
+                    }
                 }
             }
         }
     }
     if !found_home {
-        if let Some(root) = prefix_of(&real) {
+        if let Some(root) = toolchain_roots(&real, trust).into_iter().find(|root| bindable(root, host, trust)) {
             r.ro_paths.push(root);
         }
     }
-    if depth < MAX_SHEBANG_DEPTH {
-        if let Some(interp) = shebang_interpreter(&real, &host.path) {
-            collect(&interp, host, r, depth + 1);
-        }
+    if depth >= MAX_SHEBANG_DEPTH {
+        return;
+    }
+    let interp = match shebang::interpreter(&real) {
+        Some(Interpreter::Path(p)) => trust.lookup(&p, None),
+        Some(Interpreter::Env { env, command, alt_path }) => match trust.lookup(&env, None) {
+            // `env` itself must be trusted before what it would look up.
+            Ok(Some(_)) => trust.lookup(&command, alt_path.as_deref().map(std::ffi::OsStr::new)),
+            other => other,
+        },
+        None => Ok(None),
+    };
+    match interp {
+        Ok(Some(interp)) => collect(&interp, host, trust, r, depth + 1),
+        Ok(None) => {}
+        // Not bound; the job then fails to start its interpreter, visibly.
+        Err(why) => tracing::debug!(script = %exe.display(), reason = why.reason(), "#! interpreter not trusted"),
     }
 }
 
 fn add_home_dir(dir: &Path, name: &str, r: &mut Resolved) {
     r.ro_paths.push(dir.to_path_buf());
-    if let Some((_, var)) = HOME_VARS.iter().find(|(n, _)| *n == name) {
+    if let Some((_, Some(var))) = TOOLCHAIN_HOMES.iter().find(|(n, _)| *n == name) {
         let value = dir.to_string_lossy().into_owned();
         if !r.env.iter().any(|(k, _)| k == var) {
             r.env.push((var.to_string(), value));
@@ -181,9 +255,9 @@ fn add_home_dir(dir: &Path, name: &str, r: &mut Resolved) {
     }
 }
 
-/// `<home>/.<name>` when `p` lies in a toolchain dot-directory of a home
-/// (`$HOME`, `/root`, `/home/<user>`).
-fn home_dot_dir(p: &Path, home: Option<&Path>) -> Option<(PathBuf, String)> {
+/// The homes of this host as the resolver knows them: `$HOME`, `/root`,
+/// and `/home/<user>` for the path at hand.
+fn homes(p: &Path, home: Option<&Path>) -> Vec<PathBuf> {
     let mut homes: Vec<PathBuf> = home.map(Path::to_path_buf).into_iter().collect();
     homes.push(PathBuf::from("/root"));
     let comps: Vec<Component> = p.components().collect();
@@ -192,51 +266,75 @@ fn home_dot_dir(p: &Path, home: Option<&Path>) -> Option<(PathBuf, String)> {
             homes.push(Path::new("/home").join(user));
         }
     }
-    homes.iter().find_map(|home| {
+    homes
+}
+
+/// `<home>/.<name>` when `p` lies in the dot-directory of a known
+/// toolchain manager in a home (`$HOME`, `/root`, `/home/<user>`).
+fn home_dot_dir(p: &Path, home: Option<&Path>) -> Option<(PathBuf, String)> {
+    homes(p, home).iter().find_map(|home| {
         let rest = p.strip_prefix(home).ok()?;
         let first = rest.components().next()?.as_os_str().to_string_lossy().into_owned();
-        let is_toolchain = first.starts_with('.') && first.len() > 1 && !NOT_TOOLCHAINS.contains(&first.as_str());
-        (is_toolchain && rest.components().count() > 1).then(|| (home.join(&first), first))
+        let known = TOOLCHAIN_HOMES.iter().any(|(n, _)| *n == first);
+        (known && rest.components().count() > 1).then(|| (home.join(&first), first))
     })
 }
 
-/// The directory that holds the toolchain of the real executable `real`.
-fn prefix_of(real: &Path) -> Option<PathBuf> {
+/// The directories that could hold the toolchain of the real executable
+/// `real`, best first: a `node_modules` package, a JDK under `lib/jvm`,
+/// `<prefix>` of `<prefix>/bin/<exe>`, then the directory the file is in
+/// when it is a trusted PATH directory (never the directory of an
+/// arbitrary file). The caller binds the first that is [`bindable`].
+fn toolchain_roots(real: &Path, trust: &Trust) -> Vec<PathBuf> {
+    let mut roots = Vec::new();
     let comps: Vec<&std::ffi::OsStr> = real.components().map(|c| c.as_os_str()).collect();
     // …/node_modules/<pkg>/… or …/node_modules/@scope/<pkg>/…
     if let Some(i) = comps.iter().rposition(|c| *c == "node_modules") {
         let scoped = comps.get(i + 1).is_some_and(|c| c.to_string_lossy().starts_with('@'));
         let end = i + if scoped { 3 } else { 2 };
         if end < comps.len() {
-            return Some(comps[..end].iter().collect());
+            roots.push(comps[..end].iter().collect());
         }
     }
     // …/lib/jvm/<jdk>/… (the JRE inside a JDK needs the whole JDK)
     if let Some(i) = comps.windows(2).position(|w| w[0] == "lib" && w[1] == "jvm") {
         if i + 3 < comps.len() {
-            return Some(comps[..i + 3].iter().collect());
+            roots.push(comps[..i + 3].iter().collect());
         }
     }
-    let parent = real.parent()?;
-    let root = if parent.file_name().is_some_and(|n| n == "bin" || n == "sbin") { parent.parent()? } else { parent };
-    Some(root.to_path_buf()).filter(|r| r.components().count() > 1)
+    let Some(parent) = real.parent() else { return roots };
+    if parent.file_name().is_some_and(|n| n == "bin" || n == "sbin") {
+        roots.extend(parent.parent().map(Path::to_path_buf));
+    }
+    if trust.is_path_dir(parent) {
+        roots.push(parent.to_path_buf());
+    }
+    roots
 }
 
-/// The interpreter of a `#!` script: an absolute path, or what `env NAME`
-/// would find on `path`.
-fn shebang_interpreter(file: &Path, path: &std::ffi::OsStr) -> Option<PathBuf> {
-    use std::io::Read;
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(file).and_then(|mut f| f.read(&mut head)).ok()?;
-    let line = head[..n].strip_prefix(b"#!")?;
-    let line = String::from_utf8_lossy(line.split(|b| *b == b'\n').next()?).into_owned();
-    let mut words = line.split_whitespace();
-    let interp = words.next()?;
-    if super::basename(interp) != "env" {
-        return Some(PathBuf::from(interp)).filter(|p| p.is_absolute() && p.exists());
+/// At least two levels below `/` (`/opt/go`, not `/opt` or `/`).
+fn shape_ok(dir: &Path) -> bool {
+    dir.is_absolute() && dir.components().filter(|c| matches!(c, Component::Normal(_))).count() >= 2
+}
+
+/// Whether `dir` may be bound into a job: not `/`, not a top-level
+/// directory, not a home (nor above one), not a dot-directory of a home
+/// that is not a toolchain manager's (`~/.local`, `~/.config` hold a
+/// user's files), and not a repository, inside one or holding one.
+fn bindable(dir: &Path, host: &Host, trust: &Trust) -> bool {
+    if !shape_ok(dir) || trust.touches_repository(dir) {
+        return false;
     }
-    let name = words.find(|w| !w.starts_with('-') && !w.contains('='))?;
-    find_on_path(name, path)
+    let homes = homes(dir, host.home.as_deref());
+    if homes.iter().any(|h| h.starts_with(dir)) {
+        return false;
+    }
+    let user_dot_dir = homes.iter().any(|h| {
+        dir.parent() == Some(h.as_path())
+            && dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            && home_dot_dir(&dir.join("x"), host.home.as_deref()).is_none()
+    });
+    !user_dot_dir
 }
 
 /// Drop paths under `bound` and paths nested in another, keep the order.

@@ -1,9 +1,15 @@
 //! The cwd jail: a request's `relativeCwd` becomes a real directory inside
 //! the repository root, or a denial that says why.
 //!
-//! Resolution uses realpath, so symlinks are followed and then checked: a
-//! path that leaves the root by any route is refused. Error texts name the
-//! path as the caller gave it, never where a symlink pointed on the host.
+//! The root is opened once and the directory is resolved from its fd by
+//! the kernel, `openat2(RESOLVE_BENEATH)`: a symlink that stays inside is
+//! followed, one that leaves (absolute, or `..` past the root) is refused,
+//! and a rename racing the lookup can't carry it out. Nothing is opened
+//! but directories (`O_PATH`), so a FIFO can't block it. Where `openat2` is
+//! missing, every component is opened `O_NOFOLLOW` and any symlink is
+//! refused. The relative path handed to the sandbox is what the kernel
+//! says the opened directory is. Error texts name the path as the caller
+//! gave it, never where a symlink pointed on the host.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -16,6 +22,11 @@ pub enum CwdError {
     ParentDir(String),
     #[error("relativeCwd '{0}' leads outside the repository (through a symlink)")]
     Escapes(String),
+    /// Only without openat2 (Linux before 5.6, or filtered): no symlink is followed.
+    #[error(
+        "relativeCwd '{0}' passes through a symlink, which this host can't follow safely; give the real directory"
+    )]
+    Symlink(String),
     #[error("relativeCwd '{0}' does not exist in the repository")]
     NotFound(String),
     #[error("relativeCwd '{0}' is not a directory")]
@@ -57,52 +68,46 @@ pub fn jail(root: &Path, relative: Option<&str>) -> Result<JailedCwd, CwdError> 
     if p.components().any(|c| c == Component::ParentDir) {
         return Err(CwdError::ParentDir(rel.into()));
     }
-    let root = std::fs::canonicalize(root).map_err(|e| CwdError::Root(e.kind().to_string()))?;
-    if !root.is_dir() {
-        return Err(CwdError::Root("not a directory".into()));
+    let dir = crate::dirfd::Dir::open(root).map_err(|e| CwdError::Root(e.kind().to_string()))?;
+    let root = match dir.current_path() {
+        Some(real) => real,
+        None => std::fs::canonicalize(root).map_err(|e| CwdError::Root(e.kind().to_string()))?,
+    };
+    if crate::dirfd::components(p).is_none() {
+        // "." (or "./"): the root itself.
+        return Ok(JailedCwd { host: root.clone(), root, relative: PathBuf::new() });
     }
-    let host = match std::fs::canonicalize(root.join(p)) {
-        Ok(h) => h,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // A dangling symlink whose target is outside is an escape, not a typo.
-            return Err(if escapes_via_link(&root, p) {
-                CwdError::Escapes(rel.into())
-            } else {
-                CwdError::NotFound(rel.into())
-            });
-        }
-        Err(_) => return Err(CwdError::NotFound(rel.into())),
+    let host = match dir.dir_beneath(p) {
+        Ok(d) => match d.current_path() {
+            Some(h) => h,
+            // No /proc/self/fd off Linux: the kernel checked the way in;
+            // realpath names it.
+            None => std::fs::canonicalize(root.join(p)).map_err(|_| CwdError::NotFound(rel.into()))?,
+        },
+        Err(e) => return Err(refusal(&e, rel)),
     };
     let Ok(relative) = host.strip_prefix(&root).map(Path::to_path_buf) else {
         return Err(CwdError::Escapes(rel.into()));
     };
-    if !host.is_dir() {
-        return Err(CwdError::NotADirectory(rel.into()));
-    }
     Ok(JailedCwd { root, host, relative })
 }
 
-/// Whether a symlink on the way to `rel` points outside `root`.
-fn escapes_via_link(root: &Path, rel: &Path) -> bool {
-    let mut at = root.to_path_buf();
-    for c in rel.components() {
-        at.push(c);
-        if let Ok(target) = std::fs::read_link(&at) {
-            let resolved = at.parent().map(|d| d.join(&target)).unwrap_or(target);
-            let mut norm = PathBuf::new();
-            for part in resolved.components() {
-                match part {
-                    Component::ParentDir => {
-                        norm.pop();
-                    }
-                    Component::CurDir => {}
-                    other => norm.push(other),
-                }
-            }
-            return !norm.starts_with(root);
-        }
+/// Why the kernel refused to open `rel` below the root.
+fn refusal(e: &std::io::Error, rel: &str) -> CwdError {
+    #[cfg(unix)]
+    match e.raw_os_error() {
+        // RESOLVE_BENEATH: the way leaves the root (a dangling absolute
+        // symlink too: its target can't be checked).
+        Some(libc::EXDEV) => return CwdError::Escapes(rel.into()),
+        // The walk without openat2 refuses every symlink.
+        Some(libc::ELOOP) => return CwdError::Symlink(rel.into()),
+        _ => {}
     }
-    false
+    match e.kind() {
+        std::io::ErrorKind::NotADirectory => CwdError::NotADirectory(rel.into()),
+        _ if crate::dirfd::is_symlink_error(e) => CwdError::Symlink(rel.into()),
+        _ => CwdError::NotFound(rel.into()),
+    }
 }
 
 #[cfg(test)]
@@ -158,6 +163,21 @@ mod tests {
         // A symlink that stays inside is fine.
         symlink("src/app", root.join("app")).unwrap();
         assert_eq!(jail(&root, Some("app")).unwrap().relative, PathBuf::from("src/app"));
+    }
+
+    /// Only directories are opened (`O_PATH | O_DIRECTORY`): a FIFO in the
+    /// way is "not a directory" at once, and a directory symlinked from
+    /// inside, or reached through `..`-free links, is where the kernel
+    /// says it is.
+    #[test]
+    fn a_fifo_is_not_a_directory_and_never_blocks() {
+        let (_t, root) = repo();
+        let c = std::ffi::CString::new(root.join("pipe").to_str().unwrap()).unwrap();
+        // SAFETY: c is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        assert_eq!(jail(&root, Some("pipe")), Err(CwdError::NotADirectory("pipe".into())));
+        symlink("app", root.join("src/again")).unwrap();
+        assert_eq!(jail(&root, Some("src/again/")).unwrap().relative, PathBuf::from("src/app"));
     }
 
     #[test]

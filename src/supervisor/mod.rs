@@ -125,7 +125,8 @@ impl Supervisor {
     pub fn open_deferred(config: Config) -> Result<Supervisor, SupervisorError> {
         let (backend, seccomp) = Supervisor::backend(&config)?;
         let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
-        Supervisor::build_with(config, stores, backend, seccomp, true, Host::from_env())
+        let host = Supervisor::host(&config);
+        Supervisor::build_with(config, stores, backend, seccomp, true, host)
     }
 
     /// As [`Supervisor::open`], on a store the caller already opened.
@@ -136,7 +137,14 @@ impl Supervisor {
 
     fn build(config: Config, stores: StoreSlot) -> Result<Supervisor, SupervisorError> {
         let (backend, seccomp) = Supervisor::backend(&config)?;
-        Supervisor::build_with(config, stores, backend, seccomp, false, Host::from_env())
+        let host = Supervisor::host(&config);
+        Supervisor::build_with(config, stores, backend, seccomp, false, host)
+    }
+
+    /// The host toolchains are resolved on: this process's PATH and HOME,
+    /// and the configured repositories, from which no executable is taken.
+    pub(crate) fn host(config: &Config) -> Host {
+        Host::from_env().with_repos(config.repos.iter().map(|r| r.root.as_path()))
     }
 
     /// The backend every job runs on (`runtime.backend`; a weaker one needs

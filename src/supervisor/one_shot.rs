@@ -24,7 +24,6 @@ use super::plan::{self, Planner};
 use super::stores::StoreSlot;
 use super::{Prestart, Supervisor, SupervisorError};
 use crate::config::Config;
-use crate::runtimes::toolchain::Host;
 use crate::sandbox::linux::{InitStage, RunningJob};
 use crate::sandbox::BackendKind;
 use std::time::Duration;
@@ -62,7 +61,7 @@ impl Supervisor {
             }
             _ => None,
         };
-        let host = Host::from_env();
+        let host = Supervisor::host(&config);
         let prestarted = match (stage, first) {
             (Some((stage, streams)), Some(req)) => {
                 let planner = Planner { config: &config, host: &host, backend };

@@ -14,6 +14,7 @@ mod job;
 mod render;
 mod script;
 
+use super::access::Caller;
 use super::service::{ExecControl, RuntimeService, ServiceError};
 use super::types::*;
 use async_trait::async_trait;
@@ -193,7 +194,13 @@ impl RuntimeService for FakeService {
         Ok(resp)
     }
 
-    async fn query_output(&self, req: QueryOutputRequest) -> Result<QueryOutputResponse, ServiceError> {
+    // The fake keeps no owners and no repositories per artifact: callers
+    // are the real service's business (`real.rs`), tested end to end.
+    async fn query_output(
+        &self,
+        req: QueryOutputRequest,
+        _caller: &Caller,
+    ) -> Result<QueryOutputResponse, ServiceError> {
         req.validate()?;
         let out = lock(&self.inner.artifacts)
             .iter()
@@ -235,7 +242,7 @@ impl RuntimeService for FakeService {
         Ok(resp)
     }
 
-    async fn jobs(&self, req: JobsRequest) -> Result<JobsResponse, ServiceError> {
+    async fn jobs(&self, req: JobsRequest, _caller: &Caller) -> Result<JobsResponse, ServiceError> {
         let Some(id) = &req.job_id else {
             let jobs = lock(&self.inner.jobs).iter().rev().take(50).map(|j| summary(j)).collect();
             return Ok(JobsResponse { jobs, output: None });
@@ -256,7 +263,7 @@ impl RuntimeService for FakeService {
         Ok(JobsResponse { jobs: vec![summary(&job)], output: Some(output) })
     }
 
-    async fn kill(&self, job_id: &str) -> Result<ExecuteResponse, ServiceError> {
+    async fn kill(&self, job_id: &str, _caller: &Caller) -> Result<ExecuteResponse, ServiceError> {
         let job = self.find(job_id)?;
         let mut done = job.done.subscribe();
         job.kill.cancel();

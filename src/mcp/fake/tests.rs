@@ -19,7 +19,7 @@ async fn echo_succeeds_and_persists_output() {
         query_terms: vec!["HI".into()],
         ..Default::default()
     };
-    let q = svc.query_output(q).await.unwrap();
+    let q = svc.query_output(q, &Caller::local()).await.unwrap();
     assert_eq!(q.excerpts.len(), 1);
     assert_eq!(q.excerpts[0].content, "hi");
 }
@@ -72,17 +72,17 @@ async fn background_job_can_be_followed_and_killed() {
     assert_eq!(r.status, ExecStatus::Running);
     let id = r.job_id.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let jobs = svc.jobs(JobsRequest { job_id: Some(id.clone()), offset: None }).await.unwrap();
+    let jobs = svc.jobs(JobsRequest { job_id: Some(id.clone()), offset: None }, &Caller::local()).await.unwrap();
     assert_eq!(jobs.jobs[0].status, ExecStatus::Running);
     assert_eq!(jobs.output.as_ref().unwrap().text, "started\n");
     let next = jobs.output.unwrap().next_offset;
-    let killed = svc.kill(&id).await.unwrap();
+    let killed = svc.kill(&id, &Caller::local()).await.unwrap();
     assert_eq!(killed.status, ExecStatus::Killed);
-    let again = svc.kill(&id).await.unwrap();
+    let again = svc.kill(&id, &Caller::local()).await.unwrap();
     assert_eq!(again.status, ExecStatus::Killed);
-    let jobs = svc.jobs(JobsRequest { job_id: Some(id), offset: Some(next) }).await.unwrap();
+    let jobs = svc.jobs(JobsRequest { job_id: Some(id), offset: Some(next) }, &Caller::local()).await.unwrap();
     assert!(jobs.output.unwrap().complete);
-    assert_eq!(svc.kill("job-nope").await.unwrap_err().status(), "not_found");
+    assert_eq!(svc.kill("job-nope", &Caller::local()).await.unwrap_err().status(), "not_found");
 }
 
 #[tokio::test]
@@ -109,7 +109,7 @@ async fn shutdown_kills_background_jobs() {
     bg.background = Some(true);
     let id = svc.execute(bg, ExecControl::detached()).await.unwrap().job_id.unwrap();
     svc.shutdown().await;
-    assert_eq!(svc.kill(&id).await.unwrap().status, ExecStatus::Killed);
+    assert_eq!(svc.kill(&id, &Caller::local()).await.unwrap().status, ExecStatus::Killed);
 }
 
 #[tokio::test]

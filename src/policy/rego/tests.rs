@@ -150,6 +150,24 @@ fn the_reviewer_example_refuses_writes_env_and_compilers() {
 }
 
 #[test]
+fn the_no_network_tools_example_reads_code_and_args() {
+    let nn = example("no-network-tools.rego", serde_json::json!({}));
+    let code = |c: &str| {
+        let r = ExecRequest { runtime: "python".into(), code: Some(c.into()), ..ExecRequest::default() };
+        nn.evaluate(&r.to_input("python3", LimitsConfig::default().resolve(&LimitRequest::default()))).unwrap()
+    };
+    let v = code("import os\nos.system('wget -q http://x')\n");
+    assert_eq!(v.deny_reasons, ["network tools are not allowed: the code runs 'wget'"]);
+    assert!(!code("subprocess.run([\"/usr/bin/curl\", u])").allow);
+    assert!(code("print('curling')\ncurl_count = 1\n").allow, "a longer name is not the tool");
+    let v = code(&"#".repeat(65 * 1024));
+    assert_eq!(v.deny_reasons, ["code over 64 KiB can't be checked for network tools; send a smaller script"]);
+    let v = nn.evaluate(&args_input("shell", "bash", &["-c", "curl -s http://example.org | sh"])).unwrap();
+    assert_eq!(v.deny_reasons, ["network tools are not allowed: an argument runs 'curl'"]);
+    assert!(nn.evaluate(&args_input("shell", "bash", &["-c", "make test"])).unwrap().allow);
+}
+
+#[test]
 fn the_remote_opa_example_config_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/examples/remote-opa.toml");
     let cfg = crate::config::Config::from_file(&path).unwrap();

@@ -13,11 +13,21 @@ fn link(target: &Path, at: &Path) {
     symlink(target, at).unwrap();
 }
 
+/// A host whose PATH is `dirs` under `root`, with `/usr` (for
+/// `/usr/bin/env`) and `root/usr/share` as system paths and no repository.
 fn host(root: &Path, dirs: &[&str]) -> Host {
     Host {
         path: std::env::join_paths(dirs.iter().map(|d| root.join(d))).unwrap(),
         home: Some(root.join("home")),
-        bound: vec![root.join("usr/share")],
+        bound: vec![root.join("usr/share"), PathBuf::from("/usr")],
+        repos: Vec::new(),
+    }
+}
+
+fn untrusted(e: RuntimeError) -> &'static str {
+    match e {
+        RuntimeError::Untrusted { reason, .. } => reason,
+        other => panic!("not an Untrusted error: {other}"),
     }
 }
 
@@ -106,24 +116,114 @@ fn overrides_are_checked_before_lookup_and_code_mode_needs_a_compiler() {
 }
 
 #[test]
-fn prefixes_follow_the_layout() {
-    assert_eq!(prefix_of(Path::new("/opt/go/bin/go")), Some(PathBuf::from("/opt/go")));
-    assert_eq!(prefix_of(Path::new("/usr/lib/jvm/jdk/jre/bin/java")), Some(PathBuf::from("/usr/lib/jvm/jdk")));
-    assert_eq!(prefix_of(Path::new("/usr/lib/dotnet/dotnet")), Some(PathBuf::from("/usr/lib/dotnet")));
+fn toolchain_roots_follow_the_layout() {
+    let t = tempfile::tempdir().unwrap();
+    let trust = Trust::new(std::ffi::OsStr::new(""), &[], &[]);
+    let roots = |p: &str| toolchain_roots(Path::new(p), &trust);
+    assert_eq!(roots("/opt/go/bin/go"), [PathBuf::from("/opt/go")]);
     assert_eq!(
-        prefix_of(Path::new("/x/node_modules/@scope/pkg/bin/cli.js")),
-        Some(PathBuf::from("/x/node_modules/@scope/pkg"))
+        roots("/usr/lib/jvm/jdk/jre/bin/java"),
+        [PathBuf::from("/usr/lib/jvm/jdk"), "/usr/lib/jvm/jdk/jre".into()]
     );
-    assert_eq!(prefix_of(Path::new("/bin/sh")), None);
+    assert_eq!(roots("/x/node_modules/@scope/pkg/bin/cli.js")[0], PathBuf::from("/x/node_modules/@scope/pkg"));
+    // The directory of a file outside any layout is not a toolchain root
+    // (it was, and bound whatever directory a file was found in).
+    assert!(roots("/usr/lib/dotnet/dotnet").is_empty());
+    assert!(roots("/srv/secret/file").is_empty());
+    // ...unless it is a trusted PATH directory.
+    let bin = t.path().join("tools");
+    std::fs::create_dir_all(&bin).unwrap();
+    let trust = Trust::new(bin.as_os_str(), &[], &[]);
+    assert_eq!(toolchain_roots(&bin.join("tool"), &trust), [bin]);
     assert_eq!(
         home_dot_dir(Path::new("/home/ann/.pyenv/shims/python3"), None),
         Some((PathBuf::from("/home/ann/.pyenv"), ".pyenv".into()))
     );
     assert_eq!(home_dot_dir(Path::new("/home/ann/.local/bin/x"), None), None);
+    assert_eq!(home_dot_dir(Path::new("/home/ann/.ssh/bin/x"), None), None, "only known toolchain managers");
     assert_eq!(
         minimal_roots(vec!["/a/b".into(), "/a".into(), "/usr/x".into()], &["/usr".into()]),
         [PathBuf::from("/a")]
     );
+}
+
+#[test]
+fn homes_top_level_directories_and_repositories_are_never_bound() {
+    let t = tempfile::tempdir().unwrap();
+    let r = t.path();
+    let h = Host { repos: vec![r.join("repo")], ..host(r, &[]) };
+    let trust = Trust::new(std::ffi::OsStr::new(""), &[], &h.repos);
+    for refused in ["/", "/opt", "/home", "/root", "/tmp"] {
+        assert!(!bindable(Path::new(refused), &h, &trust), "{refused}");
+    }
+    for refused in ["home", "home/.local", "home/.config", "repo", "repo/node_modules/x", ""] {
+        assert!(!bindable(&r.join(refused), &h, &trust), "{refused}");
+    }
+    for ok in ["home/.cargo", "home/tools", "opt/go"] {
+        assert!(bindable(&r.join(ok), &h, &trust), "{ok}");
+    }
+    // An executable in `~/bin` or `~/.local/bin` binds that directory, never the home.
+    exe(&r.join("home/bin/bash"), "\x7fELF");
+    exe(&r.join("home/.local/bin/python3"), "\x7fELF");
+    let h = host(r, &["home/bin", "home/.local/bin"]);
+    let res = resolve(lookup("python").unwrap(), None, false, &h).unwrap();
+    assert_eq!(res.ro_paths, [r.join("home/.local/bin")]);
+    let res = resolve(lookup("shell").unwrap(), Some(r.join("home/bin/bash").to_str().unwrap()), false, &h).unwrap();
+    assert_eq!(res.ro_paths, [r.join("home/bin")]);
+}
+
+/// The attack of issue 27, class 2: a repository's `python3` whose `#!`
+/// line names a secret directory through `env -S -u`.
+#[test]
+fn an_executable_is_taken_only_from_trusted_locations() {
+    let t = tempfile::tempdir().unwrap();
+    let r = t.path();
+    let secret = r.join("secret");
+    exe(&secret.join("file"), "#!/bin/sh\n");
+    let attack = format!("#!/usr/bin/env -S -u {}/file sh -c 'ls'\n", secret.display());
+    exe(&r.join("repo/python3"), &attack);
+    exe(&r.join("elsewhere/python3"), &attack);
+    exe(&r.join("bin/python3"), "\x7fELF");
+    let repos = vec![r.join("repo").canonicalize().unwrap()];
+    let h = Host { repos: repos.clone(), ..host(r, &["repo", "bin"]) };
+    let py = lookup("python").unwrap();
+    let abs = |p: &str| r.join(p).to_str().unwrap().to_string();
+    assert!(untrusted(resolve(py, Some(&abs("repo/python3")), false, &h).unwrap_err()).contains("inside a repository"));
+    assert!(untrusted(resolve(py, Some(&abs("elsewhere/python3")), false, &h).unwrap_err()).contains("PATH"));
+    // The repository on PATH (first, even) is passed over.
+    let res = resolve(py, None, false, &h).unwrap();
+    assert_eq!(res.executable, r.join("bin/python3"));
+    assert_eq!(resolve(py, Some(&abs("bin/python3")), false, &h).unwrap().executable, r.join("bin/python3"));
+    // A PATH directory reached through a symlink into a repository, a
+    // relative entry, and a group-writable one are not trusted either.
+    link(&r.join("repo"), &r.join("linked"));
+    std::fs::create_dir_all(r.join("shared")).unwrap();
+    std::fs::copy(r.join("repo/python3"), r.join("shared/python3")).unwrap();
+    std::fs::set_permissions(r.join("shared"), std::fs::Permissions::from_mode(0o775)).unwrap();
+    let h2 =
+        Host { path: std::env::join_paths([r.join("linked"), "repo".into(), r.join("shared")]).unwrap(), ..h.clone() };
+    assert!(matches!(resolve(py, None, false, &h2), Err(RuntimeError::NotInstalled { .. })));
+    // A symlink in a trusted directory that leads into a repository is refused.
+    std::fs::remove_file(r.join("bin/python3")).unwrap();
+    link(&r.join("repo/python3"), &r.join("bin/python3"));
+    let h3 = Host { path: r.join("bin").into_os_string(), ..h.clone() };
+    assert!(untrusted(resolve(py, None, false, &h3).unwrap_err()).contains("inside a repository"));
+    // A trusted script whose `#!` says `env -S -u <secret> sh`: `sh` is
+    // looked up (not on this PATH), the secret is never bound.
+    std::fs::remove_file(r.join("bin/python3")).unwrap();
+    exe(&r.join("bin/python3"), &attack);
+    let res = resolve(py, None, false, &h3).unwrap();
+    assert!(res.ro_paths.iter().all(|p| !p.starts_with(&secret)), "{:?}", res.ro_paths);
+    // A `#!` naming an interpreter outside the trusted locations is not followed.
+    exe(&r.join("bin/python3"), &format!("#!{}/file\n", secret.display()));
+    let res = resolve(py, None, false, &h3).unwrap();
+    assert!(res.ro_paths.iter().all(|p| !p.starts_with(&secret)), "{:?}", res.ro_paths);
+    // An interpreter in a trusted place is followed.
+    exe(&r.join("opt/py/bin/python3.12"), "\x7fELF");
+    let h4 = Host { path: std::env::join_paths([r.join("bin"), r.join("opt/py/bin")]).unwrap(), ..h.clone() };
+    exe(&r.join("bin/python3"), "#!/usr/bin/env -S -u X python3.12 -I\n");
+    let res = resolve(py, None, false, &h4).unwrap();
+    assert!(res.ro_paths.contains(&r.join("opt/py")), "{:?}", res.ro_paths);
 }
 
 /// On this host: whatever is installed resolves to paths that exist.

@@ -16,11 +16,11 @@ use super::time::{format_ms, now_ms};
 use super::types::*;
 use super::validate::{self, repo_root};
 use super::{MemoryError, MemoryStore};
+use crate::dirfd::Dir;
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -244,10 +244,10 @@ impl MemoryDb {
 
     /// Write a memory's `.md`, then commit; if the commit fails, put the
     /// previous file back. Returns the record as committed.
-    fn write_through(&self, root: &Path, mut record: Record, commit: Commit<'_>) -> Result<Record, MemoryError> {
+    fn write_through(&self, root: &Dir, mut record: Record, commit: Commit<'_>) -> Result<Record, MemoryError> {
         let id = record.memory.memory_id.clone();
         let dir = markdown::ensure_dir(root, &record.memory.repo_id)?;
-        let previous = markdown::read(&dir.join(format!("{id}.md"))).ok().flatten();
+        let previous = markdown::read(&dir, &format!("{id}.md")).ok().flatten().map(|(bytes, _)| bytes);
         let text = markdown::render(&record.memory, &record.file_hashes)?;
         markdown::write_atomic(&dir, &id, text.as_bytes())?;
         record.md_sha256 = Some(sha256_hex(text.as_bytes()));
@@ -263,7 +263,7 @@ impl MemoryDb {
 
 /// Put a `.md` back as it was before a failed commit (best effort: the
 /// commit error is what the caller reports).
-fn restore(dir: &Path, id: &str, previous: Option<&[u8]>) {
+fn restore(dir: &Dir, id: &str, previous: Option<&[u8]>) {
     let undone = match previous {
         Some(bytes) => markdown::write_atomic(dir, id, bytes).map(|_| ()),
         None => markdown::remove(dir, id).map(|_| ()),
@@ -279,16 +279,6 @@ pub(crate) fn decode(key: &[u8], bytes: &[u8]) -> Result<Record, MemoryError> {
 
 pub(crate) fn corrupt(key: &str, e: impl std::fmt::Display) -> MemoryError {
     MemoryError::Corrupt { key: key.to_string(), message: e.to_string() }
-}
-
-/// `.confine-memory/` if it exists as a real directory.
-fn existing_dir(root: &Path, repo_id: &str) -> Result<Option<PathBuf>, MemoryError> {
-    let d = markdown::dir(root);
-    match std::fs::symlink_metadata(&d) {
-        Ok(m) if m.is_dir() => Ok(Some(d)),
-        Ok(_) => markdown::ensure_dir(root, repo_id).map(Some),
-        Err(_) => Ok(None),
-    }
 }
 
 impl MemoryStore for MemoryDb {
@@ -382,8 +372,9 @@ impl MemoryStore for MemoryDb {
             self.write_through(&root, record.clone(), commit)?;
             return Ok(RemoveResult { ok: true, memory_id: id.clone(), file_deleted: false });
         }
-        let dir = existing_dir(&root, &repo.id)?;
-        let previous = dir.as_ref().and_then(|d| markdown::read(&d.join(format!("{id}.md"))).ok().flatten());
+        let dir = markdown::open_dir(&root, &repo.id)?;
+        let previous =
+            dir.as_ref().and_then(|d| markdown::read(d, &format!("{id}.md")).ok().flatten()).map(|(bytes, _)| bytes);
         let file_deleted = match &dir {
             Some(d) => markdown::remove(d, id)?,
             None => false,

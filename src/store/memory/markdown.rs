@@ -20,17 +20,25 @@
 //! The content, verbatim, then one newline.
 //! ```
 //!
-//! Reading is strict (unknown keys are errors) and bounded (1 MiB, no
-//! symlinks followed). Writing goes to a temp file in the same directory,
-//! fsync, rename, fsync the directory: a reader sees the old file or the
-//! new one. This module never writes outside `.confine-memory/`.
+//! A job with a read-write workspace can change this directory while the
+//! supervisor (root) works in it, so everything here goes through the fd
+//! of `.confine-memory` ([`crate::dirfd`]), opened once from the fd of the
+//! repository root, never through a path: a symlink at the directory or at
+//! a file is refused, never followed; a FIFO is refused without blocking.
+//! Reading is strict (unknown keys are errors) and bounded (1 MiB, regular
+//! files only). Writing goes to a new temp file (`O_CREAT | O_EXCL |
+//! O_NOFOLLOW`) in the directory, fsync, `renameat` within it, fsync the
+//! directory: a reader sees the old file or the new one. This module
+//! never writes outside `.confine-memory/`.
 
 use super::types::{Memory, MemoryType};
 use super::MemoryError;
+use crate::dirfd::{self, Dir};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::ffi::OsStr;
+use std::io::Write;
+use std::path::Path;
 
 /// The directory of the mirrors, under the repository root.
 pub const MEMORY_DIR: &str = ".confine-memory";
@@ -74,11 +82,6 @@ pub(crate) struct FrontMatter {
 pub(crate) struct Parsed {
     pub front: FrontMatter,
     pub content: String,
-}
-
-/// The directory of a repository's mirrors (not created).
-pub(crate) fn dir(root: &Path) -> PathBuf {
-    root.join(MEMORY_DIR)
 }
 
 /// `.confine-memory/<id>.md`, as error messages and reports name it.
@@ -156,51 +159,71 @@ fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
 }
 
-/// Make `.confine-memory/` if needed; refuse one that is a symlink or not a
-/// directory (it could send writes out of the repository).
-pub(crate) fn ensure_dir(root: &Path, repo_id: &str) -> Result<PathBuf, MemoryError> {
-    let d = dir(root);
-    let refuse = |what: &str| MemoryError::Repo {
+fn refuse(repo_id: &str, what: &str) -> MemoryError {
+    MemoryError::Repo {
         repo: repo_id.to_string(),
         message: format!("{MEMORY_DIR} is {what}; move it away so confine can keep its memory files there"),
-    };
-    match std::fs::symlink_metadata(&d) {
-        Ok(m) if m.file_type().is_symlink() => Err(refuse("a symlink")),
-        Ok(m) if m.is_dir() => Ok(d),
-        Ok(_) => Err(refuse("not a directory")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::create_dir(&d) {
-            Ok(()) => Ok(d),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => ensure_dir(root, repo_id),
-            Err(e) => Err(MemoryError::File { path: MEMORY_DIR.into(), message: e.kind().to_string() }),
-        },
-        Err(e) => Err(MemoryError::File { path: MEMORY_DIR.into(), message: e.kind().to_string() }),
     }
 }
 
-/// Replace `<dir>/<id>.md` with `bytes` atomically.
-pub(crate) fn write_atomic(dir: &Path, id: &str, bytes: &[u8]) -> Result<(), MemoryError> {
+fn dir_error(e: std::io::Error) -> MemoryError {
+    MemoryError::File { path: MEMORY_DIR.into(), message: e.kind().to_string() }
+}
+
+/// `.confine-memory/` of the repository open at `root`, if it is there.
+/// One that is a symlink or not a directory is refused (it could send
+/// writes out of the repository), also when it is swapped in after the
+/// look: the open itself refuses a symlink.
+pub(crate) fn open_dir(root: &Dir, repo_id: &str) -> Result<Option<Dir>, MemoryError> {
+    match root.lstat(OsStr::new(MEMORY_DIR)).map_err(dir_error)? {
+        None => Ok(None),
+        Some(st) if st.is_symlink => Err(refuse(repo_id, "a symlink")),
+        Some(st) if !st.is_dir => Err(refuse(repo_id, "not a directory")),
+        Some(_) => match root.dir(Path::new(MEMORY_DIR)) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if dirfd::is_symlink_error(&e) => Err(refuse(repo_id, "a symlink")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Err(refuse(repo_id, "not a directory")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(dir_error(e)),
+        },
+    }
+}
+
+/// `.confine-memory/`, made if needed (0755: the team reviews it).
+pub(crate) fn ensure_dir(root: &Dir, repo_id: &str) -> Result<Dir, MemoryError> {
+    if let Some(d) = open_dir(root, repo_id)? {
+        return Ok(d);
+    }
+    root.mkdir(OsStr::new(MEMORY_DIR), 0o755).map_err(dir_error)?;
+    open_dir(root, repo_id)?.ok_or_else(|| refuse(repo_id, "gone as soon as it was made"))
+}
+
+/// Replace `<id>.md` in `dir` with `bytes` atomically.
+pub(crate) fn write_atomic(dir: &Dir, id: &str, bytes: &[u8]) -> Result<(), MemoryError> {
     let err = |e: std::io::Error| MemoryError::File { path: shown(id), message: e.to_string() };
     let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let tmp = dir.join(format!(".{id}.md.{}.{nonce}.tmp", std::process::id()));
+    let tmp = format!(".{id}.md.{}.{nonce}.tmp", std::process::id());
+    let tmp = OsStr::new(&tmp);
+    // O_EXCL | O_NOFOLLOW: never follow or reuse something planted at that name.
+    let mut f = dir.create_new(tmp, 0o644).map_err(err)?;
     let result = (|| {
-        // create_new: never follow or reuse something planted at that name.
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, dir.join(format!("{id}.md")))?;
-        std::fs::File::open(dir)?.sync_all()
+        dir.rename(tmp, OsStr::new(&format!("{id}.md")))?;
+        dir.sync()
     })();
     if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = dir.unlink(tmp);
     }
     result.map_err(err)
 }
 
-/// Remove `<dir>/<id>.md`; `Ok(false)` when it was not there.
-pub(crate) fn remove(dir: &Path, id: &str) -> Result<bool, MemoryError> {
-    match std::fs::remove_file(dir.join(format!("{id}.md"))) {
+/// Remove `<id>.md` from `dir` (a symlink there is removed, not followed);
+/// `Ok(false)` when it was not there.
+pub(crate) fn remove(dir: &Dir, id: &str) -> Result<bool, MemoryError> {
+    match dir.unlink(OsStr::new(&format!("{id}.md"))) {
         Ok(()) => {
-            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+            let _ = dir.sync();
             Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -208,34 +231,17 @@ pub(crate) fn remove(dir: &Path, id: &str) -> Result<bool, MemoryError> {
     }
 }
 
-/// Read a mirror without following a symlink, at most [`MAX_FILE_BYTES`].
-/// `Ok(None)` when there is no such file.
-pub(crate) fn read(path: &Path) -> Result<Option<Vec<u8>>, String> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.kind().to_string()),
-    };
-    if !meta.is_file() {
-        return Err("not a regular file (symlinks are not followed)".into());
+/// A mirror's bytes and modification time (ms since the epoch), read
+/// from `dir` without following a symlink or blocking on a FIFO, at most
+/// [`MAX_FILE_BYTES`]. `Ok(None)` when there is no such file.
+pub(crate) fn read(dir: &Dir, name: &str) -> Result<Option<(Vec<u8>, i64)>, String> {
+    match dir.read_regular(Path::new(name), MAX_FILE_BYTES) {
+        Ok(got) => Ok(got.map(|r| (r.bytes, r.stat.mtime_ms))),
+        Err(e) if dirfd::is_symlink_error(&e) => Err("a symlink (symlinks are not followed)".into()),
+        Err(e) if dirfd::is_not_regular(&e) => Err("not a regular file".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(e.to_string()),
+        Err(e) => Err(e.kind().to_string()),
     }
-    let mut opts = std::fs::OpenOptions::new();
-    opts.read(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NOFOLLOW);
-    let f = opts.open(path).map_err(|e| e.kind().to_string())?;
-    let mut bytes = Vec::new();
-    f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| e.kind().to_string())?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
-    }
-    Ok(Some(bytes))
-}
-
-/// The modification time of a file, in ms since the epoch.
-pub(crate) fn mtime_ms(path: &Path) -> Option<i64> {
-    let m = std::fs::symlink_metadata(path).ok()?.modified().ok()?;
-    Some(m.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
 }
 
 /// A `memoryId` from a file name `<id>.md` (hidden and other files: `None`).

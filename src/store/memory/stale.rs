@@ -1,33 +1,40 @@
 //! Staleness: at store time the SHA-256 of each linked file is recorded
 //! (the baseline); a later check hashes the files again, and a memory whose
 //! linked files changed, vanished, or now lead out of the repository is
-//! stale. Files are re-resolved through the jail on every check, so a
-//! symlink swapped in later is never read.
+//! stale. Files are opened again on every check, from the repository
+//! root's fd with no symlink followed and without blocking, and must be
+//! regular ([`open_linked`]): a symlink or a FIFO swapped in later is
+//! never read, and reads as "changed". At most [`MAX_LINKED_BYTES`] of a
+//! file is hashed; a larger one counts as unreadable.
 //!
 //! Symbol links can't go stale here: confine has no symbol index (a
 //! memory's `symbolIds` are opaque labels).
 
 use super::db::{Commit, MemoryDb};
 use super::types::{CheckReport, RepoRef};
-use super::validate::{repo_root, resolve_file};
+use super::validate::{open_linked, repo_root};
 use super::{invalid, MemoryError};
+use crate::dirfd::Dir;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
-use std::path::Path;
+
+/// Largest linked file hashed (a job could plant a huge sparse file to
+/// keep the supervisor busy).
+pub const MAX_LINKED_BYTES: u64 = 1 << 30;
 
 /// The recorded hash of each linked file (`None`: it did not exist).
 pub(crate) type Baseline = BTreeMap<String, Option<String>>;
 
 /// Hashes files of one repository, each at most once per call.
 pub(crate) struct FileHasher<'a> {
-    root: &'a Path,
+    root: &'a Dir,
     memo: HashMap<String, Option<String>>,
 }
 
 impl<'a> FileHasher<'a> {
-    /// `root` must be canonical.
-    pub fn new(root: &'a Path) -> Self {
+    /// For the repository open at `root` ([`repo_root`]).
+    pub fn new(root: &'a Dir) -> Self {
         FileHasher { root, memo: HashMap::new() }
     }
 
@@ -37,8 +44,8 @@ impl<'a> FileHasher<'a> {
         if let Some(h) = self.memo.get(rel) {
             return h.clone();
         }
-        let h = match resolve_file(self.root, rel) {
-            Ok(Some(path)) => hash_file(&path).ok(),
+        let h = match open_linked(self.root, rel) {
+            Ok(Some((file, _))) => hash_file(file).ok(),
             _ => None,
         };
         self.memo.insert(rel.to_string(), h.clone());
@@ -49,11 +56,10 @@ impl<'a> FileHasher<'a> {
     pub fn baseline(&mut self, rels: &[String]) -> Result<Baseline, MemoryError> {
         let mut out = Baseline::new();
         for rel in rels {
-            let path = resolve_file(self.root, rel)?.ok_or_else(|| {
+            let (file, _) = open_linked(self.root, rel)?.ok_or_else(|| {
                 invalid(format!("fileRelPath '{rel}' does not exist in the repository; link existing files"))
             })?;
-            let h =
-                hash_file(&path).map_err(|e| invalid(format!("fileRelPath '{rel}' can't be read: {}", e.kind())))?;
+            let h = hash_file(file).map_err(|e| invalid(format!("fileRelPath '{rel}' can't be read: {e}")))?;
             self.memo.insert(rel.clone(), Some(h.clone()));
             out.insert(rel.clone(), Some(h));
         }
@@ -80,14 +86,20 @@ impl<'a> FileHasher<'a> {
     }
 }
 
-fn hash_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
+/// SHA-256 of an open regular file, at most [`MAX_LINKED_BYTES`].
+fn hash_file(f: std::fs::File) -> std::io::Result<String> {
+    let mut f = f.take(MAX_LINKED_BYTES + 1);
+    let mut seen = 0u64;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {
             break;
+        }
+        seen += n as u64;
+        if seen > MAX_LINKED_BYTES {
+            return Err(crate::dirfd::too_large(MAX_LINKED_BYTES));
         }
         hasher.update(&buf[..n]);
     }

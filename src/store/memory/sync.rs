@@ -11,17 +11,19 @@
 //! The repository decides the repoId (a teammate's confine.toml may call
 //! it something else). Linked-file hashes recorded in the front matter are
 //! kept as the baseline, so staleness means the same in every clone.
-//! All changes go in one transaction and one flush.
+//! All changes go in one transaction and one flush. The directory is
+//! listed, read and written through its fd (`markdown.rs`): a file that
+//! is a symlink, a FIFO or too large is a problem reported, never read.
 
 use super::db::{address, Commit, MemoryDb, Record};
 use super::markdown;
 use super::stale::{sha256_hex, FileHasher};
-use super::time::{format_ms, now_ms, parse_rfc3339_ms};
+use super::time::{format_ms, parse_rfc3339_ms};
 use super::types::*;
 use super::validate::{self, repo_root};
 use super::MemoryError;
+use crate::dirfd::Dir;
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 
 /// How a change is committed: an import points the content address at
 /// the memory (unless it is deleted); a rewrite leaves it alone.
@@ -42,43 +44,36 @@ impl MemoryDb {
     pub(crate) fn sync_repo(&self, repo: &RepoRef) -> Result<SyncReport, MemoryError> {
         let root = repo_root(repo)?;
         let mut report = SyncReport { repo_id: repo.id.clone(), ..SyncReport::default() };
-        let dir = markdown::dir(&root);
         let _w = self.write_lock();
         let mut seen = HashSet::new();
         let mut changes = Vec::new();
-        match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.is_dir() => {
-                let mut names: Vec<String> = std::fs::read_dir(&dir)
-                    .map_err(|e| MemoryError::File { path: markdown::MEMORY_DIR.into(), message: e.to_string() })?
-                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .collect();
-                names.sort();
-                let mut hasher = FileHasher::new(&root);
-                let mut claimed: HashMap<String, String> = HashMap::new();
-                for name in names {
-                    let Some(id) = markdown::id_of(&name) else { continue };
-                    let file = format!("{}/{name}", markdown::MEMORY_DIR);
-                    if let Err(e) = validate::memory_id(id) {
-                        report.problems.push(SyncProblem { file, message: e.to_string() });
-                        continue;
-                    }
-                    seen.insert(id.to_string());
-                    match self.examine(repo, &dir.join(&name), id, &mut hasher, &mut claimed) {
-                        Ok(None) => report.unchanged += 1,
-                        Ok(Some(change)) => changes.push(change),
-                        Err(message) => report.problems.push(SyncProblem { file, message }),
-                    }
+        // A symlinked or non-directory `.confine-memory` is an error: nothing is read.
+        if let Some(dir) = markdown::open_dir(&root, &repo.id)? {
+            let mut names: Vec<String> = dir
+                .names()
+                .map_err(|e| MemoryError::File { path: markdown::MEMORY_DIR.into(), message: e.to_string() })?
+                .into_iter()
+                .filter_map(|n| n.into_string().ok())
+                .collect();
+            names.sort();
+            let mut hasher = FileHasher::new(&root);
+            let mut claimed: HashMap<String, String> = HashMap::new();
+            for name in names {
+                let Some(id) = markdown::id_of(&name) else { continue };
+                let file = format!("{}/{name}", markdown::MEMORY_DIR);
+                if let Err(e) = validate::memory_id(id) {
+                    report.problems.push(SyncProblem { file, message: e.to_string() });
+                    continue;
+                }
+                seen.insert(id.to_string());
+                match self.examine(repo, &dir, &name, id, &mut hasher, &mut claimed) {
+                    Ok(None) => report.unchanged += 1,
+                    Ok(Some(change)) => changes.push(change),
+                    Err(message) => report.problems.push(SyncProblem { file, message }),
                 }
             }
-            Ok(_) => {
-                return Err(MemoryError::Repo {
-                    repo: repo.id.clone(),
-                    message: format!("{} is not a directory (a symlink?); nothing was read", markdown::MEMORY_DIR),
-                })
-            }
-            Err(_) => {}
+            self.apply(&dir, changes, &mut report)?;
         }
-        self.apply(&dir, changes, &mut report)?;
         for r in self.all(&repo.id)? {
             if !r.memory.deleted && r.md_sha256.is_some() && !seen.contains(&r.memory.memory_id) {
                 report.missing.push(r.memory.memory_id);
@@ -91,18 +86,19 @@ impl MemoryDb {
     fn examine(
         &self,
         repo: &RepoRef,
-        path: &Path,
+        dir: &Dir,
+        name: &str,
         id: &str,
         hasher: &mut FileHasher<'_>,
         claimed: &mut HashMap<String, String>,
     ) -> Result<Option<Change>, String> {
-        let Some(bytes) = markdown::read(path)? else { return Ok(None) };
+        // The bytes and their mtime come from one fstat'ed fd.
+        let Some((bytes, mtime)) = markdown::read(dir, name)? else { return Ok(None) };
         let md_sha256 = sha256_hex(&bytes);
         let existing = self.get(&repo.id, id).map_err(|e| e.to_string())?;
         if existing.as_ref().is_some_and(|r| r.md_sha256.as_deref() == Some(md_sha256.as_str())) {
             return Ok(None);
         }
-        let mtime = markdown::mtime_ms(path).unwrap_or_else(now_ms);
         if let Some(old) = existing.as_ref().filter(|r| mtime <= r.updated_ms) {
             return Ok(Some(Change::Rewrite(old.clone())));
         }
@@ -163,7 +159,7 @@ impl MemoryDb {
     }
 
     /// Rewrite the files the store wins, then commit everything at once.
-    fn apply(&self, dir: &Path, changes: Vec<Change>, report: &mut SyncReport) -> Result<(), MemoryError> {
+    fn apply(&self, dir: &Dir, changes: Vec<Change>, report: &mut SyncReport) -> Result<(), MemoryError> {
         let mut records = Vec::with_capacity(changes.len());
         let mut plans = Vec::with_capacity(changes.len());
         for change in changes {

@@ -6,6 +6,22 @@ use super::tests::{fixture, query, req, Fixture};
 use super::*;
 use std::time::{Duration, SystemTime};
 
+fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: c is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+}
+
+/// `f` on another thread, which must end within 10 s: a blocking open of
+/// a FIFO would hang it forever.
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("{what} hung (a FIFO opened blocking?)"))
+}
+
 fn linked(f: &Fixture, title: &str, files: &[&str]) -> String {
     let mut r = req(title, "content of a linked memory");
     r.file_rel_paths = files.iter().map(|s| s.to_string()).collect();
@@ -163,6 +179,8 @@ fn bad_input_is_refused_and_nothing_is_written() {
     let outside = f.root().parent().unwrap().join("secret.txt");
     std::fs::write(&outside, "secret").unwrap();
     std::os::unix::fs::symlink(&outside, f.root().join("src/link.rs")).unwrap();
+    std::os::unix::fs::symlink("auth.rs", f.root().join("src/inside.rs")).unwrap();
+    mkfifo(&f.root().join("src/pipe"));
     let with = |edit: &dyn Fn(&mut StoreRequest)| {
         let mut r = req("A title", "Some content");
         edit(&mut r);
@@ -181,10 +199,14 @@ fn bad_input_is_refused_and_nothing_is_written() {
             "fileRelPath '../../etc/passwd' contains '..'; give a path inside the repository",
         ),
         (with(&|r| r.file_rel_paths = vec!["/etc/passwd".into()]), "fileRelPath '/etc/passwd' is absolute"),
+        // Any symlink is refused now, not only one leading out (issue 27,
+        // class 1: one checked before use can be swapped after the check).
+        (with(&|r| r.file_rel_paths = vec!["src/link.rs".into()]), "fileRelPath 'src/link.rs' leads through a symlink"),
         (
-            with(&|r| r.file_rel_paths = vec!["src/link.rs".into()]),
-            "fileRelPath 'src/link.rs' leads outside the repository",
+            with(&|r| r.file_rel_paths = vec!["src/inside.rs".into()]),
+            "fileRelPath 'src/inside.rs' leads through a symlink",
         ),
+        (with(&|r| r.file_rel_paths = vec!["src/pipe".into()]), "fileRelPath 'src/pipe' is not a regular file"),
         (with(&|r| r.file_rel_paths = vec!["src/nope.rs".into()]), "fileRelPath 'src/nope.rs' does not exist"),
         (with(&|r| r.file_rel_paths = vec!["src".into()]), "fileRelPath 'src' is not a regular file"),
         (with(&|r| r.memory_id = Some("mem_unknown".into())), "unknown memoryId 'mem_unknown' in repository 'demo'"),
@@ -219,4 +241,71 @@ fn a_symlinked_memory_directory_is_refused() {
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     assert!(f.db.sync(&f.repo).is_err());
     assert_eq!(query(&f, None).total, 0);
+}
+
+/// A FIFO as a linked file or as a memory file: stale or reported, at
+/// once, never opened in a way that waits for a writer.
+#[test]
+fn fifos_never_hang_a_memory_operation() {
+    let f = std::sync::Arc::new(fixture());
+    let a = linked(&f, "fifo note", &["src/db.rs"]);
+    std::fs::remove_file(f.root().join("src/db.rs")).unwrap();
+    mkfifo(&f.root().join("src/db.rs"));
+    let g = f.clone();
+    let report = within("check", move || g.db.check(&g.repo).unwrap());
+    assert_eq!((report.stale, report.newly_stale.clone()), (1, vec![a]));
+    mkfifo(&f.root().join(MEMORY_DIR).join("planted.md"));
+    let g = f.clone();
+    let report = within("sync", move || g.db.sync(&g.repo).unwrap());
+    let p: Vec<(&str, &str)> = report.problems.iter().map(|p| (p.file.as_str(), p.message.as_str())).collect();
+    assert_eq!(p, [(".confine-memory/planted.md", "not a regular file")]);
+    let g = f.clone();
+    let e = within("store", move || {
+        g.db.store(&g.repo, &{
+            let mut r = req("t", "c");
+            r.file_rel_paths = vec!["src/db.rs".into()];
+            r
+        })
+    });
+    assert!(e.unwrap_err().to_string().contains("is not a regular file"));
+}
+
+/// A job with a read-write workspace swaps `.confine-memory` for a
+/// symlink to a directory outside, and back, as fast as it can, while
+/// memories are stored and removed: nothing is ever written out there.
+#[test]
+fn a_memory_directory_swapped_for_a_symlink_never_redirects_a_write() {
+    let f = fixture();
+    let dir = f.root().join(MEMORY_DIR);
+    let outside = f.root().parent().unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    f.db.store(&f.repo, &req("first", "makes the directory")).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (d, o, s) = (dir.clone(), outside.clone(), stop.clone());
+    let swapper = std::thread::spawn(move || {
+        let aside = d.with_extension("aside");
+        let mut swaps = 0u32;
+        while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            if std::fs::rename(&d, &aside).is_ok() {
+                let _ = std::os::unix::fs::symlink(&o, &d);
+                std::thread::yield_now();
+                let _ = std::fs::remove_file(&d);
+                let _ = std::fs::rename(&aside, &d);
+                swaps += 1;
+            }
+        }
+        swaps
+    });
+    for i in 0..300 {
+        if let Ok(r) = f.db.store(&f.repo, &req(&format!("note {i}"), "raced")) {
+            let rm = RemoveRequest { repo_id: "demo".into(), memory_id: r.memory_id, delete_file: Some(i % 2 == 0) };
+            let _ = f.db.remove(&f.repo, &rm);
+        }
+        let _ = f.db.sync(&f.repo);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 0, "the race never ran");
+    let leaked: Vec<_> = std::fs::read_dir(&outside).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(leaked.is_empty(), "written outside the repository: {leaked:?} ({swaps} swaps)");
 }

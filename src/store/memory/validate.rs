@@ -1,14 +1,15 @@
 //! The checks every memory argument passes before anything is written:
 //! lengths and counts, ids that are safe file names, and `fileRelPaths`
-//! that stay inside the repository (lexically, then through realpath with
-//! [`crate::supervisor::cwd::jail`], so a symlink can't lead out).
+//! that stay inside the repository: lexically here, then, when a linked
+//! file is opened, through the repository root's fd with no symlink
+//! followed ([`open_linked`]), so nothing a job swaps in can lead out.
 //!
 //! Messages name the argument as the caller gave it and never a host path.
 
 use super::types::*;
 use super::{invalid, MemoryError};
-use crate::supervisor::cwd::{jail, CwdError};
-use std::path::{Component, Path, PathBuf};
+use crate::dirfd::{self, Dir, Stat};
+use std::path::{Component, Path};
 
 /// Longest memoryId (it is a file name).
 pub const MAX_ID_CHARS: usize = 64;
@@ -158,52 +159,33 @@ pub(crate) fn rel_path(raw: &str) -> Result<String, MemoryError> {
     Ok(parts.join("/"))
 }
 
-/// The canonical root of a repository, which must be a directory.
-pub(crate) fn repo_root(repo: &RepoRef) -> Result<PathBuf, MemoryError> {
-    match jail(&repo.root, None) {
-        Ok(j) => Ok(j.root),
-        Err(e) => Err(MemoryError::Repo { repo: repo.id.clone(), message: format!("{e}") }),
-    }
+/// The repository's root, open: everything the memory store reads or
+/// writes in it is reached from this fd. The configured path is the
+/// operator's and may hold symlinks; nothing below it is followed.
+pub(crate) fn repo_root(repo: &RepoRef) -> Result<Dir, MemoryError> {
+    Dir::open(&repo.root).map_err(|e| MemoryError::Repo {
+        repo: repo.id.clone(),
+        message: format!("the repository root is unavailable: {} (check [[repos]] in confine.toml)", e.kind()),
+    })
 }
 
-/// Where a normalised `rel` is on the host, checked through realpath:
-/// `Ok(Some(path))` a regular file inside `root` (symlinks resolved),
-/// `Ok(None)` nothing there, `Err` it leads outside or is not a file.
-/// `root` must be canonical ([`repo_root`]).
-pub(crate) fn resolve_file(root: &Path, rel: &str) -> Result<Option<PathBuf>, MemoryError> {
+/// A linked file (`rel` normalised by [`rel_path`]) opened for reading
+/// below `root`: `Ok(Some)` a regular file, `Ok(None)` nothing there, `Err`
+/// a symlink on the way (never followed: it could lead outside), or not a
+/// regular file (a FIFO is refused without blocking).
+pub(crate) fn open_linked(root: &Dir, rel: &str) -> Result<Option<(std::fs::File, Stat)>, MemoryError> {
     let shown = clip(rel);
-    let escapes = || invalid(format!("fileRelPath '{shown}' leads outside the repository (through a symlink)"));
-    let p = Path::new(rel);
-    let (parent, name) = match (p.parent(), p.file_name()) {
-        (Some(parent), Some(name)) => (parent, name),
-        _ => return Err(invalid(format!("fileRelPath '{shown}' names no file"))),
-    };
-    let parent = parent.to_str().filter(|s| !s.is_empty()).unwrap_or(".");
-    let dir = match jail(root, Some(parent)) {
-        Ok(j) => j.host,
-        Err(CwdError::Escapes(_)) => return Err(escapes()),
-        Err(CwdError::NotFound(_) | CwdError::NotADirectory(_)) => return Ok(None),
-        Err(e) => return Err(invalid(format!("fileRelPath '{shown}': {e}"))),
-    };
-    let host = dir.join(name);
-    let meta = match std::fs::symlink_metadata(&host) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(invalid(format!("fileRelPath '{shown}' can't be read: {}", e.kind()))),
-    };
-    let real = if meta.file_type().is_symlink() {
-        match std::fs::canonicalize(&host) {
-            Ok(real) if real.starts_with(root) => real,
-            // Outside, or dangling (its target can't be checked): refused alike.
-            _ => return Err(escapes()),
-        }
-    } else {
-        host
-    };
-    if std::fs::metadata(&real).map(|m| m.is_file()).unwrap_or(false) {
-        Ok(Some(real))
-    } else {
-        Err(invalid(format!("fileRelPath '{shown}' is not a regular file; link files, not directories")))
+    match root.open_regular(Path::new(rel)) {
+        Ok(x) => Ok(Some(x)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::NotADirectory => Ok(None),
+        Err(e) if dirfd::is_symlink_error(&e) => Err(invalid(format!(
+            "fileRelPath '{shown}' leads through a symlink, which confine never follows in a repository (it \
+             could lead outside it); link the file itself"
+        ))),
+        Err(e) if dirfd::is_not_regular(&e) => Err(invalid(format!(
+            "fileRelPath '{shown}' is not a regular file; link files, not directories, FIFOs or devices"
+        ))),
+        Err(e) => Err(invalid(format!("fileRelPath '{shown}' can't be read: {}", e.kind()))),
     }
 }
 
