@@ -82,6 +82,11 @@ pub fn too_large(max: u64) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, format!("larger than {max} bytes"))
 }
 
+/// Whether `e` is [`too_large`]'s.
+pub fn is_too_large(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::InvalidData && e.to_string().starts_with("larger than ")
+}
+
 /// The normal components of a relative path: no root, no `..`, no `.`
 /// left, at least one; `None` otherwise.
 pub fn components(rel: &Path) -> Option<Vec<&std::ffi::OsStr>> {

@@ -14,7 +14,6 @@ pub mod mcp;
 pub mod output;
 pub mod policy;
 pub mod runtimes;
-#[cfg(unix)]
 pub mod safe_fs;
 pub mod sandbox;
 pub mod store;

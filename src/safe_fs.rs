@@ -1,23 +1,23 @@
-//! Files the supervisor reads or writes where hostile code may have been
-//! first: a read-write workspace, a repository, a directory a job shares
-//! with its caller. The supervisor often runs as root, so a name there is
-//! never trusted: a job can swap it for a symlink (and have root write or
-//! read wherever it points), a FIFO (and have root block for ever), or a
-//! device.
+//! Files named by a path a user gave (`--json-status`, `--code-file`, an
+//! export's `--output`) in places where hostile code may have been first:
+//! a read-write workspace, a repository jobs write to. The supervisor often
+//! runs as root, so the name there is never trusted: a job can swap it for
+//! a symlink (and have root write or read wherever it points), a FIFO (and
+//! have root block for ever), or a device.
 //!
-//! Reads open with `O_NOFOLLOW | O_NONBLOCK`, check with `fstat` that they
-//! got a regular file, and stop at a size bound. Writes never open the
-//! destination: they create a fresh temp file (`O_CREAT | O_EXCL |
-//! O_NOFOLLOW`) beside it, sync it, and `renameat` it over the name in a
-//! directory whose fd was opened before the job could act ([`OutputFile`]).
-//! A rename replaces whatever the job left at the name (a symlink is
-//! replaced, never followed) and fails on a directory.
+//! Built on [`crate::dirfd`]: the path's directory is opened (following
+//! the symlinks the user's own path has), and the last name is reached
+//! from that fd and never followed. Reads take only a regular file, opened
+//! without blocking, up to a size bound. Writes never open the
+//! destination: a fresh temp file is created beside it and renamed over
+//! the name, which replaces whatever a job left there (a symlink is
+//! replaced, never followed) and fails on a directory. [`OutputFile`]
+//! opens its directory before a job could act, and uses only that fd.
 
-use std::ffi::OsStr;
+use crate::dirfd::{self, Dir};
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 /// Why a guarded read or write was refused or failed.
@@ -39,21 +39,38 @@ pub enum SafeFsError {
 
 impl SafeFsError {
     fn io(path: &Path, source: io::Error) -> Self {
+        if dirfd::is_symlink_error(&source) || dirfd::is_not_regular(&source) {
+            return SafeFsError::NotRegular { path: path.to_path_buf() };
+        }
         SafeFsError::Io { path: path.to_path_buf(), source }
     }
+}
+
+/// The directory of `path` and its last name (neither `.` nor `..`).
+fn split(path: &Path) -> Result<(&Path, &OsStr), SafeFsError> {
+    let name = match path.file_name() {
+        Some(n) if n != OsStr::new(".") && n != OsStr::new("..") => n,
+        _ => return Err(SafeFsError::NoFileName { path: path.to_path_buf() }),
+    };
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok((parent, name))
 }
 
 /// Read `path` whole, at most `max` bytes, never following a symlink at
 /// its last component, never blocking on a FIFO, and only if it is a
 /// regular file.
 pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, SafeFsError> {
-    let file = open_regular(path)?;
-    let mut bytes = Vec::new();
-    (&file).take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| SafeFsError::io(path, e))?;
-    if bytes.len() as u64 > max {
-        return Err(SafeFsError::TooLarge { path: path.to_path_buf(), max });
+    let (parent, name) = split(path)?;
+    let dir = Dir::open(parent).map_err(|e| SafeFsError::io(parent, e))?;
+    match dir.read_regular(Path::new(name), max) {
+        Ok(Some(read)) => Ok(read.bytes),
+        Ok(None) => Err(SafeFsError::io(path, io::ErrorKind::NotFound.into())),
+        Err(e) if dirfd::is_too_large(&e) => Err(SafeFsError::TooLarge { path: path.to_path_buf(), max }),
+        Err(e) => Err(SafeFsError::io(path, e)),
     }
-    Ok(bytes)
 }
 
 /// [`read_regular`], as UTF-8 text.
@@ -61,68 +78,6 @@ pub fn read_regular_string(path: &Path, max: u64) -> Result<String, SafeFsError>
     let bytes = read_regular(path, max)?;
     String::from_utf8(bytes)
         .map_err(|_| SafeFsError::io(path, io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text")))
-}
-
-/// Open `path` for reading if, and only if, it is a regular file: the open
-/// itself can neither follow a final symlink nor block (a FIFO opened with
-/// `O_NONBLOCK` returns at once, and `fstat` then refuses it).
-pub fn open_regular(path: &Path) -> Result<File, SafeFsError> {
-    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
-    let fd = match open_at(libc::AT_FDCWD, path.as_os_str(), flags, 0) {
-        Ok(fd) => fd,
-        // O_NOFOLLOW on a symlink.
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(SafeFsError::NotRegular { path: path.to_path_buf() })
-        }
-        Err(e) => return Err(SafeFsError::io(path, e)),
-    };
-    let file = File::from(fd);
-    let meta = file.metadata().map_err(|e| SafeFsError::io(path, e))?;
-    if !meta.file_type().is_file() {
-        return Err(SafeFsError::NotRegular { path: path.to_path_buf() });
-    }
-    // Reads of a regular file never block; clear the flag so that code
-    // reading it sees ordinary semantics.
-    // SAFETY: F_SETFL on an fd we own, with an integer argument.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, 0) } < 0 {
-        return Err(SafeFsError::io(path, io::Error::last_os_error()));
-    }
-    Ok(file)
-}
-
-/// `openat(2)`, returning an owned fd.
-fn open_at(dir: libc::c_int, name: &OsStr, flags: libc::c_int, mode: libc::c_uint) -> io::Result<OwnedFd> {
-    let c = std::ffi::CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: `c` is a NUL-terminated path that outlives the call; openat
-    // returns a new fd or -1.
-    let fd = unsafe { libc::openat(dir, c.as_ptr(), flags, mode) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: openat just returned this fd; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// `renameat(2)` within one directory.
-fn rename_in(dir: &OwnedFd, from: &OsStr, to: &OsStr) -> io::Result<()> {
-    let (f, t) = (
-        std::ffi::CString::new(from.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
-        std::ffi::CString::new(to.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
-    );
-    // SAFETY: both names are NUL-terminated and outlive the call; the
-    // directory fd is open.
-    if unsafe { libc::renameat(dir.as_raw_fd(), f.as_ptr(), dir.as_raw_fd(), t.as_ptr()) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// `unlinkat(2)` of a file in one directory.
-fn unlink_in(dir: &OwnedFd, name: &OsStr) {
-    if let Ok(c) = std::ffi::CString::new(name.as_bytes()) {
-        // SAFETY: `c` is NUL-terminated and outlives the call.
-        unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) };
-    }
 }
 
 /// Why [`OutputFile::write_with`] failed: the file system, or the content.
@@ -134,13 +89,13 @@ pub enum WriteError<E> {
     Content(E),
 }
 
-/// A file the supervisor will write when a job ends (`--json-status`,
-/// an export): its directory is opened now, before any job code runs, so
+/// A file the supervisor will write when a job ends (`--json-status`, an
+/// export): its directory is opened now, before any job code runs, so
 /// that what the job does to the path afterwards can't redirect the write.
 #[derive(Debug)]
 pub struct OutputFile {
-    dir: OwnedFd,
-    name: std::ffi::OsString,
+    dir: Dir,
+    name: OsString,
     /// The path as the user gave it, for messages.
     shown: PathBuf,
 }
@@ -149,17 +104,9 @@ impl OutputFile {
     /// Open the directory of `path` (following the symlinks the user's
     /// path has now: the user chose them) and remember the file name.
     pub fn prepare(path: &Path) -> Result<OutputFile, SafeFsError> {
-        let name = match path.file_name() {
-            Some(n) if n != OsStr::new(".") && n != OsStr::new("..") => n.to_os_string(),
-            _ => return Err(SafeFsError::NoFileName { path: path.to_path_buf() }),
-        };
-        let parent = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK | libc::O_CLOEXEC;
-        let dir = open_at(libc::AT_FDCWD, parent.as_os_str(), flags, 0).map_err(|e| SafeFsError::io(parent, e))?;
-        Ok(OutputFile { dir, name, shown: path.to_path_buf() })
+        let (parent, name) = split(path)?;
+        let dir = Dir::open(parent).map_err(|e| SafeFsError::io(parent, e))?;
+        Ok(OutputFile { dir, name: name.to_os_string(), shown: path.to_path_buf() })
     }
 
     /// Write `bytes` as the file's new content: a temp file beside it,
@@ -176,39 +123,32 @@ impl OutputFile {
     /// of `fill` leaves the old file as it was.
     pub fn write_with<T, E>(&self, fill: impl FnOnce(&mut File) -> Result<T, E>) -> Result<T, WriteError<E>> {
         let err = |e: io::Error| WriteError::Fs(SafeFsError::io(&self.shown, e));
-        let (tmp_name, tmp) = self.create_temp().map_err(err)?;
-        let mut f = File::from(tmp);
+        let (tmp_name, mut f) = self.create_temp().map_err(err)?;
         let filled = match fill(&mut f) {
             Ok(v) => v,
             Err(e) => {
-                unlink_in(&self.dir, &tmp_name);
+                let _ = self.dir.unlink(&tmp_name);
                 return Err(WriteError::Content(e));
             }
         };
-        let written = (|| {
-            f.sync_all()?;
-            rename_in(&self.dir, &tmp_name, &self.name)?;
-            File::from(self.dir.try_clone()?).sync_all()
-        })();
+        let written = f.sync_all().and_then(|()| self.dir.rename(&tmp_name, &self.name)).and_then(|()| self.dir.sync());
         if let Err(e) = written {
-            unlink_in(&self.dir, &tmp_name);
+            let _ = self.dir.unlink(&tmp_name);
             return Err(err(e));
         }
         Ok(filled)
     }
 
-    /// A new temp file in the directory, under a name nobody could have
-    /// planted (random, created exclusively, never followed).
-    fn create_temp(&self) -> io::Result<(std::ffi::OsString, OwnedFd)> {
-        for _ in 0..16 {
-            let mut rnd = [0u8; 8];
-            getrandom(&mut rnd);
-            let mut tmp = std::ffi::OsString::from(".");
+    /// A new temp file in the directory, under a name created exclusively
+    /// (never an existing file, never through a symlink).
+    fn create_temp(&self) -> io::Result<(OsString, File)> {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        for attempt in 0..16u32 {
+            let mut tmp = OsString::from(".");
             tmp.push(&self.name);
-            tmp.push(format!(".{}.tmp", hex::encode(rnd)));
-            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-            match open_at(self.dir.as_raw_fd(), &tmp, flags, 0o644) {
-                Ok(fd) => return Ok((tmp, fd)),
+            tmp.push(format!(".{}.{nanos:x}.{attempt}.tmp", std::process::id()));
+            match self.dir.create_new(&tmp, 0o644) {
+                Ok(f) => return Ok((tmp, f)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(e),
             }
@@ -217,21 +157,8 @@ impl OutputFile {
     }
 }
 
-/// Fill `buf` from the kernel's random source (a name nobody can guess).
-fn getrandom(buf: &mut [u8]) {
-    #[cfg(target_os = "linux")]
-    // SAFETY: buf is a valid writable buffer of the length passed.
-    unsafe {
-        libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0)
-    };
-    #[cfg(not(target_os = "linux"))]
-    // SAFETY: buf is a valid writable buffer of at most 256 bytes.
-    unsafe {
-        libc::getentropy(buf.as_mut_ptr().cast(), buf.len())
-    };
-}
-
 #[cfg(test)]
+#[cfg(unix)]
 mod tests {
     use super::*;
 
@@ -249,7 +176,9 @@ mod tests {
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         // Returns at once: a blocking open would wait here for a writer.
         assert!(matches!(read_regular(&fifo, 100), Err(SafeFsError::NotRegular { .. })));
-        assert!(matches!(read_regular(dir.path(), 100), Err(SafeFsError::NotRegular { .. })));
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(matches!(read_regular(&sub, 100), Err(SafeFsError::NotRegular { .. })));
     }
 
     #[test]
@@ -272,6 +201,9 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         std::fs::create_dir(&path).unwrap();
         assert!(out.write(b"three").is_err());
+        // A failing fill leaves nothing behind either.
+        std::fs::remove_dir(&path).unwrap();
+        assert!(matches!(out.write_with(|_| Err::<(), _>("no")), Err(WriteError::Content("no"))));
         let leftovers: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().into_string().ok())

@@ -150,7 +150,6 @@ fn export(log: &AuditLog, args: &ExportArgs) -> Result<(), AuditError> {
     let n = match &args.output {
         // Written whole, then renamed over the name (`safe_fs`): an export
         // into a directory a job shares never follows what it planted.
-        #[cfg(unix)]
         Some(path) => {
             use crate::safe_fs::{OutputFile, WriteError};
             let out = OutputFile::prepare(path).map_err(|e| AuditError::Io(std::io::Error::other(e)))?;
@@ -165,11 +164,6 @@ fn export(log: &AuditLog, args: &ExportArgs) -> Result<(), AuditError> {
                 Err(WriteError::Content(e)) => return Err(e),
                 Err(WriteError::Fs(e)) => return Err(AuditError::Io(std::io::Error::other(e))),
             }
-        }
-        #[cfg(not(unix))]
-        Some(path) => {
-            let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-            log.export_jsonl(&mut f)?
         }
         None => log.export_jsonl(&mut std::io::stdout().lock())?,
     };

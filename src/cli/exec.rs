@@ -104,17 +104,20 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     };
     // Read as `safe_fs` reads what a job may have planted (a code file
     // in a repository that jobs write to): never through a symlink, never
-    // blocking on a FIFO, at most as much as a request may carry.
+    // blocking on a FIFO, and bounded. The bound is twice what a request
+    // may carry, so that a file just over the limit still becomes a
+    // request, refused by the pipeline and audited like any other.
+    let bound = |max: u64| max.saturating_mul(2).max(1 << 20);
     let code = match (&args.code, &args.code_file) {
         (Some(c), _) => Some(c.clone()),
-        (None, Some(f)) => match crate::safe_fs::read_regular_string(f, config.limits.max_code_bytes) {
+        (None, Some(f)) => match crate::safe_fs::read_regular_string(f, bound(config.limits.max_code_bytes)) {
             Ok(c) => Some(c),
             Err(e) => return fail(format!("--code-file: {e}")),
         },
         (None, None) => None,
     };
     let stdin = match &args.stdin_file {
-        Some(f) => match crate::safe_fs::read_regular_string(f, config.limits.max_stdin_bytes) {
+        Some(f) => match crate::safe_fs::read_regular_string(f, bound(config.limits.max_stdin_bytes)) {
             Ok(s) => Some(s),
             Err(e) => return fail(format!("--stdin-file: {e}")),
         },

@@ -267,30 +267,19 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
     code
 }
 
-/// The `--json-status` file: on Unix its directory is opened up front and
-/// the file replaced by a rename (`safe_fs`), so it never follows what the
-/// job planted and never blocks on a FIFO.
-struct StatusFile {
-    #[cfg(unix)]
-    out: crate::safe_fs::OutputFile,
-    #[cfg(not(unix))]
-    path: PathBuf,
-}
+/// The `--json-status` file: its directory is opened up front and the file
+/// replaced by a rename (`safe_fs`), so it never follows what the job
+/// planted and never blocks on a FIFO.
+struct StatusFile(crate::safe_fs::OutputFile);
 
 impl StatusFile {
     fn prepare(path: &Path) -> Result<StatusFile, String> {
-        #[cfg(unix)]
-        return crate::safe_fs::OutputFile::prepare(path).map(|out| StatusFile { out }).map_err(|e| e.to_string());
-        #[cfg(not(unix))]
-        return Ok(StatusFile { path: path.to_path_buf() });
+        crate::safe_fs::OutputFile::prepare(path).map(StatusFile).map_err(|e| e.to_string())
     }
 
     fn write(&self, o: &Outcome) -> Result<(), String> {
         let bytes = serde_json::to_vec_pretty(o).map_err(|e| e.to_string())?;
-        #[cfg(unix)]
-        return self.out.write(&bytes).map_err(|e| e.to_string());
-        #[cfg(not(unix))]
-        return std::fs::write(&self.path, bytes).map_err(|e| format!("{}: {e}", self.path.display()));
+        self.0.write(&bytes).map_err(|e| e.to_string())
     }
 }
 
