@@ -54,10 +54,8 @@ pub struct Limits {
 pub const DEFAULT_TMP_SIZE: u64 = 64 * 1024 * 1024;
 
 /// Paths of a read-write workspace kept read-only unless the user lifts
-/// them (`--no-protect`): what a host's `git` runs, or reads its settings
-/// from, the next time the user works in the repository. A job that could
-/// write them would have its code run on the host.
-pub const DEFAULT_PROTECTED: &[&str] = &[".git/hooks", ".git/config", ".git/modules"];
+/// them (`--no-protect`); see `sandbox::protect`.
+pub use crate::sandbox::protect::DEFAULT_PROTECTED;
 
 /// Everything the sandbox needs to start one job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -80,6 +80,50 @@ pub fn read_regular_string(path: &Path, max: u64) -> Result<String, SafeFsError>
         .map_err(|_| SafeFsError::io(path, io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text")))
 }
 
+/// Refuse `path` if it passes through a symlink inside one of `roots`
+/// (canonical directories that hostile code can write: a job's workspace,
+/// a read-write bind). Such a link may be a job's, planted to send the
+/// supervisor elsewhere; the directories above the roots are the user's
+/// own and are followed. `with_last`: check the last component too (a
+/// bind source), or only the directories on the way (a file that is
+/// replaced by rename, where a link at the name is harmless).
+pub fn no_link_below(path: &Path, roots: &[PathBuf], with_last: bool) -> Result<(), String> {
+    use std::path::Component;
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().map_err(|e| format!("{}: {e}", path.display()))?.join(path)
+    };
+    let comps: Vec<Component> = abs.components().collect();
+    let mut at = PathBuf::from("/");
+    for (i, c) in comps.iter().enumerate() {
+        let last = i + 1 == comps.len();
+        match c {
+            Component::Normal(name) => {
+                let next = at.join(name);
+                let real = std::fs::canonicalize(&at).unwrap_or_else(|_| at.clone());
+                let inside = roots.iter().any(|r| real.starts_with(r));
+                let is_link = std::fs::symlink_metadata(&next).is_ok_and(|m| m.file_type().is_symlink());
+                if inside && is_link && (with_last || !last) {
+                    return Err(format!(
+                        "{}: {} is a symbolic link inside a directory that jobs write to (a job could have put it \
+                         there); give the real path",
+                        path.display(),
+                        next.display()
+                    ));
+                }
+                at = next;
+            }
+            Component::ParentDir => {
+                at = std::fs::canonicalize(&at).unwrap_or_else(|_| at.clone());
+                at.pop();
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Why [`OutputFile::write_with`] failed: the file system, or the content.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError<E> {
@@ -226,6 +270,24 @@ mod tests {
         out.write(b"x").unwrap();
         assert!(!elsewhere.join("s.json").exists());
         assert_eq!(std::fs::read_to_string(dir.path().join("moved/s.json")).unwrap(), "x");
+    }
+
+    #[test]
+    fn links_below_a_writable_root_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("real")).unwrap();
+        std::os::unix::fs::symlink("/etc", ws.join("out")).unwrap();
+        std::os::unix::fs::symlink(&ws, dir.path().join("ws-link")).unwrap();
+        let roots = [ws.canonicalize().unwrap()];
+        assert!(no_link_below(&ws.join("real/s.json"), &roots, false).is_ok());
+        assert!(no_link_below(&ws.join("out/s.json"), &roots, false).unwrap_err().contains("out is a symbolic link"));
+        // The last name is only checked for a bind source.
+        assert!(no_link_below(&ws.join("out"), &roots, false).is_ok());
+        assert!(no_link_below(&ws.join("out"), &roots, true).is_err());
+        // A link above the root (the user's own path) is followed.
+        assert!(no_link_below(&dir.path().join("ws-link/real/x"), &roots, true).is_ok());
+        assert!(no_link_below(&dir.path().join("ws-link/out/x"), &roots, true).is_err());
     }
 
     #[test]

@@ -193,8 +193,9 @@ pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Resul
     spec.limits.cpus = Limit::or_default(args.cpus, defaults.cpus);
     spec.limits.pids = Limit::or_default(args.pids, defaults.pids);
     spec.tty = args.tty;
-    if args.no_protect {
-        spec.protect.clear();
+    spec.protect.clear();
+    if let (Some(ws), true, false) = (&spec.workspace, args.rw, args.no_protect) {
+        spec.protect = crate::sandbox::protect::defaults(ws).map_err(SandboxError::Unavailable)?;
     }
     for p in &args.protect {
         spec.protect.push(protected_path(p, spec.workspace.as_deref())?);
@@ -210,7 +211,42 @@ pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Resul
     for b in &args.bind {
         spec.binds.push(parse_bind(b, true)?);
     }
+    check_binds(args, &spec)?;
     Ok(spec)
+}
+
+/// The directories jobs write to, as this run knows them: its workspace
+/// (another run may have had it read-write) and its binds' sources.
+fn job_writable(spec: &JobSpec) -> Vec<PathBuf> {
+    spec.workspace.iter().cloned().chain(spec.binds.iter().map(|b| b.source.clone())).collect()
+}
+
+/// Binds whose source passes through a symlink a job could have planted
+/// (in the workspace, or in another bind), and binds nested in the
+/// workspace or in each other, are refused: the first would bind what the
+/// job chose, the second leaves what the job sees to the order of mounts.
+fn check_binds(args: &RunArgs, spec: &JobSpec) -> Result<(), SandboxError> {
+    let roots = job_writable(spec);
+    let given = args.ro_bind.iter().chain(&args.bind);
+    for (arg, bind) in given.zip(&spec.binds) {
+        let src = arg.split_once(':').map_or(arg.as_str(), |(a, _)| a);
+        crate::safe_fs::no_link_below(Path::new(src), &roots, true)
+            .map_err(|e| SandboxError::Unavailable(format!("bind source {e}")))?;
+        let nested = |dest: &Path| bind.dest != dest && bind.dest.starts_with(dest);
+        let in_workspace = spec.workspace.is_some() && nested(Path::new("/workspace"));
+        if in_workspace || spec.binds.iter().any(|other| nested(&other.dest)) {
+            return Err(SandboxError::Unavailable(format!(
+                "bind {arg}: {} is inside {} mounted by this run, which would hide it or be hidden by it; \
+                 bind it elsewhere (to keep a path of the workspace read-only, use --protect)",
+                bind.dest.display(),
+                if in_workspace { "/workspace, which is".to_string() } else { "another bind".to_string() }
+            )));
+        }
+        if bind.dest == Path::new("/workspace") && spec.workspace.is_some() {
+            return Err(SandboxError::Unavailable(format!("bind {arg}: /workspace is the --workspace's")));
+        }
+    }
+    Ok(())
 }
 
 /// `config_path`: the global --config. The configuration gives the
@@ -225,7 +261,8 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
     };
     // Before any job code runs: the job may own the directory by the time
     // it ends (a --rw workspace), and must not choose where we write then.
-    let status_file = match args.json_status.as_deref().map(StatusFile::prepare).transpose() {
+    // A symlink an earlier job left on the way there is refused.
+    let status_file = match args.json_status.as_deref().map(|p| StatusFile::prepare(p, &args)).transpose() {
         Ok(f) => f,
         Err(e) => {
             eprintln!("confine: cannot write --json-status: {e}");
@@ -273,7 +310,13 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
 struct StatusFile(crate::safe_fs::OutputFile);
 
 impl StatusFile {
-    fn prepare(path: &Path) -> Result<StatusFile, String> {
+    fn prepare(path: &Path, args: &RunArgs) -> Result<StatusFile, String> {
+        let mut roots: Vec<PathBuf> = args.workspace.iter().filter_map(|w| std::fs::canonicalize(w).ok()).collect();
+        for b in args.bind.iter().chain(&args.ro_bind) {
+            let src = b.split_once(':').map_or(b.as_str(), |(a, _)| a);
+            roots.extend(std::fs::canonicalize(src).ok());
+        }
+        crate::safe_fs::no_link_below(path, &roots, false)?;
         crate::safe_fs::OutputFile::prepare(path).map(StatusFile).map_err(|e| e.to_string())
     }
 

@@ -4,9 +4,11 @@
 //! caller's tty it could take the terminal's foreground (`TIOCSPGRP`) or
 //! type into the shell behind it (`TIOCSTI`), and with a regular file it
 //! could truncate or rewrite the caller's log (`ftruncate`, `pwrite`,
-//! `fchmod`). A pipe passes through as it is (it can't be rewound or
-//! truncated), and so does `/dev/null`; anything else is relayed by this
-//! process through a pipe of its own, as `docker run` does. With `--tty`
+//! `fchmod`). A pipe passes through (it can't be rewound or truncated),
+//! opened afresh so that the job's file status flags (`O_NONBLOCK`) stay
+//! its own and don't reach the caller's other readers and writers, and
+//! `/dev/null` passes as it is; anything else is relayed by this process
+//! through a pipe of its own, as `docker run` does. With `--tty`
 //! the job gets a terminal of its own: a pty whose other side is relayed
 //! here, with the caller's terminal in raw mode and its size kept in step
 //! (`docker run -t`).
@@ -26,8 +28,10 @@ use std::thread::JoinHandle;
 /// How one of the caller's streams reaches the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
-    /// Passed as it is: a pipe, or /dev/null.
+    /// Passed as it is: /dev/null.
     Pass,
+    /// A pipe, opened again (a new open file description of it).
+    Reopen,
     /// Relayed through a pipe by this process.
     Relay,
     /// Not open in the caller (or a terminal the caller can't read now):
@@ -38,6 +42,8 @@ enum Route {
 /// The plan for the caller's three streams, made before the job starts.
 pub struct CallerStdio {
     routes: [Route; 3],
+    /// The fresh descriptions of the pipes routed [`Route::Reopen`].
+    reopened: [Option<OwnedFd>; 3],
     pty: Option<Pty>,
 }
 
@@ -50,8 +56,18 @@ impl CallerStdio {
         if routes[0] == Route::Relay && is_tty(0) && !interactive {
             routes[0] = Route::Null;
         }
+        let mut reopened = [None, None, None];
+        for fd in 0..3 {
+            if routes[fd] == Route::Reopen {
+                match reopen_pipe(fd as RawFd) {
+                    Ok(copy) => reopened[fd] = Some(copy),
+                    // Not ours to open again (another user's FIFO): relayed.
+                    Err(_) => routes[fd] = Route::Relay,
+                }
+            }
+        }
         let pty = if tty { Some(Pty::open()?) } else { None };
-        Ok(CallerStdio { routes, pty })
+        Ok(CallerStdio { routes, reopened, pty })
     }
 
     /// What the sandbox's stage gets as fds 0, 1 and 2. With a pty, all
@@ -62,12 +78,13 @@ impl CallerStdio {
             let fd = Stream::Fd(pty.terminal.as_raw_fd());
             return StdioSpec { stdin: fd, stdout: fd, stderr: fd };
         }
-        let stream = |r: Route| match r {
+        let stream = |fd: usize| match self.routes[fd] {
             Route::Pass => Stream::Inherit,
+            Route::Reopen => self.reopened[fd].as_ref().map_or(Stream::Null, |f| Stream::Fd(f.as_raw_fd())),
             Route::Relay => Stream::Piped,
             Route::Null => Stream::Null,
         };
-        StdioSpec { stdin: stream(self.routes[0]), stdout: stream(self.routes[1]), stderr: stream(self.routes[2]) }
+        StdioSpec { stdin: stream(0), stdout: stream(1), stderr: stream(2) }
     }
 
     /// Start the relays of a job just spawned with [`CallerStdio::stdio`].
@@ -149,7 +166,7 @@ fn route(fd: RawFd) -> Route {
         return Route::Null;
     }
     match st.st_mode & libc::S_IFMT {
-        libc::S_IFIFO => Route::Pass,
+        libc::S_IFIFO => Route::Reopen,
         libc::S_IFCHR if st.st_rdev == libc::makedev(1, 3) => Route::Pass,
         // A terminal stdin is read only by the terminal's foreground
         // process group; read from the background, it would stop us
@@ -157,6 +174,26 @@ fn route(fd: RawFd) -> Route {
         libc::S_IFCHR if fd == 0 && is_tty(0) && !in_foreground(0) => Route::Null,
         _ => Route::Relay,
     }
+}
+
+/// A new open file description of the pipe at `fd`, with its access mode
+/// and no `O_NONBLOCK`. Opened non-blocking (a pipe opened for writing
+/// with no reader left would wait for one), then switched back.
+fn reopen_pipe(fd: RawFd) -> io::Result<OwnedFd> {
+    let mode = if fd == 0 { libc::O_RDONLY } else { libc::O_WRONLY };
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).map_err(io::Error::other)?;
+    // SAFETY: a NUL-terminated path; open returns a new fd or -1.
+    let raw = unsafe { libc::open(path.as_ptr(), mode | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open just returned this fd; nothing else owns it.
+    let copy = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: F_SETFL with an integer on an fd we own.
+    if unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_SETFL, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(copy)
 }
 
 fn is_tty(fd: RawFd) -> bool {
@@ -285,7 +322,7 @@ mod tests {
         let (r, _w) = nix::unistd::pipe().unwrap();
         let file = tempfile::tempfile().unwrap();
         let null = std::fs::File::open("/dev/null").unwrap();
-        assert_eq!(route(r.as_raw_fd()), Route::Pass);
+        assert_eq!(route(r.as_raw_fd()), Route::Reopen);
         assert_eq!(route(null.as_raw_fd()), Route::Pass);
         assert_eq!(route(file.as_raw_fd()), Route::Relay);
         let dir = std::fs::File::open("/").unwrap();

@@ -7,6 +7,7 @@ pub mod host_paths;
 pub mod identity;
 #[cfg(target_os = "linux")]
 pub mod linux;
+pub mod protect;
 #[cfg(unix)]
 pub mod unix_fallback;
 #[cfg(windows)]

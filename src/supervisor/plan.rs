@@ -153,6 +153,12 @@ impl Planner<'_> {
         spec.env = prepared.env.clone();
         spec.workspace = Some(prepared.jailed.root.clone());
         spec.workspace_rw = self.config.sandbox.workspace_rw;
+        spec.protect = if spec.workspace_rw {
+            crate::sandbox::protect::defaults(&prepared.jailed.root)
+                .map_err(|message| Refusal { status: Status::Failure, message })?
+        } else {
+            Vec::new()
+        };
         spec.cwd = prepared.jailed.in_sandbox(Path::new("/workspace"));
         spec.network = req.network;
         spec.allow_degraded = self.config.runtime.allow_degraded;
@@ -160,7 +166,13 @@ impl Planner<'_> {
             .plan
             .ro_paths
             .iter()
-            .map(|p| Bind { source: p.clone(), dest: p.clone(), writable: false })
+            // Bound from its real path (the sandbox opens sources refusing
+            // any symlink on the way), at the path the toolchain knows.
+            .map(|p| Bind {
+                source: std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()),
+                dest: p.clone(),
+                writable: false,
+            })
             .collect();
         if let Some(src) = &prepared.plan.source {
             spec.files.push(JobFile { path: src.path.clone(), contents: src.contents.clone() });

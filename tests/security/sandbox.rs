@@ -166,6 +166,31 @@ fn class01_code_and_stdin_files_planted_by_a_job_are_refused() {
     assert!(stderr(&out).contains("not a regular file"), "{}", stderr(&out));
 }
 
+/// An earlier job left a symlink in the workspace; a later run that binds a
+/// path through it, or writes its status through it, is refused: the link
+/// would choose the host path (the job's home directory, a root-only one).
+#[test]
+fn class01_paths_through_a_symlink_a_job_planted_are_refused() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = workspace(1000, 1000);
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(secret.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let wsp = ws.path().to_str().unwrap();
+    let plant = format!("ln -s {} cache && ln -s {} out", secret.path().display(), secret.path().display());
+    let out = run(&["--workspace", wsp, "--rw", "--", "/bin/sh", "-c", &plant]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let bind = format!("{wsp}/cache:/cache");
+    let out = run(&["--workspace", wsp, "--bind", &bind, "--", "/bin/sh", "-c", "touch /cache/x"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(stderr(&out).contains("symbolic link inside a directory that jobs write to"), "{}", stderr(&out));
+    let status = format!("{wsp}/out/status.json");
+    let out = run(&["--workspace", wsp, "--rw", "--json-status", &status, "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert_eq!(std::fs::read_dir(secret.path()).unwrap().count(), 0, "something was written through the link");
+}
+
 // ---- class 3: the job's host ids are unprivileged ----
 
 /// A workspace in group `shadow`: the job must not join that group, so
@@ -232,29 +257,45 @@ fn class03_a_system_accounts_workspace_runs_the_job_as_nobody() {
 
 // ---- class 4: no planted code for the host, no setuid files ----
 
-/// A git repository as the workspace, read-write.
+/// A git repository as the workspace, owned by uid 1000, with a commit.
 fn git_workspace() -> tempfile::TempDir {
     let ws = workspace(1000, 1000);
-    let ok = Command::new("git").args(["init", "-q"]).current_dir(ws.path()).status().unwrap().success();
-    assert!(ok, "git init");
+    let git = |args: &[&str]| {
+        let ok = Command::new("git")
+            .args(["-c", "user.email=t@t", "-c", "user.name=t", "-c", "safe.directory=*"])
+            .args(args)
+            .current_dir(ws.path())
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    };
+    git(&["init", "-q"]);
+    git(&["commit", "-q", "--allow-empty", "-m", "init"]);
     let ok = Command::new("chown").args(["-R", "1000:1000"]).arg(ws.path()).status().unwrap().success();
     assert!(ok, "chown");
-    std::fs::create_dir_all(ws.path().join(".git/modules/sub/hooks")).unwrap();
     ws
 }
 
-const PLANT: &str = r#"
-for f in .git/hooks/pre-commit .git/modules/sub/hooks/post-checkout; do
-  (echo '#!/bin/sh' > $f && chmod +x $f) 2>/dev/null && echo "$f=planted" || echo "$f=refused"
-done
-printf '[core]\n\tfsmonitor = touch /tmp/pwned\n' >> .git/config 2>/dev/null && echo config=planted || echo config=refused
-mv .git .git-away 2>/dev/null && echo rename=done || echo rename=refused
-rm -rf .git/hooks 2>/dev/null; [ -d .git/hooks ] && echo rmhooks=refused || echo rmhooks=done
+/// Every way into what the host's `git` runs next, tried by the job:
+/// hooks, config (fsmonitor), `commondir` (which redirects config and
+/// hooks), the index (a submodule entry whose fsmonitor runs), modules,
+/// and renaming `.git` away for a fresh one.
+const PLANT: &str = r##"
+try() { name=$1; shift; if ( "$@" ) >/dev/null 2>&1; then echo "$name=planted"; else echo "$name=refused"; fi; }
+try hook sh -c 'echo "#!/bin/sh" > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit'
+try config sh -c 'printf "[core]\n\tfsmonitor = touch /tmp/pwned\n" >> .git/config'
+try commondir sh -c 'mkdir -p .evil/hooks && echo ../.evil > .git/commondir'
+try index git update-index --add --cacheinfo 160000,$(git rev-parse HEAD),sub
+try modules mkdir -p .git/modules/sub/hooks
+try rename mv .git .git-away
+try chmod chmod 000 .git
 echo data > file.txt && echo write=ok
-"#;
+"##;
 
 #[test]
-fn class04_git_hooks_and_config_stay_read_only_in_a_rw_workspace() {
+fn class04_git_stays_read_only_in_a_rw_workspace() {
     if !root_sandbox() {
         return;
     }
@@ -266,21 +307,24 @@ fn class04_git_hooks_and_config_stay_read_only_in_a_rw_workspace() {
     let out =
         run(&["--workspace", wsp, "--rw", "--json-status", status.to_str().unwrap(), "--", "/bin/sh", "-c", PLANT]);
     let a = answers(&stdout(&out));
-    for (k, v) in [
-        (".git/hooks/pre-commit", "refused"),
-        (".git/modules/sub/hooks/post-checkout", "refused"),
-        ("config", "refused"),
-        ("rename", "refused"),
-        ("rmhooks", "refused"),
-        ("write", "ok"),
-    ] {
-        assert_eq!(a.get(k).map(String::as_str), Some(v), "{k}: {a:?} {}", stderr(&out));
+    for k in ["hook", "config", "commondir", "index", "modules", "rename", "chmod"] {
+        assert_eq!(a.get(k).map(String::as_str), Some("refused"), "{k}: {a:?} {}", stderr(&out));
     }
+    assert_eq!(a.get("write").map(String::as_str), Some("ok"), "{a:?}");
     assert!(!ws.path().join(".git/hooks/pre-commit").exists());
+    assert!(!ws.path().join(".git/commondir").exists());
     assert_eq!(std::fs::read(ws.path().join(".git/config")).unwrap(), config_before);
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
-    let protected: Vec<&str> = v["layers"]["protected"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
-    assert_eq!(protected, ["/workspace/.git/hooks", "/workspace/.git/config", "/workspace/.git/modules"], "{v}");
+    assert_eq!(v["layers"]["protected"], serde_json::json!(["/workspace/.git"]), "{v}");
+    // The host's git still works on it.
+    let ok = Command::new("git")
+        .args(["-c", "safe.directory=*", "status", "--short"])
+        .current_dir(ws.path())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
 
     // --no-protect lifts it (the user's choice), --protect adds a path.
     std::fs::write(ws.path().join(".env"), "SECRET=1\n").unwrap();
@@ -293,10 +337,57 @@ fn class04_git_hooks_and_config_stay_read_only_in_a_rw_workspace() {
     assert!(stderr(&out).contains("--protect no/such/path"), "{}", stderr(&out));
 }
 
-/// A `.git` gitfile (a worktree's) is protected itself: repointed, it would
-/// hand the host's git a gitdir of the job's making.
+/// A job that made `.git` unreadable to its own uid (`chmod 000`, in an
+/// earlier run or a concurrent one) can't make the next run skip the
+/// protection: it is walked as root, and holds.
 #[test]
-fn class04_a_gitfile_and_symlinked_hooks_are_handled() {
+fn class04_a_job_cannot_hide_git_from_the_protection() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = git_workspace();
+    std::fs::set_permissions(ws.path().join(".git"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    let out = run(&["--workspace", ws.path().to_str().unwrap(), "--rw", "--", "/bin/sh", "-c", "chmod 755 .git 2>/dev/null && echo chmod=done || echo chmod=refused; echo x > .git/hooks/pre-commit 2>/dev/null && echo hook=planted || echo hook=refused"]);
+    let a = answers(&stdout(&out));
+    assert_eq!(a.get("chmod").map(String::as_str), Some("refused"), "{a:?} {}", stderr(&out));
+    assert_eq!(a.get("hook").map(String::as_str), Some("refused"), "{a:?}");
+    assert!(!ws.path().join(".git/hooks/pre-commit").exists());
+}
+
+/// `core.hooksPath` into the workspace (husky's `.husky`): kept read-only;
+/// named but missing, the run is refused (a job could create it).
+#[test]
+fn class04_a_hooks_path_in_the_workspace_is_protected() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = git_workspace();
+    let mut config = std::fs::read_to_string(ws.path().join(".git/config")).unwrap();
+    config.push_str("[core]\n\thooksPath = .husky\n");
+    std::fs::write(ws.path().join(".git/config"), config).unwrap();
+    let wsp = ws.path().to_str().unwrap();
+    let out = run(&["--workspace", wsp, "--rw", "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("core.hooksPath") && stderr(&out).contains("mkdir .husky"), "{}", stderr(&out));
+    std::fs::create_dir(ws.path().join(".husky")).unwrap();
+    std::os::unix::fs::chown(ws.path().join(".husky"), Some(1000), Some(1000)).unwrap();
+    let out = run(&[
+        "--workspace",
+        wsp,
+        "--rw",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo evil > .husky/pre-commit 2>/dev/null && echo hook=planted || echo hook=refused",
+    ]);
+    assert_eq!(answers(&stdout(&out)).get("hook").map(String::as_str), Some("refused"), "{}", stderr(&out));
+}
+
+/// A `.git` gitfile (a worktree's) is protected itself: repointed, it would
+/// hand the host's git a gitdir of the job's making. A symlinked `.git`
+/// can be repointed by the job: refused (fail closed), the way out named.
+#[test]
+fn class04_a_gitfile_and_a_symlinked_git_are_handled() {
     if !root_sandbox() {
         return;
     }
@@ -314,18 +405,34 @@ fn class04_a_gitfile_and_symlinked_hooks_are_handled() {
         "echo 'gitdir: /tmp/evil' > .git && echo gitfile=written || echo gitfile=refused",
     ]);
     assert_eq!(answers(&stdout(&out)).get("gitfile").map(String::as_str), Some("refused"), "{}", stderr(&out));
-    // A symlinked .git/hooks can be repointed by the job: that is refused
-    // (fail closed), with the way out named.
-    let ws = git_workspace();
-    std::fs::remove_dir_all(ws.path().join(".git/hooks")).unwrap();
-    std::os::unix::fs::symlink("/usr/share/git-core/templates/hooks", ws.path().join(".git/hooks")).unwrap();
+    let ws = workspace(1000, 1000);
+    let real = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(real.path(), ws.path().join(".git")).unwrap();
     let out = run(&["--workspace", ws.path().to_str().unwrap(), "--rw", "--", "/bin/true"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(
-        stderr(&out).contains(".git/hooks is a symbolic link") && stderr(&out).contains("--no-protect"),
+        stderr(&out).contains(".git is a symbolic link") && stderr(&out).contains("--no-protect"),
         "{}",
         stderr(&out)
     );
+}
+
+/// A read-only bind inside the workspace would be hidden by it (or decide
+/// by mount order): refused, pointing at --protect.
+#[test]
+fn class04_binds_nested_in_the_workspace_are_refused() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = workspace(1000, 1000);
+    std::fs::write(ws.path().join(".env"), "SECRET=keep\n").unwrap();
+    let wsp = ws.path().to_str().unwrap();
+    let bind = format!("{wsp}/.env:/workspace/.env");
+    let out =
+        run(&["--workspace", wsp, "--rw", "--ro-bind", &bind, "--", "/bin/sh", "-c", "echo changed > /workspace/.env"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--protect"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(ws.path().join(".env")).unwrap(), "SECRET=keep\n");
 }
 
 /// Setuid and setgid bits can't be set by any call, and file capabilities
@@ -501,6 +608,54 @@ time.sleep(30)  # {token}
     assert_eq!(limits, "limits=16,0,0");
 }
 
+/// Many jobs at once still can't take root's inotify instances, nor can
+/// one job's queued signals starve another's: each job's user namespace
+/// belongs to a uid of its own, whose counters they are charged to.
+#[test]
+fn class06_concurrent_jobs_charge_nothing_to_root_or_each_other() {
+    if !root_sandbox() {
+        return;
+    }
+    let hold = r#"
+import ctypes, signal, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = [libc.inotify_init1(0) for _ in range(64)]
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+class sigval(ctypes.Union): _fields_ = [("i", ctypes.c_int), ("p", ctypes.c_void_p)]
+n = 0
+while n < 100000 and libc.sigqueue(ctypes.c_int(__import__("os").getpid()), signal.SIGRTMIN, sigval(0)) == 0:
+    n += 1
+print(f"inotify={sum(1 for f in fds if f >= 0)} queued={n}", flush=True)
+time.sleep(30)
+"#;
+    let mut jobs = Vec::new();
+    for _ in 0..9 {
+        let mut child = Command::new(bin())
+            .args(["run", "--", "/usr/bin/python3", "-c", hold])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+        jobs.push((child, line));
+    }
+    // SAFETY: inotify_init1 takes flags and returns a new fd or -1.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    let err = std::io::Error::last_os_error();
+    // One more job's signal queue while the others hold theirs full.
+    let out = python(&[], "import ctypes, os, signal\nlibc = ctypes.CDLL(None)\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])\nprint('sigqueue=' + str(libc.sigqueue(os.getpid(), signal.SIGRTMIN, ctypes.c_void_p(0))))");
+    for (mut child, _) in jobs {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(fd >= 0, "root's inotify_init1 failed while 9 jobs held theirs: {err}");
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    assert_eq!(answers(&stdout(&out)).get("sigqueue").map(String::as_str), Some("0"), "{}", stderr(&out));
+}
+
 // ---- class 7: session, terminal and the caller's files ----
 
 /// The job has a session of its own and no controlling terminal, even
@@ -588,6 +743,34 @@ fn class07_a_regular_file_on_stdout_is_relayed_not_passed() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text, "precious\ntruncate=refused\nkind=pipe\n");
+}
+
+/// A pipe passes through opened afresh: the job's file status flags
+/// (`O_NONBLOCK`) stay its own, and the caller's writers are unaffected.
+#[test]
+fn class07_a_jobs_pipe_flags_do_not_reach_the_caller() {
+    if !root_sandbox() {
+        return;
+    }
+    let (read, write) = nix::unistd::pipe().unwrap();
+    let ours = write.try_clone().unwrap();
+    let out = Command::new(bin())
+        .args([
+            "run",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "import fcntl, os\nfcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let flags = nix::fcntl::fcntl(&ours, nix::fcntl::FcntlArg::F_GETFL).unwrap();
+    assert_eq!(flags & libc::O_NONBLOCK, 0, "the job set O_NONBLOCK on the caller's pipe");
+    drop(read);
 }
 
 /// `--tty`: a pty of the job's own, its controlling terminal, relayed.

@@ -1,9 +1,12 @@
 //! The `__init` stage: a single-threaded re-exec of our own binary that
 //! builds the sandbox and becomes its pid 1. Three processes, in order:
 //!
-//! 1. **outer** (host namespaces): reads the [`InitSpec`], joins the job's
-//!    cgroups, clones pid 1 into new namespaces, writes its uid/gid maps,
-//!    forwards signals and exits with the job's status;
+//! 1. **outer** (host namespaces, host root): reads the [`InitSpec`],
+//!    resets what a job must not inherit, joins the job's cgroups, clones
+//!    pid 1 into new namespaces (as the namespace's dedicated owner uid),
+//!    writes its uid/gid maps, opens every mount source in pid 1's mount
+//!    namespace and hands the fds over, forwards signals and exits with the
+//!    job's status;
 //! 2. **pid 1** (new namespaces): switches to the mapped ids, builds the
 //!    root and pivots into it, forks the job, reaps zombies, forwards
 //!    signals; when the job ends it exits, and the kernel kills every
@@ -115,8 +118,22 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     let signals = forwarded_set();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).map_err(|e| SysError::call("block signals", e))?;
     let (go_rd, go_wr) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
+    // Where the mount sources go to pid 1: fds, opened here as host root.
+    let (fds_out, fds_in) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| SysError::call("socketpair", e))?;
 
     let flags = namespaces::clone_flags(spec);
+    // The job's user namespace is created by (and so belongs to) a uid of
+    // its own, not root: what the job allocates in it is charged there.
+    let owner = match spec.userns_owner.filter(|_| !spec.rootless) {
+        Some(uid) => Some(namespaces::AsOwner::enter(uid)?),
+        None => None,
+    };
     // Kernels before 5.7 (or a cgroup fd they refuse): pid 1 is moved in
     // by pid below, before it is released, so it still runs nothing outside
     // and the outer stage stays out (the pids limit counts on that).
@@ -134,8 +151,11 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     };
     drop(v2_dir);
     if pid == 0 {
+        // The credentials here are the new namespace's: nothing to restore.
+        std::mem::forget(owner);
         drop(go_wr);
-        let code = match pid1(spec, ctl, go_rd) {
+        drop(fds_out);
+        let code = match pid1(spec, ctl, go_rd, fds_in) {
             Ok(code) => code,
             Err(e) => {
                 report(ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
@@ -145,16 +165,26 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
         std::process::exit(code);
     }
     drop(go_rd);
+    drop(fds_in);
     let pid1 = Pid::from_raw(pid);
-    let joined = match &move_in {
-        Some(procs) => std::fs::write(procs, pid.to_string()).map_err(|e| SysError::io("join cgroup", procs, e)),
+    let left = match owner {
+        Some(o) => o.leave(),
         None => Ok(()),
     };
-    if let Err(e) = joined.and_then(|()| namespaces::write_id_maps(pid1, spec.uid, spec.gid, spec.rootless)) {
+    let joined = left.and_then(|()| match &move_in {
+        Some(procs) => std::fs::write(procs, pid.to_string()).map_err(|e| SysError::io("join cgroup", procs, e)),
+        None => Ok(()),
+    });
+    let ready = joined
+        .and_then(|()| namespaces::write_id_maps(pid1, spec.uid, spec.gid, spec.rootless))
+        .and_then(|()| mounts::open_sources(pid, &spec.mounts))
+        .and_then(|sources| mounts::send_sources(&fds_out, sources));
+    if let Err(e) = ready {
         let _ = kill(pid1, Signal::SIGKILL);
         let _ = waitpid(pid1, None);
         return Err(e);
     }
+    drop(fds_out);
     write(&go_wr, b"1").map_err(|e| SysError::call("release pid 1", e))?;
     drop(go_wr);
     report(ctl, &Report::Started { pid1: pid });
@@ -175,7 +205,7 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
 }
 
 /// Step 2, pid 1 of the new pid namespace.
-fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd) -> Result<i32, SysError> {
+fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32, SysError> {
     // If the outer stage dies, so do we, and with us the whole namespace.
     // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
@@ -187,8 +217,10 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd) -> Result<i32, SysError> {
     // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"confine-init".as_ptr(), 0, 0, 0) };
 
-    // Host credentials still: reach root-owned trees like /root/.rustup.
-    let sources = mounts::open_sources(&spec.mounts)?;
+    // Opened by the outer stage, as host root (root-owned trees such as
+    // /root/.rustup included), in our mount namespace.
+    let sources = mounts::receive_sources(&fds_in, &spec.mounts)?;
+    drop(fds_in);
     namespaces::become_mapped(spec.uid, spec.gid, spec.rootless)?;
     // Changing credentials clears the parent-death signal: arm it again.
     // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.

@@ -18,8 +18,9 @@ use std::path::Path;
 /// The newest ABI whose semantics confine has been tested against.
 pub const TARGET_ABI: ABI = ABI::V7;
 
-/// Device nodes of the minimal /dev the job must be able to write to.
-const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"];
+/// Device nodes of the minimal /dev the job must be able to write to
+/// (`/dev/tty` too, when the job has a terminal of its own).
+const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 
 fn err(step: &'static str, e: impl std::fmt::Display) -> SysError {
     SysError::other(step, e)
@@ -53,6 +54,9 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
     rules.extend(plan.write.iter().map(|p| (p.as_path(), all)));
     let device_rights = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
     rules.extend(WRITABLE_DEVICES.iter().map(|d| (Path::new(*d), device_rights)));
+    if plan.tty {
+        rules.push((Path::new("/dev/tty"), device_rights));
+    }
     let file_rights = AccessFs::from_file(abi);
     for (path, access) in rules {
         // Directory-only rights on a file would downgrade the whole ruleset

@@ -58,7 +58,8 @@ pub fn sandbox_ids(spec: &JobSpec) -> (IdMap, IdMap, bool) {
 /// Landlock rules that match the mount plan: read what was bound, write
 /// only /tmp, /dev/shm and what was bound read-write.
 pub fn landlock_plan(ops: &[MountOp], spec: &JobSpec) -> LandlockPlan {
-    let mut plan = LandlockPlan { deny_tcp: spec.network == Network::None, scope: true, ..LandlockPlan::default() };
+    let mut plan =
+        LandlockPlan { deny_tcp: spec.network == Network::None, scope: true, tty: spec.tty, ..LandlockPlan::default() };
     for op in ops {
         if let MountOp::Bind { dst, rw, dev: false, .. } = op {
             if *rw {
@@ -112,7 +113,16 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
         allow_degraded: spec.allow_degraded,
         hold: spec.hold,
         tty: spec.tty,
+        userns_owner: (!rootless).then(userns_owner),
     }
+}
+
+/// A dedicated owner uid for a job's user namespace, drawn at random from
+/// [`namespaces::USERNS_OWNER_BASE`]'s range.
+fn userns_owner() -> u32 {
+    let mut rnd = [0u8; 4];
+    let _ = getrandom(&mut rnd);
+    namespaces::USERNS_OWNER_BASE + u32::from_le_bytes(rnd) % namespaces::USERNS_OWNER_SLOTS
 }
 
 fn new_job_id() -> String {
@@ -595,9 +605,30 @@ mod tests {
         spec.workspace = Some("/w".into());
         spec.workspace_rw = true;
         let ops = vec![
-            MountOp::Bind { src: "/usr".into(), dst: "/usr".into(), rw: false, dev: false, optional: true },
-            MountOp::Bind { src: "/w".into(), dst: "/workspace".into(), rw: true, dev: false, optional: false },
-            MountOp::Bind { src: "/dev/null".into(), dst: "/dev/null".into(), rw: true, dev: true, optional: false },
+            MountOp::Bind {
+                src: "/usr".into(),
+                dst: "/usr".into(),
+                rw: false,
+                dev: false,
+                optional: true,
+                exact: false,
+            },
+            MountOp::Bind {
+                src: "/w".into(),
+                dst: "/workspace".into(),
+                rw: true,
+                dev: false,
+                optional: false,
+                exact: true,
+            },
+            MountOp::Bind {
+                src: "/dev/null".into(),
+                dst: "/dev/null".into(),
+                rw: true,
+                dev: true,
+                optional: false,
+                exact: false,
+            },
         ];
         let plan = landlock_plan(&ops, &spec);
         assert!(plan.read.contains(&"/usr".into()));

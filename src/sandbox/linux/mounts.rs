@@ -2,10 +2,14 @@
 //!
 //! [`plan`] turns a [`JobSpec`] into an ordered list of [`MountOp`]s: a
 //! tmpfs root, read-only binds of the system paths, the workspace, a capped
-//! /tmp, a minimal /dev and a fresh, masked /proc. [`open_sources`] and
-//! [`build`] run inside the new user and mount namespaces; [`enter`] pivots
-//! into the result and detaches the host's root. This module must never
-//! mount anything in the host's mount namespace: every call here happens
+//! /tmp, a minimal /dev and a fresh, masked /proc. [`open_sources`] runs in
+//! the outer stage, as host root: it opens every bind source, and every
+//! path of a read-write workspace to protect, inside pid 1's mount
+//! namespace (through `/proc/<pid1>/root`), and [`send_sources`] hands the
+//! fds to pid 1, which never needs host credentials. [`build`] runs in pid
+//! 1, in the new user and mount namespaces; [`enter`] pivots into the
+//! result and detaches the host's root. This module must never mount
+//! anything in the host's mount namespace: every mount happens in pid 1,
 //! after `CLONE_NEWNS`.
 
 use super::protocol::MountOp;
@@ -104,9 +108,14 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
         let path = Path::new(path);
         match host.symlink_target(path) {
             Ok(Some(target)) => ops.push(MountOp::Symlink { target, dst: path.into() }),
-            Ok(None) => {
-                ops.push(MountOp::Bind { src: path.into(), dst: path.into(), rw: false, dev: false, optional: true })
-            }
+            Ok(None) => ops.push(MountOp::Bind {
+                src: path.into(),
+                dst: path.into(),
+                rw: false,
+                dev: false,
+                optional: true,
+                exact: false,
+            }),
             Err(_) => {}
         }
     }
@@ -117,6 +126,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
             rw: bind.writable,
             dev: false,
             optional: false,
+            exact: true,
         });
     }
     if let Some(ws) = &spec.workspace {
@@ -126,6 +136,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
             rw: spec.workspace_rw,
             dev: false,
             optional: false,
+            exact: true,
         });
         if spec.workspace_rw {
             for path in &spec.protect {
@@ -139,7 +150,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
     let tty = spec.tty.then_some("tty");
     for dev in DEVICES.iter().copied().chain(tty) {
         let p = Path::new("/dev").join(dev);
-        ops.push(MountOp::Bind { src: p.clone(), dst: p, rw: true, dev: true, optional: false });
+        ops.push(MountOp::Bind { src: p.clone(), dst: p, rw: true, dev: true, optional: false, exact: false });
     }
     if spec.tty {
         ops.push(MountOp::Terminal);
@@ -167,30 +178,229 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
         // Name resolution on the host network may need the resolver's runtime dir.
         for p in ["/run/systemd/resolve", "/run/resolvconf"] {
             if host.symlink_target(Path::new(p)).is_ok() {
-                ops.push(MountOp::Bind { src: p.into(), dst: p.into(), rw: false, dev: false, optional: true });
+                ops.push(MountOp::Bind {
+                    src: p.into(),
+                    dst: p.into(),
+                    rw: false,
+                    dev: false,
+                    optional: true,
+                    exact: false,
+                });
             }
         }
     }
     ops
 }
 
-/// Open every bind source as an `O_PATH` fd, in plan order (`None` for
-/// other ops and for optional sources that are absent). Called while pid 1
-/// still holds the host credentials it was cloned with, so root-owned
-/// toolchain trees such as /root/.rustup can be reached.
-pub fn open_sources(ops: &[MountOp]) -> Result<Vec<Option<OwnedFd>>, SysError> {
-    ops.iter()
-        .map(|op| match op {
-            MountOp::Bind { src, optional, .. } => {
-                match open(src.as_path(), OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty()) {
-                    Ok(fd) => Ok(Some(fd)),
-                    Err(nix::errno::Errno::ENOENT) if *optional => Ok(None),
-                    Err(e) => Err(SysError::path("open bind source", src, e)),
+/// What pid 1 mounts from, per op of the plan, opened for it by the outer
+/// stage: a bind's source, or the components of a path to protect (the
+/// directories on the way, then the path itself).
+#[derive(Debug)]
+pub enum Source {
+    None,
+    Bind(OwnedFd),
+    Protect(Vec<OwnedFd>),
+}
+
+/// Open, as host root in the outer stage, every source of `ops` inside the
+/// mount namespace of pid 1 (host pid `pid1`), so that pid 1 can bind them.
+///
+/// A source is looked up from pid 1's root (`RESOLVE_IN_ROOT`). An exact
+/// one (the workspace, the user's binds, toolchain roots: all canonical)
+/// must meet no symlink on the way: one there means the path changed since
+/// it was resolved (a job sharing the directory can do that), and it is
+/// refused. A path to protect is walked one component at a time from its
+/// base's source with `O_NOFOLLOW`, as root, so a job can't hide it behind
+/// its permissions (`chmod 000 .git`) or a symlink.
+pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp]) -> Result<Vec<Source>, SysError> {
+    let proc_root = PathBuf::from(format!("/proc/{pid1}/root"));
+    let root = open(proc_root.as_path(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| SysError::path("open pid 1's root", &proc_root, e))?;
+    let mut out: Vec<Source> = Vec::with_capacity(ops.len());
+    for op in ops {
+        let source = match op {
+            MountOp::Bind { src, optional, exact, .. } => match open_in_root(&root, &proc_root, src, *exact) {
+                Ok(fd) => Source::Bind(fd),
+                Err(nix::errno::Errno::ENOENT) if *optional => Source::None,
+                Err(nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV) if *exact => {
+                    return Err(SysError::other(
+                        "open bind source",
+                        format!(
+                            "{}: a symbolic link appeared on its path since it was resolved (something is changing \
+                             it); nothing was bound",
+                            src.display()
+                        ),
+                    ))
+                }
+                Err(e) => return Err(SysError::path("open bind source", src, e)),
+            },
+            MountOp::Protect { base, path } => {
+                let base_fd = ops.iter().zip(&out).find_map(|(o, s)| match (o, s) {
+                    (MountOp::Bind { dst, .. }, Source::Bind(fd)) if dst == base => Some(fd),
+                    _ => None,
+                });
+                match base_fd {
+                    Some(fd) => walk_protected(fd, path)?,
+                    None => Source::None,
                 }
             }
-            _ => Ok(None),
+            _ => Source::None,
+        };
+        out.push(source);
+    }
+    Ok(out)
+}
+
+/// `src` (absolute) looked up from `root` (pid 1's root): `openat2` with
+/// `RESOLVE_IN_ROOT` (and `RESOLVE_NO_SYMLINKS` when `exact`), else, on
+/// kernels before 5.6, `open` of the path under `/proc/<pid1>/root`.
+fn open_in_root(root: &OwnedFd, proc_root: &Path, src: &Path, exact: bool) -> Result<OwnedFd, nix::errno::Errno> {
+    let rel = src.strip_prefix("/").unwrap_or(src);
+    let mut resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    if exact {
+        resolve |= libc::RESOLVE_NO_SYMLINKS;
+    }
+    match sys::openat2(root, rel, libc::O_PATH | libc::O_CLOEXEC, resolve) {
+        Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::E2BIG | nix::errno::Errno::EPERM) => {
+            let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
+            if exact {
+                flags |= OFlag::O_NOFOLLOW;
+            }
+            open(proc_root.join(rel).as_path(), flags, Mode::empty())
+        }
+        other => other,
+    }
+}
+
+/// The components of `path` under `base`, each opened with `O_NOFOLLOW`
+/// from the one before: the directories on the way, then the path itself
+/// (a file where a directory was expected, a `.git` gitfile, ends the walk
+/// and is what is protected). Not there: nothing to protect. A symlink on
+/// the way: refused, since a job could repoint it.
+fn walk_protected(base: &OwnedFd, path: &Path) -> Result<Source, SysError> {
+    use std::path::Component;
+    let refuse = |what: String| {
+        SysError::other(
+            "protect",
+            format!("cannot keep {} read-only: {what}; remove it, or pass --no-protect", path.display()),
+        )
+    };
+    let names: Vec<&std::ffi::OsStr> = path
+        .components()
+        .map(|c| match c {
+            Component::Normal(n) => Ok(n),
+            _ => Err(refuse("the path must be relative to the workspace, without '.' or '..'".into())),
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    let mut fds: Vec<OwnedFd> = Vec::with_capacity(names.len());
+    let mut done = PathBuf::new();
+    for name in names {
+        let at = fds.last().unwrap_or(base);
+        let fd = match nix::fcntl::openat(at, name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+        {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => return Ok(Source::None),
+            Err(e) => return Err(SysError::path("open protected path", &done.join(name), e)),
+        };
+        done.push(name);
+        let kind = nix::sys::stat::fstat(&fd).map_err(|e| SysError::path("stat protected path", &done, e))?.st_mode
+            & libc::S_IFMT;
+        fds.push(fd);
+        match kind {
+            libc::S_IFLNK => return Err(refuse(format!("{} is a symbolic link", done.display()))),
+            libc::S_IFDIR => {}
+            _ => break,
+        }
+    }
+    Ok(Source::Protect(fds))
+}
+
+/// How many fds one message carries (the kernel takes up to 253).
+const FDS_PER_MESSAGE: usize = 200;
+
+/// Hand `sources` to pid 1 over `sock` (a `SOCK_SEQPACKET` pair made
+/// before the clone): first how many fds each op has, then the fds.
+pub fn send_sources(sock: &OwnedFd, sources: Vec<Source>) -> Result<(), SysError> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let mut counts = Vec::with_capacity(sources.len());
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for s in sources {
+        match s {
+            Source::None => counts.push(0u8),
+            Source::Bind(fd) => {
+                counts.push(1);
+                fds.push(fd);
+            }
+            Source::Protect(v) => {
+                let n = u8::try_from(v.len())
+                    .map_err(|_| SysError::other("protect", "a protected path has more than 255 components"))?;
+                counts.push(n);
+                fds.extend(v);
+            }
+        }
+    }
+    let send = |bytes: &[u8], fds: &[std::os::fd::RawFd]| {
+        let iov = [std::io::IoSlice::new(bytes)];
+        let cmsgs: Vec<ControlMessage> = if fds.is_empty() { vec![] } else { vec![ControlMessage::ScmRights(fds)] };
+        sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsgs, MsgFlags::empty(), None)
+            .map_err(|e| SysError::call("hand the mount sources to pid 1", e))
+    };
+    send(&counts, &[])?;
+    let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    for chunk in raw.chunks(FDS_PER_MESSAGE) {
+        send(b"f", chunk)?;
+    }
+    Ok(())
+}
+
+/// Take the sources [`send_sources`] sent, for `ops`.
+pub fn receive_sources(sock: &OwnedFd, ops: &[MountOp]) -> Result<Vec<Source>, SysError> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::FromRawFd;
+    let err = |what: &str| SysError::other("receive the mount sources", what);
+    let mut counts = vec![0u8; ops.len() + 1];
+    let n = {
+        let mut iov = [std::io::IoSliceMut::new(&mut counts)];
+        recvmsg::<()>(sock.as_raw_fd(), &mut iov, None, MsgFlags::MSG_CMSG_CLOEXEC)
+            .map_err(|e| SysError::call("receive the mount sources", e))?
+            .bytes
+    };
+    if n != ops.len() {
+        return Err(err("the outer stage sent sources for another plan"));
+    }
+    counts.truncate(n);
+    let want: usize = counts.iter().map(|&c| usize::from(c)).sum();
+    let mut fds: Vec<OwnedFd> = Vec::with_capacity(want);
+    while fds.len() < want {
+        let mut byte = [0u8; 1];
+        let mut space = nix::cmsg_space!([std::os::fd::RawFd; FDS_PER_MESSAGE]);
+        let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+        let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+            .map_err(|e| SysError::call("receive the mount sources", e))?;
+        let before = fds.len();
+        for cmsg in msg.cmsgs().map_err(|e| SysError::call("receive the mount sources", e))? {
+            if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                // SAFETY: the kernel just installed these fds in this
+                // process for us (SCM_RIGHTS); nothing else owns them.
+                fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+        if fds.len() == before {
+            return Err(err("a message without fds"));
+        }
+    }
+    let mut fds = fds.into_iter();
+    let mut out = Vec::with_capacity(ops.len());
+    for (op, count) in ops.iter().zip(counts) {
+        let mut take = || fds.next().ok_or_else(|| err("fewer fds than announced"));
+        out.push(match (op, count) {
+            (_, 0) => Source::None,
+            (MountOp::Bind { .. }, 1) => Source::Bind(take()?),
+            (MountOp::Protect { .. }, n) => Source::Protect((0..n).map(|_| take()).collect::<Result<_, _>>()?),
+            _ => return Err(err("sources that do not match the plan")),
+        });
+    }
+    Ok(out)
 }
 
 fn under(root: &Path, dst: &Path) -> PathBuf {
@@ -237,23 +447,24 @@ fn touch(path: &Path) -> Result<(), SysError> {
         .map_err(|e| SysError::io("create mount point", path, e))
 }
 
-/// Run the plan under `root` (a fresh tmpfs at [`STAGING`]). Returns the
-/// paths that [`MountOp::Protect`] made read-only, as `base/path`.
-pub fn build(ops: &[MountOp], fds: &[Option<OwnedFd>]) -> Result<Vec<String>, SysError> {
-    let mut protected = Vec::new();
-    let mut pinned = std::collections::HashSet::new();
+/// Run the plan under `root` (a fresh tmpfs at [`STAGING`]), from the
+/// `sources` the outer stage opened. Returns the paths that
+/// [`MountOp::Protect`] made read-only, as `base/path`.
+pub fn build(ops: &[MountOp], sources: &[Source]) -> Result<Vec<String>, SysError> {
     let root = Path::new(STAGING);
     let nil: Option<&str> = None;
     // Nothing we mount may propagate back to the host.
     mount(nil, "/", nil, MsFlags::MS_REC | MsFlags::MS_PRIVATE, nil)
         .map_err(|e| SysError::path("make / private", Path::new("/"), e))?;
+    // Before the workspace is bound: its recursive bind takes these along.
+    let protected = protect(ops, sources)?;
     mount(Some("tmpfs"), root, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=1m"))
         .map_err(|e| SysError::path("mount root tmpfs", root, e))?;
 
-    for (op, fd) in ops.iter().zip(fds) {
+    for (op, source) in ops.iter().zip(sources) {
         match op {
             MountOp::Bind { dst, rw, dev, src, .. } => {
-                let Some(fd) = fd else { continue };
+                let Source::Bind(fd) = source else { continue };
                 let target = under(root, dst);
                 let meta = nix::sys::stat::fstat(fd).map_err(|e| SysError::path("stat bind source", src, e))?;
                 mkdir_parents(root, &target)?;
@@ -351,11 +562,8 @@ pub fn build(ops: &[MountOp], fds: &[Option<OwnedFd>]) -> Result<Vec<String>, Sy
                 }
             }
             MountOp::Terminal => bind_terminal(root)?,
-            MountOp::Protect { base, path } => {
-                if let Some(done) = protect(&under(root, base), path, &mut pinned)? {
-                    protected.push(base.join(done).display().to_string());
-                }
-            }
+            // Done first, on the sources (see `protect`).
+            MountOp::Protect { .. } => {}
         }
     }
     Ok(protected)
@@ -388,88 +596,51 @@ fn bind_terminal(root: &Path) -> Result<(), SysError> {
     sys::set_mount_attrs(&target, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC, false)
 }
 
-/// Keep `path` under the read-write bind at `base` read-only for the job.
+/// Keep each [`MountOp::Protect`] path read-only for the job, on the
+/// workspace's source tree in pid 1's mount namespace, before the
+/// workspace is bound (recursively) into the new root.
 ///
-/// The bind's content belongs to the job's side: another job may be
-/// changing it right now. So no path is looked up: each component is
-/// opened with `O_NOFOLLOW` from the one before, and the mounts are made
-/// on those very objects (`open_tree` and `move_mount` on fds). Every
-/// directory on the way is bound onto itself (read-write), which makes it
-/// a mount point: the job can then neither rename it away nor replace it
-/// with one of its own (a fresh `.git` with a hostile `config` beside a
-/// renamed real one). A component that is a file where a directory was
-/// expected (a `.git` gitfile pointing elsewhere) is protected itself.
-///
-/// `Ok(None)`: nothing to protect (the path is not there, or the job
-/// could not reach it anyway). A symlink on the way is an error: the job
-/// could repoint it, and following it would protect something else.
-fn protect(
-    base: &Path,
-    path: &Path,
-    pinned: &mut std::collections::HashSet<PathBuf>,
-) -> Result<Option<PathBuf>, SysError> {
-    use std::path::Component;
-    let refuse = |what: String| {
-        SysError::other(
-            "protect",
-            format!("cannot keep {} read-only: {what}; remove it, or pass --no-protect", path.display()),
-        )
-    };
-    let names: Vec<&std::ffi::OsStr> = path
-        .components()
-        .map(|c| match c {
-            Component::Normal(n) => Ok(n),
-            _ => Err(refuse("the path must be relative to the workspace, without '.' or '..'".into())),
-        })
-        .collect::<Result<_, _>>()?;
-    if names.is_empty() {
-        return Ok(None);
-    }
-    let mut at = open(base, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
-        .map_err(|e| SysError::path("open protected base", base, e))?;
-    let mut done = PathBuf::new();
-    for (i, name) in names.iter().enumerate() {
-        let fd =
-            match nix::fcntl::openat(&at, *name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()) {
-                Ok(fd) => fd,
-                // Not there, or out of the job's reach too.
-                Err(nix::errno::Errno::ENOENT | nix::errno::Errno::EACCES) => return Ok(None),
-                Err(e) => return Err(SysError::path("open protected path", &done.join(name), e)),
-            };
-        done.push(name);
-        let kind = nix::sys::stat::fstat(&fd).map_err(|e| SysError::path("stat protected path", &done, e))?.st_mode
-            & libc::S_IFMT;
-        let last = i + 1 == names.len();
-        match kind {
-            libc::S_IFLNK => return Err(refuse(format!("{} is a symbolic link", done.display()))),
-            libc::S_IFDIR if !last => {
-                // Pinned once: a later protected path under it finds the
-                // bind through its lookup from `base`.
-                if pinned.insert(done.clone()) {
-                    at = bind_onto_itself(&fd, false).map_err(|e| SysError::path("pin", &done, e))?;
-                } else {
-                    at = fd;
-                }
-            }
-            _ => {
-                bind_onto_itself(&fd, true).map_err(|e| SysError::path("protect", &done, e))?;
-                return Ok(Some(done));
+/// No path is looked up: the outer stage opened every component with
+/// `O_NOFOLLOW`, as root ([`open_sources`]), and the mounts are made on
+/// those very objects (`open_tree`, `move_mount`). The path itself is bound
+/// onto itself read-only; then every directory on the way is bound onto
+/// itself (recursively, deepest first, so each takes what is below it
+/// along), which makes it a mount point: the job can neither rename it
+/// away nor put a directory of its own in its place (a fresh `.git` with a
+/// hostile `config` beside a renamed real one).
+fn protect(ops: &[MountOp], sources: &[Source]) -> Result<Vec<String>, SysError> {
+    let mut protected = Vec::new();
+    let mut pins: Vec<(usize, (u64, u64), &OwnedFd, PathBuf)> = Vec::new();
+    for (op, source) in ops.iter().zip(sources) {
+        let (MountOp::Protect { base, path }, Source::Protect(fds)) = (op, source) else { continue };
+        let Some((leaf, dirs)) = fds.split_last() else { continue };
+        let mut shown = base.clone();
+        for (depth, (fd, name)) in dirs.iter().zip(path.components()).enumerate() {
+            shown.push(name);
+            let st = nix::sys::stat::fstat(fd).map_err(|e| SysError::path("stat protected path", &shown, e))?;
+            let key = (st.st_dev, st.st_ino);
+            if !pins.iter().any(|(_, k, _, _)| *k == key) {
+                pins.push((depth, key, fd, shown.clone()));
             }
         }
+        let done: PathBuf = path.components().take(fds.len()).collect();
+        let shown = base.join(&done);
+        bind_read_only_onto_itself(leaf).map_err(|e| SysError::path("protect", &shown, e))?;
+        protected.push(shown.display().to_string());
     }
-    Ok(None)
+    pins.sort_by_key(|(depth, ..)| std::cmp::Reverse(*depth));
+    for (_, _, fd, shown) in pins {
+        let tree = sys::open_tree_clone_recursive(fd).map_err(|e| SysError::path("pin", &shown, e))?;
+        sys::move_mount_onto(&tree, fd).map_err(|e| SysError::path("pin", &shown, e))?;
+    }
+    Ok(protected)
 }
 
-/// Bind the object `fd` refers to onto itself, read-only if `ro`. Returns
-/// the new mount's root, from which a deeper path must be opened (the old
-/// fd still sees what the mount now covers).
-fn bind_onto_itself(fd: &OwnedFd, ro: bool) -> Result<OwnedFd, nix::errno::Errno> {
+/// Bind the object `fd` refers to onto itself, read-only.
+fn bind_read_only_onto_itself(fd: &OwnedFd) -> Result<(), nix::errno::Errno> {
     let tree = sys::open_tree_clone(fd)?;
-    if ro {
-        sys::set_mount_attrs_fd(&tree, sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV)?;
-    }
-    sys::move_mount_onto(&tree, fd)?;
-    Ok(tree)
+    sys::set_mount_attrs_fd(&tree, sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV)?;
+    sys::move_mount_onto(&tree, fd)
 }
 
 /// Pivot into the built root, detach the host's root, and make `/` itself

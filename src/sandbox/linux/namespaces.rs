@@ -8,6 +8,7 @@
 
 use super::protocol::{IdMap, InitSpec};
 use super::sys::SysError;
+use nix::errno::Errno;
 use nix::unistd::{setgroups, setresgid, setresuid, Gid, Pid, Uid};
 use std::path::Path;
 
@@ -52,6 +53,79 @@ pub fn become_mapped(uid: IdMap, gid: IdMap, rootless: bool) -> Result<(), SysEr
     setresgid(g, g, g).map_err(|e| SysError::call("setresgid", e))?;
     let u = Uid::from_raw(uid.inside);
     setresuid(u, u, u).map_err(|e| SysError::call("setresuid", e))
+}
+
+/// The first of the host uids that own jobs' user namespaces. The kernel
+/// charges what a process allocates in a user namespace (inotify
+/// instances and watches, namespaces, queued signals, message queue bytes)
+/// to the namespace's owner in the parent namespace as well: owned by
+/// root, every job's share came out of root's own limits (eight jobs took
+/// all of root's 128 inotify instances). Each job's namespace is owned by
+/// a uid of its own from this range instead, which no process of the host
+/// runs as: systemd's UID allocation leaves 0x70000000–0x7FFDFFFF unused
+/// (below its "foreign" range), and user databases and container ranges
+/// (subuid, nspawn's 0x80000–0x6FFFFFFF) stay below it. The owner has
+/// every capability over the namespace from outside; a uid nothing runs
+/// as hands that to nobody.
+pub const USERNS_OWNER_BASE: u32 = 0x7C00_0000;
+/// How many owner uids jobs draw from at random (two jobs that draw the
+/// same one share those counters, nothing more).
+pub const USERNS_OWNER_SLOTS: u32 = 1 << 20;
+
+const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+
+/// The outer stage (host root) with `uid` as its effective uid, for the
+/// clone that creates the job's user namespace, which then belongs to
+/// `uid`. `SECBIT_NO_SETUID_FIXUP` keeps the capabilities a uid change
+/// would clear: joining the job's cgroup at birth (`CLONE_INTO_CGROUP`)
+/// needs them, and so does AppArmor's mediation of user namespaces on
+/// Ubuntu. [`AsOwner::leave`] goes back to root; the cloned child must
+/// `std::mem::forget` its copy (its credentials are the new namespace's).
+pub struct AsOwner {
+    securebits: libc::c_ulong,
+}
+
+impl AsOwner {
+    pub fn enter(uid: u32) -> Result<AsOwner, SysError> {
+        // SAFETY: PR_GET_SECUREBITS takes no further arguments.
+        let bits = unsafe { libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
+        let securebits = Errno::result(bits).map_err(|e| SysError::call("read securebits", e))? as libc::c_ulong;
+        // SAFETY: PR_SET_SECUREBITS takes an integer and no pointers.
+        let ret = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, securebits | SECBIT_NO_SETUID_FIXUP, 0, 0, 0) };
+        Errno::result(ret).map_err(|e| SysError::call("keep capabilities across a uid change", e))?;
+        let guard = AsOwner { securebits };
+        // SAFETY: setresuid takes integers; -1 keeps the real and saved ids (0).
+        let ret = unsafe { libc::setresuid(u32::MAX, uid, u32::MAX) };
+        Errno::result(ret).map_err(|e| SysError::call("take the namespace owner's uid", e))?;
+        Ok(guard)
+    }
+
+    /// Back to root, with the securebits as they were; the parent-death
+    /// signal, which a credential change clears, is armed again.
+    pub fn leave(self) -> Result<(), SysError> {
+        let securebits = self.securebits;
+        std::mem::forget(self);
+        restore(securebits)
+    }
+}
+
+fn restore(securebits: libc::c_ulong) -> Result<(), SysError> {
+    // SAFETY: setresuid takes integers; the saved uid is 0, so this is allowed.
+    let ret = unsafe { libc::setresuid(u32::MAX, 0, u32::MAX) };
+    Errno::result(ret).map_err(|e| SysError::call("return to root after the clone", e))?;
+    // SAFETY: PR_SET_SECUREBITS takes an integer and no pointers.
+    let ret = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, securebits, 0, 0, 0) };
+    Errno::result(ret).map_err(|e| SysError::call("restore securebits", e))?;
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    Ok(())
+}
+
+impl Drop for AsOwner {
+    /// An early return (an error between enter and leave): back to root.
+    fn drop(&mut self) {
+        let _ = restore(self.securebits);
+    }
 }
 
 #[cfg(test)]

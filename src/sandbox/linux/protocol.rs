@@ -38,6 +38,11 @@ pub enum MountOp {
         dev: bool,
         /// Skip silently when `src` does not exist (e.g. /lib64 on some distros).
         optional: bool,
+        /// `src` is canonical (the CLI resolved it, or it is a toolchain's
+        /// real path): any symlink met on the way means it changed since,
+        /// and the bind is refused rather than followed.
+        #[serde(default)]
+        exact: bool,
     },
     /// Recreate a host symlink such as `/bin -> usr/bin`.
     Symlink {
@@ -109,6 +114,9 @@ pub struct LandlockPlan {
     pub deny_tcp: bool,
     /// Scope abstract unix sockets and signals to the sandbox (ABI >= 6).
     pub scope: bool,
+    /// The job has a terminal of its own: `/dev/tty` is writable.
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// Everything the `__init` stage needs, decided by the supervisor.
@@ -140,6 +148,12 @@ pub struct InitSpec {
     /// its execve (after landlock and seccomp are in force).
     #[serde(default)]
     pub hold: bool,
+    /// The host uid that creates (and owns) the job's user namespace: a
+    /// dedicated one, so that what the job allocates there is charged to
+    /// it and not to root (`namespaces::AsOwner`). None: the supervisor's
+    /// own uid (rootless).
+    #[serde(default)]
+    pub userns_owner: Option<u32>,
     /// The job's stdin is a terminal of its own (a pty the supervisor
     /// relays): it becomes the controlling terminal of the job's session,
     /// and `/dev/tty` is there. Otherwise the job has no terminal at all.
@@ -223,6 +237,7 @@ mod tests {
             allow_degraded: false,
             hold: true,
             tty: false,
+            userns_owner: None,
         };
         let mut buf = Vec::new();
         write_spec(&mut buf, &spec).unwrap();

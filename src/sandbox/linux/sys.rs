@@ -283,3 +283,46 @@ pub fn move_mount_onto(from: &std::os::fd::OwnedFd, onto: &std::os::fd::OwnedFd)
     };
     Errno::result(ret).map(drop)
 }
+
+/// `openat2(2)` (Linux 5.6) of `rel` from `dir`, with `flags` and the
+/// `RESOLVE_*` bits `resolve`. ENOSYS where the kernel lacks it.
+pub fn openat2(
+    dir: &std::os::fd::OwnedFd,
+    rel: &Path,
+    flags: libc::c_int,
+    resolve: u64,
+) -> Result<std::os::fd::OwnedFd, Errno> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c = CString::new(rel.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: open_how is plain integers; all zeros is its "nothing asked" value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    how.resolve = resolve;
+    // SAFETY: the fd is open, `c` a NUL-terminated path and `how` a valid
+    // open_how of the size passed; the kernel returns a new fd or -1.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    let fd = Errno::result(ret)?;
+    // SAFETY: the kernel just returned this new fd; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// `open_tree(fd, "", OPEN_TREE_CLONE | AT_RECURSIVE)`: a detached copy
+/// of the mount at `fd`'s object with every mount below it.
+pub fn open_tree_clone_recursive(fd: &std::os::fd::OwnedFd) -> Result<std::os::fd::OwnedFd, Errno> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE;
+    // SAFETY: an open fd and an empty NUL-terminated path; the kernel
+    // returns a new fd or -1.
+    let ret = unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), c"".as_ptr(), flags) };
+    let tree = Errno::result(ret)?;
+    // SAFETY: the kernel just returned this new fd; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(tree as libc::c_int) })
+}
