@@ -19,8 +19,8 @@ pub enum NetArg {
 
 #[derive(Debug, Args)]
 #[command(after_help = "Defaults: the [limits] of confine.toml apply (512M of memory, 1 CPU, 256 \
-processes); lift one with `unlimited`, e.g. --pids unlimited. In a --rw workspace, .git/hooks, \
-.git/config and .git/modules stay read-only (--protect adds paths, --no-protect lifts them). \
+processes); lift one with `unlimited`, e.g. --pids unlimited. In a --rw workspace, .git (and a \
+core.hooksPath inside the workspace) stays read-only (--protect adds paths, --no-protect lifts them). \
 The job has a session of its own and no terminal: a terminal or file on the standard streams \
 is relayed through pipes (--tty gives it a pty of its own; -i passes what you type on a \
 terminal to its stdin).\n\n\
@@ -62,9 +62,8 @@ pub struct RunArgs {
     /// Repeatable. PATH must exist.
     #[arg(long, value_name = "PATH", requires = "rw")]
     pub protect: Vec<PathBuf>,
-    /// Do not keep .git/hooks, .git/config and .git/modules of a --rw
-    /// workspace read-only (a job could then plant code your next `git`
-    /// command runs).
+    /// Do not keep the .git of a --rw workspace read-only: the job can then
+    /// commit, and also plant code your next `git` command runs.
     #[arg(long)]
     pub no_protect: bool,
     /// Give the job a terminal of its own (a pty that confine relays, with
