@@ -114,18 +114,53 @@ pub fn router(server: ConfineServer, guard: Guard, calls: CancellationToken) -> 
         .disable_allowed_origins();
     let mcp: StreamableHttpService<ConfineServer, LocalSessionManager> =
         StreamableHttpService::new(move || Ok(server.over_http()), Arc::new(LocalSessionManager::default()), config);
-    axum::Router::new().nest_service("/mcp", mcp).layer(middleware::from_fn_with_state(Arc::new(guard), gate))
+    let gate_state = Arc::new(Gate { guard, sessions: std::sync::Mutex::new(std::collections::HashMap::new()) });
+    axum::Router::new().nest_service("/mcp", mcp).layer(middleware::from_fn_with_state(gate_state, gate))
 }
 
-async fn gate(State(guard): State<Arc<Guard>>, req: Request, next: Next) -> Response {
+/// The guard, and which principal opened each MCP session: rmcp routes a
+/// request to a session by its `Mcp-Session-Id` alone, so a holder of
+/// another token who learnt a session's id could send into it (cancel its
+/// calls, say). A session answers only to the token that opened it.
+struct Gate {
+    guard: Guard,
+    sessions: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Response {
     let authority = req.uri().authority().map(|a| a.as_str().to_string());
-    match guard.check(req.headers(), authority.as_deref()) {
+    match gate.guard.check(req.headers(), authority.as_deref()) {
         Ok(caller) => {
+            let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+            if let Some(id) = &session {
+                let opener = gate.sessions.lock().ok().and_then(|s| s.get(id).cloned());
+                if opener.is_some_and(|p| p != caller.principal) {
+                    // As rmcp answers an unknown session: nothing to learn.
+                    return (axum::http::StatusCode::NOT_FOUND, "Not Found: Session not found\n").into_response();
+                }
+            }
+            let deleting = req.method() == axum::http::Method::DELETE;
+            let principal = caller.principal.clone();
             // rmcp hands the request's parts, extensions included, to the
             // tool handlers: they read the caller there.
             let mut req = req;
             req.extensions_mut().insert(caller);
-            next.run(req).await
+            let resp = next.run(req).await;
+            if let Ok(mut sessions) = gate.sessions.lock() {
+                match (&session, resp.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())) {
+                    // A session was opened by this request.
+                    (None, Some(opened)) => {
+                        sessions.insert(opened.to_string(), principal);
+                    }
+                    (Some(id), _) if deleting && resp.status().is_success() => {
+                        sessions.remove(id);
+                    }
+                    _ => {}
+                }
+            }
+            resp
         }
         Err(refusal) => {
             tracing::info!(status = refusal.status.as_u16(), reason = %refusal.reason, "HTTP request refused");

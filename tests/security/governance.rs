@@ -596,6 +596,16 @@ fn class10_sessions_and_repositories_are_kept_apart() {
         assert_tool_error(&r, "denied");
         assert!(text(&r).contains("not available to this token (it may use: beta)"), "{tool}: {}", text(&r));
     }
+    // B holding A's session id gets nothing into A's session: not a call,
+    // not a cancellation (rmcp routes by the id alone; the gate binds each
+    // session to the token that opened it).
+    let hijack = [("Authorization", b.auth.as_str()), ("Mcp-Session-Id", a.id.as_str())];
+    let cancel = format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":2,"reason":"{job}"}}}}"#
+    );
+    assert_eq!(post(server.addr, &hijack, &cancel).0, 404, "another token's session id must be unknown");
+    let list = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"runtime_jobs","arguments":{}}}"#;
+    assert_eq!(post(server.addr, &hijack, list).0, 404);
     // B's own repository works.
     let r = b.call("runtime_execute", serde_json::json!({"repoId": "beta", "runtime": "shell", "code": "echo beta"}));
     assert_eq!(r["structuredContent"]["status"], "success", "{r}");
