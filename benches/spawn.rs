@@ -91,6 +91,18 @@ fn main() {
     let Some(confine) = confine_path.to_str() else { return };
     INSTALLED.get_or_init(|| confine_path.clone());
     let mut rows: Vec<Row> = Vec::new();
+    // `SPAWN_ROWS=cli`: the command-line rows against bwrap, plain and the
+    // floor, interleaved run by run; `SPAWN_BASELINE=FILE` adds another
+    // confine binary (an earlier build), copied now as this one was.
+    if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "cli") {
+        let baseline = std::env::var_os("SPAWN_BASELINE").and_then(|b| {
+            let copy = installed.path().join("confine-baseline");
+            std::fs::copy(&b, &copy).ok().map(|_| copy)
+        });
+        rows.extend(cli_interleaved(confine, baseline.as_deref().and_then(|p| p.to_str()), runs).unwrap_or_default());
+        print_rows(&rows, runs);
+        return;
+    }
     // `SPAWN_ROWS=layers`: only the landlock + seccomp A/B rows.
     if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "layers") {
         rows.extend(layer_cost(runs));
@@ -312,6 +324,66 @@ fn age_store(confine: &str, n: usize) -> Option<(tempfile::TempDir, std::path::P
 fn exec_cli_row(confine: &str, runs: usize) -> Option<Row> {
     let (_dir, config) = bench_dir()?;
     time("confine exec --runtime shell --code true (CLI)", runs, &exec_argv(confine, config.to_str()?))
+}
+
+/// `SPAWN_ROWS=cli`: whole commands, interleaved run by run.
+fn cli_interleaved(confine: &str, baseline: Option<&str>, runs: usize) -> Option<Vec<Row>> {
+    let command = |argv: Vec<String>| {
+        Box::new(move || {
+            let status = Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .ok()?;
+            status.success().then_some(())
+        }) as Box<dyn FnMut() -> Option<()>>
+    };
+    let v = |s: &[&str]| s.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let mut variants: Vec<Variant<'_>> = vec![
+        ("plain fork/exec", command(v(&["/bin/true"]))),
+        (
+            "bwrap --unshare-all",
+            command(v(&["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"])),
+        ),
+        (
+            "floor: unshare(1), the same 7 namespaces, nothing else",
+            command(v(&[
+                "unshare",
+                "--user",
+                "--map-root-user",
+                "--mount",
+                "--pid",
+                "--fork",
+                "--net",
+                "--ipc",
+                "--uts",
+                "--cgroup",
+                "/bin/true",
+            ])),
+        ),
+        ("confine run (default limits)", command(v(&[confine, "run", "--", "/bin/true"]))),
+        (
+            "confine run --memory/--cpus/--pids unlimited",
+            command(v(&[
+                confine,
+                "run",
+                "--memory",
+                "unlimited",
+                "--cpus",
+                "unlimited",
+                "--pids",
+                "unlimited",
+                "--",
+                "/bin/true",
+            ])),
+        ),
+    ];
+    if let Some(b) = baseline {
+        variants.push(("baseline: confine run (its defaults)", command(v(&[b, "run", "--", "/bin/true"]))));
+    }
+    interleaved("cli", runs, variants)
 }
 
 /// In-process variants timed interleaved, run by run, so that drift in the
