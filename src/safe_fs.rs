@@ -80,48 +80,81 @@ pub fn read_regular_string(path: &Path, max: u64) -> Result<String, SafeFsError>
         .map_err(|_| SafeFsError::io(path, io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text")))
 }
 
-/// Refuse `path` if it passes through a symlink inside one of `roots`
-/// (canonical directories that hostile code can write: a job's workspace,
-/// a read-write bind). Such a link may be a job's, planted to send the
-/// supervisor elsewhere; the directories above the roots are the user's
-/// own and are followed. `with_last`: check the last component too (a
-/// bind source), or only the directories on the way (a file that is
-/// replaced by rename, where a link at the name is harmless).
-pub fn no_link_below(path: &Path, roots: &[PathBuf], with_last: bool) -> Result<(), String> {
+/// The message of a path refused for a symlink inside a job-writable root.
+fn planted(path: &Path, link: &Path) -> String {
+    format!(
+        "{}: {} is a symbolic link inside a directory that jobs write to (a job could have put it there); \
+         give the real path, or remove the link if you did not make it",
+        path.display(),
+        link.display()
+    )
+}
+
+/// `path` reached one component at a time from `/` (or the working
+/// directory), following the symlinks of the user's own directories but
+/// refusing any inside `roots` (canonical directories that hostile code
+/// can write: a job's workspace, a bind's source), where a job could have
+/// planted one to send the supervisor elsewhere. `with_last`: the last
+/// component too (a bind source); else only the directories on the way
+/// (a file that is replaced by rename, where a link at the name is
+/// harmless). Each step opens from the fd of the one before (`O_PATH`,
+/// `O_NOFOLLOW` inside a root), so no check is separate from its use: a
+/// name swapped meanwhile is caught, not followed. Returns an `O_PATH`
+/// fd of what the path names.
+#[cfg(target_os = "linux")]
+pub fn open_guarded(path: &Path, roots: &[PathBuf], with_last: bool) -> Result<std::os::fd::OwnedFd, String> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::Mode;
     use std::path::Component;
-    let abs = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir().map_err(|e| format!("{}: {e}", path.display()))?.join(path)
-    };
-    let comps: Vec<Component> = abs.components().collect();
-    let mut at = PathBuf::from("/");
+    let shown = |e: nix::errno::Errno| format!("{}: {e}", path.display());
+    let start = if path.is_absolute() { Path::new("/") } else { Path::new(".") };
+    let mut at =
+        nix::fcntl::open(start, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).map_err(shown)?;
+    let comps: Vec<Component> = path.components().collect();
+    let mut walked = PathBuf::from(start);
     for (i, c) in comps.iter().enumerate() {
         let last = i + 1 == comps.len();
-        match c {
-            Component::Normal(name) => {
-                let next = at.join(name);
-                let real = std::fs::canonicalize(&at).unwrap_or_else(|_| at.clone());
-                let inside = roots.iter().any(|r| real.starts_with(r));
-                let is_link = std::fs::symlink_metadata(&next).is_ok_and(|m| m.file_type().is_symlink());
-                if inside && is_link && (with_last || !last) {
-                    return Err(format!(
-                        "{}: {} is a symbolic link inside a directory that jobs write to (a job could have put it \
-                         there); give the real path",
-                        path.display(),
-                        next.display()
-                    ));
-                }
-                at = next;
-            }
-            Component::ParentDir => {
-                at = std::fs::canonicalize(&at).unwrap_or_else(|_| at.clone());
-                at.pop();
-            }
-            _ => {}
+        let name: &std::ffi::OsStr = match c {
+            Component::Normal(n) => n,
+            Component::ParentDir => std::ffi::OsStr::new(".."),
+            _ => continue,
+        };
+        walked.push(name);
+        let real = std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&at)))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let guarded = roots.iter().any(|r| real.starts_with(r)) && (with_last || !last) && name != "..";
+        let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
+        if guarded {
+            flags |= OFlag::O_NOFOLLOW;
         }
+        let next = openat(&at, name, flags, Mode::empty()).map_err(shown)?;
+        if guarded {
+            let st = nix::sys::stat::fstat(&next).map_err(shown)?;
+            if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                return Err(planted(path, &walked));
+            }
+        }
+        at = next;
     }
-    Ok(())
+    Ok(at)
+}
+
+/// The canonical path of `path` ([`open_guarded`] with its last
+/// component): what a bind's source must then be, to the end.
+pub fn resolve_guarded(path: &Path, roots: &[PathBuf]) -> Result<PathBuf, String> {
+    #[cfg(target_os = "linux")]
+    {
+        let fd = open_guarded(path, roots, true)?;
+        std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd)))
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        // No fd paths to read back here: resolved by name (no sandbox
+        // binds off Linux; this keeps the other builds whole).
+        let _ = roots;
+        std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))
+    }
 }
 
 /// Why [`OutputFile::write_with`] failed: the file system, or the content.
@@ -150,6 +183,29 @@ impl OutputFile {
     pub fn prepare(path: &Path) -> Result<OutputFile, SafeFsError> {
         let (parent, name) = split(path)?;
         let dir = Dir::open(parent).map_err(|e| SafeFsError::io(parent, e))?;
+        Ok(OutputFile { dir, name: name.to_os_string(), shown: path.to_path_buf() })
+    }
+
+    /// As [`OutputFile::prepare`], but refusing a symlink on the way inside
+    /// `roots` (directories jobs write to), in the same steps that open the
+    /// directory ([`open_guarded`]).
+    pub fn prepare_guarded(path: &Path, roots: &[PathBuf]) -> Result<OutputFile, String> {
+        let (parent, name) = split(path).map_err(|e| e.to_string())?;
+        #[cfg(target_os = "linux")]
+        let dir = {
+            let fd = open_guarded(parent, roots, true)?;
+            // The O_PATH fd can't be synced: the directory itself, opened
+            // again through it (no name is looked up).
+            let flags = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
+            let dir = nix::fcntl::openat(&fd, ".", flags, nix::sys::stat::Mode::empty())
+                .map_err(|e| format!("{}: {e}", parent.display()))?;
+            Dir::from_fd(dir).map_err(|e| format!("{}: {e}", parent.display()))?
+        };
+        #[cfg(not(target_os = "linux"))]
+        let dir = {
+            let _ = roots;
+            Dir::open(parent).map_err(|e| format!("{}: {e}", parent.display()))?
+        };
         Ok(OutputFile { dir, name: name.to_os_string(), shown: path.to_path_buf() })
     }
 
@@ -276,18 +332,20 @@ mod tests {
     fn links_below_a_writable_root_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("ws");
-        std::fs::create_dir_all(ws.join("real")).unwrap();
+        std::fs::create_dir_all(ws.join("real/x")).unwrap();
         std::os::unix::fs::symlink("/etc", ws.join("out")).unwrap();
         std::os::unix::fs::symlink(&ws, dir.path().join("ws-link")).unwrap();
         let roots = [ws.canonicalize().unwrap()];
-        assert!(no_link_below(&ws.join("real/s.json"), &roots, false).is_ok());
-        assert!(no_link_below(&ws.join("out/s.json"), &roots, false).unwrap_err().contains("out is a symbolic link"));
-        // The last name is only checked for a bind source.
-        assert!(no_link_below(&ws.join("out"), &roots, false).is_ok());
-        assert!(no_link_below(&ws.join("out"), &roots, true).is_err());
+        assert!(open_guarded(&ws.join("real/x"), &roots, true).is_ok());
+        assert!(open_guarded(&ws.join("out/passwd"), &roots, true).unwrap_err().contains("out is a symbolic link"));
+        // The last name is only checked when asked.
+        assert!(open_guarded(&ws.join("out"), &roots, false).is_ok());
+        assert!(open_guarded(&ws.join("out"), &roots, true).is_err());
         // A link above the root (the user's own path) is followed.
-        assert!(no_link_below(&dir.path().join("ws-link/real/x"), &roots, true).is_ok());
-        assert!(no_link_below(&dir.path().join("ws-link/out/x"), &roots, true).is_err());
+        assert_eq!(resolve_guarded(&dir.path().join("ws-link/real/x"), &roots).unwrap(), roots[0].join("real/x"));
+        assert!(resolve_guarded(&dir.path().join("ws-link/out"), &roots).is_err());
+        assert!(OutputFile::prepare_guarded(&ws.join("out/s.json"), &roots).is_err());
+        assert!(OutputFile::prepare_guarded(&ws.join("real/s.json"), &roots).is_ok());
     }
 
     #[test]

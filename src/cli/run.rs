@@ -210,7 +210,7 @@ pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Resul
     for b in &args.bind {
         spec.binds.push(parse_bind(b, true)?);
     }
-    check_binds(args, &spec)?;
+    check_binds(args, &mut spec)?;
     Ok(spec)
 }
 
@@ -224,13 +224,18 @@ fn job_writable(spec: &JobSpec) -> Vec<PathBuf> {
 /// (in the workspace, or in another bind), and binds nested in the
 /// workspace or in each other, are refused: the first would bind what the
 /// job chose, the second leaves what the job sees to the order of mounts.
-fn check_binds(args: &RunArgs, spec: &JobSpec) -> Result<(), SandboxError> {
+/// Each source becomes the path the guarded walk reached, so that no
+/// symlink is followed between the check and the mount (the init stage
+/// opens it refusing any).
+fn check_binds(args: &RunArgs, spec: &mut JobSpec) -> Result<(), SandboxError> {
     let roots = job_writable(spec);
-    let given = args.ro_bind.iter().chain(&args.bind);
-    for (arg, bind) in given.zip(&spec.binds) {
+    let given: Vec<&String> = args.ro_bind.iter().chain(&args.bind).collect();
+    for (arg, bind) in given.iter().zip(spec.binds.iter_mut()) {
         let src = arg.split_once(':').map_or(arg.as_str(), |(a, _)| a);
-        crate::safe_fs::no_link_below(Path::new(src), &roots, true)
+        bind.source = crate::safe_fs::resolve_guarded(Path::new(src), &roots)
             .map_err(|e| SandboxError::Unavailable(format!("bind source {e}")))?;
+    }
+    for (arg, bind) in given.iter().zip(&spec.binds) {
         let nested = |dest: &Path| bind.dest != dest && bind.dest.starts_with(dest);
         let in_workspace = spec.workspace.is_some() && nested(Path::new("/workspace"));
         if in_workspace || spec.binds.iter().any(|other| nested(&other.dest)) {
@@ -315,8 +320,7 @@ impl StatusFile {
             let src = b.split_once(':').map_or(b.as_str(), |(a, _)| a);
             roots.extend(std::fs::canonicalize(src).ok());
         }
-        crate::safe_fs::no_link_below(path, &roots, false)?;
-        crate::safe_fs::OutputFile::prepare(path).map(StatusFile).map_err(|e| e.to_string())
+        crate::safe_fs::OutputFile::prepare_guarded(path, &roots).map(StatusFile)
     }
 
     fn write(&self, o: &Outcome) -> Result<(), String> {

@@ -69,6 +69,15 @@ impl Dir {
         Ok(Dir { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
     }
 
+    /// The directory an fd already refers to (one [`crate::safe_fs`]
+    /// reached one component at a time).
+    pub fn from_fd(fd: OwnedFd) -> std::io::Result<Dir> {
+        if !fstat(&fd)?.is_dir {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR));
+        }
+        Ok(Dir { fd })
+    }
+
     /// Open `rel` below this directory, refusing any symlink on the way
     /// and `..`: `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, or,
     /// where the kernel lacks it, one `O_NOFOLLOW` `openat` per component.

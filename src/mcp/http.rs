@@ -128,6 +128,8 @@ struct Gate {
 }
 
 const SESSION_HEADER: &str = "mcp-session-id";
+/// Sessions whose opener the gate remembers.
+const MAX_SESSIONS: usize = 65_536;
 
 async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Response {
     let authority = req.uri().authority().map(|a| a.as_str().to_string());
@@ -135,9 +137,14 @@ async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Respon
         Ok(caller) => {
             let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
             if let Some(id) = &session {
-                let opener = gate.sessions.lock().ok().and_then(|s| s.get(id).cloned());
-                if opener.is_some_and(|p| p != caller.principal) {
-                    // As rmcp answers an unknown session: nothing to learn.
+                // A poisoned lock knows nothing for sure: refuse.
+                let Ok(sessions) = gate.sessions.lock() else {
+                    return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "session table unavailable\n")
+                        .into_response();
+                };
+                // Unknown here (never opened, or forgotten) or another's: as
+                // rmcp answers an unknown session, nothing to learn.
+                if sessions.get(id).is_none_or(|p| *p != caller.principal) {
                     return (axum::http::StatusCode::NOT_FOUND, "Not Found: Session not found\n").into_response();
                 }
             }
@@ -150,8 +157,14 @@ async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Respon
             let resp = next.run(req).await;
             if let Ok(mut sessions) = gate.sessions.lock() {
                 match (&session, resp.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())) {
-                    // A session was opened by this request.
+                    // A session was opened by this request. Sessions a client
+                    // left without a DELETE stay in the table: past its
+                    // bound it is cleared, and the sessions it forgot answer
+                    // no one (their clients open new ones).
                     (None, Some(opened)) => {
+                        if sessions.len() >= MAX_SESSIONS {
+                            sessions.clear();
+                        }
                         sessions.insert(opened.to_string(), principal);
                     }
                     (Some(id), _) if deleting && resp.status().is_success() => {

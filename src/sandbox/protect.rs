@@ -3,17 +3,30 @@
 //! repository. A job that could write there would have its code run on
 //! the host.
 //!
-//! The whole `.git` is kept read-only, as Codex's sandbox keeps it: a list
-//! of files inside it can't be complete (`config`, `hooks`, `commondir`,
-//! which redirects both, the index, which can gain a submodule, `modules`,
-//! `worktrees/*`). A job then can't commit; `--no-protect` lifts it for
-//! jobs that must, at that price. A `core.hooksPath` that points into the
-//! workspace (husky's `.husky`) is kept read-only too, and must exist: a
-//! job could otherwise create it.
+//! - The whole `.git` is kept read-only, as Codex's sandbox keeps it: a
+//!   list of files inside it can't be complete (`config`, `hooks`,
+//!   `commondir`, which redirects both, the index, which can gain a
+//!   submodule, `modules`, `worktrees/*`). A job then can't commit;
+//!   `--no-protect` lifts it, at that price.
+//! - What git is told to read or run from the worktree itself: a gitfile's
+//!   gitdir and a `commondir` inside the workspace, a `core.hooksPath`
+//!   (husky's `.husky`), files named by `include.path` and
+//!   `includeIf.*.path`, and the targets of hooks that are symlinks, as the
+//!   repository's, the owner's (`~/.gitconfig`) and the system's
+//!   configuration say. Those that git would read but that are missing are
+//!   refused: a job could create them.
+//! - The `.git` of every repository nested in the workspace, three
+//!   directories deep (`vendor/lib/.git`).
+//! - A file git runs or reads that has other names (hard links) is
+//!   refused: a job could write it through one of them (an earlier run
+//!   without the protection can have made one).
 //!
-//! The repository's `.git/config` is read here (through a directory fd,
-//! never through a symlink, bounded) to find that one setting; nothing in
-//! it decides anything else.
+//! Configuration files are read here through directory fds (never through
+//! a symlink inside the workspace, bounded) for those few settings only.
+//! What stays out of reach: settings that name worktree files as programs
+//! (`filter.*`, `diff.*.command`, aliases running `!./script`) and hook
+//! managers' own configuration (`.pre-commit-config.yaml`): see the threat
+//! model's residual risks.
 
 use crate::dirfd::Dir;
 use std::path::{Component, Path, PathBuf};
@@ -21,112 +34,376 @@ use std::path::{Component, Path, PathBuf};
 /// Paths of a read-write workspace kept read-only by default.
 pub const DEFAULT_PROTECTED: &[&str] = &[".git"];
 
-/// Largest `.git/config` read.
-const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Largest git file read (a config, a gitfile, `commondir`).
+const MAX_FILE_BYTES: u64 = 1 << 20;
+/// How deep nested repositories are looked for, and how many directories
+/// at most (a workspace's `node_modules` can hold a million).
+const NESTED_DEPTH: usize = 3;
+const NESTED_DIRS: usize = 4096;
+/// How deep `include.path` is followed (git's own limit is 10).
+const INCLUDE_DEPTH: usize = 10;
 
-/// The default protected paths of `workspace`: `.git`, and the directory
-/// `core.hooksPath` names when it is inside the workspace. Err: that
-/// directory is inside but missing, and a job could create it.
+/// The default protected paths of `workspace` (relative to it), in the
+/// order found. Err: something git reads from the workspace is missing
+/// (a job could create it) or has other names (a job could write it).
 pub fn defaults(workspace: &Path) -> Result<Vec<PathBuf>, String> {
-    let mut out: Vec<PathBuf> = DEFAULT_PROTECTED.iter().map(PathBuf::from).collect();
-    let Ok(dir) = Dir::open(workspace) else { return Ok(out) };
-    let config = match dir.read_regular(Path::new(".git/config"), MAX_CONFIG_BYTES) {
-        Ok(Some(read)) => String::from_utf8_lossy(&read.bytes).into_owned(),
-        // No repository here, or one whose config can't be read safely:
-        // .git itself is protected either way.
-        _ => return Ok(out),
-    };
-    let Some(hooks) = hooks_path(&config) else { return Ok(out) };
-    let Some(rel) = inside(workspace, Path::new(&hooks)) else { return Ok(out) };
-    if rel.as_os_str().is_empty() || rel.starts_with(".git") {
-        return Ok(out);
-    }
-    // A first look, for a clear error now; the outer init stage walks the
-    // path again, without following anything, when it protects it.
-    if std::fs::symlink_metadata(workspace.join(&rel)).is_err() {
-        return Err(format!(
-            "core.hooksPath of the workspace's git repository names {}, which does not exist: a job could \
-             create hooks there that your next git command runs; create the directory (mkdir {}) so that it \
-             is kept read-only, or pass --no-protect",
-            rel.display(),
-            rel.display()
-        ));
-    }
-    out.push(rel);
-    Ok(out)
+    let Ok(ws) = Dir::open(workspace) else { return Ok(DEFAULT_PROTECTED.iter().map(PathBuf::from).collect()) };
+    let mut found = Found { workspace, ws: &ws, paths: Vec::new() };
+    found.add(PathBuf::from(".git"));
+    found.repository(Path::new(""))?;
+    found.nested()?;
+    Ok(found.paths)
 }
 
-/// `core.hooksPath` of a git config file's text (the last one wins), as
-/// git reads the common forms: `[core]` sections, keys case-insensitive,
-/// a value optionally quoted, comments after `#` or `;`.
-fn hooks_path(config: &str) -> Option<String> {
-    let mut in_core = false;
-    let mut found = None;
+struct Found<'a> {
+    workspace: &'a Path,
+    ws: &'a Dir,
+    paths: Vec<PathBuf>,
+}
+
+impl Found<'_> {
+    fn add(&mut self, rel: PathBuf) {
+        if !self.paths.iter().any(|p| rel.starts_with(p)) {
+            self.paths.retain(|p| !p.starts_with(&rel));
+            self.paths.push(rel);
+        }
+    }
+
+    /// `path` (absolute) as a path inside the workspace, if it is one.
+    fn inside(&self, path: &Path) -> Option<PathBuf> {
+        inside(self.workspace, path)
+    }
+
+    /// The regular file `path`, read whole: through the workspace's fd
+    /// (no symlink on the way) when it is inside, else by name (the
+    /// owner's and the system's files). None: not there (or unreadable).
+    fn read(&self, path: &Path) -> Option<String> {
+        let bytes = match self.inside(path) {
+            Some(rel) if !rel.as_os_str().is_empty() => self.ws.read_regular(&rel, MAX_FILE_BYTES).ok()??.bytes,
+            Some(_) => return None,
+            None => {
+                use std::io::Read;
+                let f = std::fs::File::open(path).ok()?;
+                if !f.metadata().ok()?.is_file() {
+                    return None;
+                }
+                let mut bytes = Vec::new();
+                f.take(MAX_FILE_BYTES).read_to_end(&mut bytes).ok()?;
+                bytes
+            }
+        };
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// `rel` (inside the workspace) must exist, or git could be handed
+    /// what a job creates there; and a file must have no other name.
+    fn must_exist(&mut self, rel: PathBuf, what: &str) -> Result<(), String> {
+        let full = self.workspace.join(&rel);
+        let meta = std::fs::symlink_metadata(&full).map_err(|_| {
+            format!(
+                "{what} names {}, inside the workspace, which does not exist: a job could create it, and your next \
+                 git command would use it; create it, or change that setting",
+                rel.display()
+            )
+        })?;
+        single_name(&rel, &meta)?;
+        self.add(rel);
+        Ok(())
+    }
+
+    /// The repository whose worktree is `top` (relative to the workspace):
+    /// its gitdir and commondir, configuration and hooks.
+    fn repository(&mut self, top: &Path) -> Result<(), String> {
+        let worktree = self.workspace.join(top);
+        let dot_git = worktree.join(".git");
+        let Ok(meta) = std::fs::symlink_metadata(&dot_git) else { return Ok(()) };
+        // A symlinked .git is refused by the init stage, which protects it.
+        let gitdir = if meta.is_file() {
+            single_name(&top.join(".git"), &meta)?;
+            let text = self.read(&dot_git).unwrap_or_default();
+            let Some(target) = text.lines().find_map(|l| l.strip_prefix("gitdir:")).map(str::trim) else {
+                return Ok(());
+            };
+            let target = worktree.join(target);
+            if let Some(rel) = self.inside(&target) {
+                self.must_exist(rel, "the .git file's gitdir")?;
+            }
+            target
+        } else if meta.is_dir() {
+            dot_git
+        } else {
+            return Ok(());
+        };
+        let common = match self.read(&gitdir.join("commondir")) {
+            Some(text) => {
+                if let Some(rel) = self.inside(&gitdir.join("commondir")) {
+                    self.check_single(&rel)?;
+                }
+                let common = gitdir.join(text.trim());
+                if let Some(rel) = self.inside(&common) {
+                    self.must_exist(rel, "the repository's commondir")?;
+                }
+                common
+            }
+            None => gitdir.clone(),
+        };
+        // Configuration in git's order; the last core.hooksPath wins.
+        let mut hooks_path: Option<(PathBuf, String)> = None;
+        let mut files: Vec<(PathBuf, &str)> = vec![(PathBuf::from("/etc/gitconfig"), "/etc/gitconfig")];
+        if let Some(home) = owner_home(self.workspace) {
+            files.push((home.join(".config/git/config"), "~/.config/git/config"));
+            files.push((home.join(".gitconfig"), "~/.gitconfig"));
+        }
+        files.push((common.join("config"), "the repository's config"));
+        files.push((gitdir.join("config.worktree"), "config.worktree"));
+        for (file, what) in files {
+            if let Some(rel) = self.inside(&file) {
+                self.check_single(&rel)?;
+            }
+            self.config(&file, what, &worktree, &mut hooks_path, 0)?;
+        }
+        let hooks = match hooks_path {
+            Some((dir, what)) => {
+                if let Some(rel) = self.inside(&dir) {
+                    self.must_exist(rel, &format!("core.hooksPath ({what})"))?;
+                }
+                dir
+            }
+            None => common.join("hooks"),
+        };
+        self.hooks(&hooks)
+    }
+
+    /// One configuration file: its `core.hooksPath`, and the files it
+    /// includes (followed, and protected when in the workspace).
+    fn config(
+        &mut self,
+        file: &Path,
+        what: &str,
+        worktree: &Path,
+        hooks_path: &mut Option<(PathBuf, String)>,
+        depth: usize,
+    ) -> Result<(), String> {
+        let Some(text) = self.read(file) else { return Ok(()) };
+        let base = file.parent().unwrap_or(Path::new("/"));
+        for (section, key, value) in entries(&text) {
+            let section = section.to_ascii_lowercase();
+            if section == "core" && key.eq_ignore_ascii_case("hookspath") {
+                // Relative: to where hooks run, the worktree's top.
+                *hooks_path = expand(&value, self.workspace).map(|p| (worktree.join(p), what.to_string()));
+            } else if (section == "include" || section.starts_with("includeif")) && key.eq_ignore_ascii_case("path") {
+                let Some(included) = expand(&value, self.workspace).map(|p| base.join(p)) else { continue };
+                if let Some(rel) = self.inside(&included) {
+                    self.must_exist(rel, &format!("include.path of {what}"))?;
+                }
+                if depth < INCLUDE_DEPTH {
+                    self.config(&included, what, worktree, hooks_path, depth + 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hooks in `dir`: a symlink into the workspace has its target kept
+    /// read-only (and present); a file with other names is refused.
+    fn hooks(&mut self, dir: &Path) -> Result<(), String> {
+        // A hooks directory that is itself a link: git runs what it points at.
+        if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            if let Ok(target) = std::fs::read_link(dir) {
+                let parent = dir.parent().unwrap_or(Path::new("/"));
+                if let Some(rel) = self.inside(&normalize(&parent.join(target))) {
+                    self.must_exist(rel, &format!("the hooks directory {}", dir.display()))?;
+                }
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            if meta.file_type().is_symlink() {
+                let Ok(target) = std::fs::read_link(&path) else { continue };
+                if let Some(rel) = self.inside(&normalize(&dir.join(target))) {
+                    self.must_exist(rel, &format!("the hook {}", path.display()))?;
+                }
+            } else if let Some(rel) = self.inside(&path) {
+                single_name(&rel, &meta)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A file git reads, inside the workspace: one name, and no symlink
+    /// (git would read whatever it points at).
+    fn check_single(&self, rel: &Path) -> Result<(), String> {
+        match std::fs::symlink_metadata(self.workspace.join(rel)) {
+            Ok(meta) if meta.file_type().is_symlink() => Err(format!(
+                "{} is a symbolic link: git would read what it points at, which a job could change; replace it \
+                 with the file itself",
+                rel.display()
+            )),
+            Ok(meta) => single_name(rel, &meta),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// The `.git` of repositories nested in the workspace, a few levels
+    /// down, and what each tells git to read from the workspace.
+    fn nested(&mut self) -> Result<(), String> {
+        let mut queue: std::collections::VecDeque<(PathBuf, usize)> = [(PathBuf::new(), 0)].into();
+        let mut seen = 0;
+        while let Some((rel, depth)) = queue.pop_front() {
+            let Ok(dir) = (if rel.as_os_str().is_empty() { Dir::open(self.workspace) } else { self.ws.dir(&rel) })
+            else {
+                continue;
+            };
+            let Ok(names) = dir.names() else { continue };
+            for name in names {
+                if name == ".git" {
+                    if !rel.as_os_str().is_empty() {
+                        self.add(rel.join(".git"));
+                        self.repository(&rel)?;
+                    }
+                    continue;
+                }
+                if depth + 1 > NESTED_DEPTH || name == "node_modules" {
+                    continue;
+                }
+                seen += 1;
+                if seen > NESTED_DIRS {
+                    return Ok(());
+                }
+                if dir.lstat(&name).ok().flatten().is_some_and(|s| s.is_dir) {
+                    queue.push_back((rel.join(&name), depth + 1));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A file git reads or runs must have one name: through another, in the
+/// workspace, a job could write it.
+fn single_name(rel: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if meta.is_file() && meta.nlink() > 1 {
+            return Err(format!(
+                "{} has {} names (hard links): a job could write it through another one in the workspace, and your \
+                 next git command would read or run it; remove the other links (find . -samefile {})",
+                rel.display(),
+                meta.nlink(),
+                rel.display()
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (rel, meta);
+    Ok(())
+}
+
+/// The (section, key, value) entries of a git config file, as git reads
+/// the common forms: `[section]` and `[section "sub"]` (the subsection
+/// kept, so `includeIf "gitdir:…"` reads as `includeif`), keys, values
+/// optionally quoted, comments after `#` or `;`.
+fn entries(config: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut section = String::new();
     for line in config.lines() {
-        let line = line.trim();
+        let mut line = line.trim();
         if line.starts_with('#') || line.starts_with(';') || line.is_empty() {
             continue;
         }
         if let Some(rest) = line.strip_prefix('[') {
-            let name = rest.split(']').next().unwrap_or("").trim();
-            in_core = name.eq_ignore_ascii_case("core");
-            // `[core] hooksPath = x` on the section's own line.
-            let after = rest.split_once(']').map(|(_, a)| a.trim()).unwrap_or("");
-            if in_core && !after.is_empty() {
-                found = value_of(after).or(found);
+            let Some((head, after)) = rest.split_once(']') else { continue };
+            section = head.split_whitespace().next().unwrap_or("").to_string();
+            line = after.trim();
+            if line.is_empty() {
+                continue;
             }
-            continue;
         }
-        if in_core {
-            found = value_of(line).or(found);
-        }
+        let Some((key, value)) = line.split_once('=') else { continue };
+        let value = value.trim();
+        let value = match value.strip_prefix('"') {
+            Some(rest) => rest.split('"').next().unwrap_or(""),
+            None => value.split(['#', ';']).next().unwrap_or("").trim(),
+        };
+        out.push((section.clone(), key.trim().to_string(), value.to_string()));
     }
-    found
+    out
 }
 
-/// The value of a `hooksPath = value` line, or None for another key.
-fn value_of(line: &str) -> Option<String> {
-    let (key, value) = line.split_once('=')?;
-    if !key.trim().eq_ignore_ascii_case("hookspath") {
+/// A config path value: `~/` is the workspace owner's home; None when it
+/// can't be placed.
+fn expand(value: &str, workspace: &Path) -> Option<PathBuf> {
+    if value.is_empty() {
         return None;
     }
-    let value = value.trim();
-    let value = match value.strip_prefix('"') {
-        Some(rest) => rest.split('"').next().unwrap_or(""),
-        None => value.split(['#', ';']).next().unwrap_or("").trim(),
-    };
-    Some(value.to_string())
+    match value.strip_prefix("~/") {
+        Some(rest) => owner_home(workspace).map(|h| h.join(rest)),
+        None if value.starts_with('~') => None,
+        None => Some(PathBuf::from(value)),
+    }
 }
 
-/// `path` (relative to the workspace, or absolute) as a path inside
-/// `workspace`, without `..`; None when it is elsewhere (`~/…`, outside).
-fn inside(workspace: &Path, path: &Path) -> Option<PathBuf> {
-    if path.as_os_str().to_string_lossy().starts_with('~') {
-        return None;
+/// The home directory of the workspace's owner, whose `git` reads it.
+fn owner_home(workspace: &Path) -> Option<PathBuf> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let uid = std::fs::metadata(workspace).ok()?.uid();
+        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok()?.map(|u| u.dir)
     }
-    let rel = if path.is_absolute() { path.strip_prefix(workspace).ok()? } else { path };
+    #[cfg(not(unix))]
+    {
+        let _ = workspace;
+        None
+    }
+}
+
+/// `path` with `.` and `..` taken out by name (no lookup).
+fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
-    for c in rel.components() {
+    for c in path.components() {
         match c {
-            Component::Normal(n) => out.push(n),
+            Component::ParentDir => {
+                out.pop();
+            }
             Component::CurDir => {}
-            _ => return None,
+            other => out.push(other),
         }
     }
-    Some(out)
+    out
+}
+
+/// `path` (absolute, or relative to the workspace) as a path inside
+/// `workspace`; None when it is elsewhere.
+fn inside(workspace: &Path, path: &Path) -> Option<PathBuf> {
+    let abs = normalize(&if path.is_absolute() { path.to_path_buf() } else { workspace.join(path) });
+    abs.strip_prefix(workspace).ok().map(Path::to_path_buf)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn config_hooks(text: &str) -> Option<String> {
+        entries(text)
+            .into_iter()
+            .filter(|(s, k, _)| s.eq_ignore_ascii_case("core") && k.eq_ignore_ascii_case("hookspath"))
+            .map(|(_, _, v)| v)
+            .last()
+    }
+
     #[test]
-    fn hooks_path_is_read_as_git_writes_it() {
-        assert_eq!(hooks_path("[core]\n\thooksPath = .husky/_\n"), Some(".husky/_".into()));
-        assert_eq!(hooks_path("[CORE]\n\tHOOKSPATH = \"my hooks\" ; comment\n"), Some("my hooks".into()));
-        assert_eq!(hooks_path("[core \"x\"]\n\thooksPath = a\n[user]\n\thooksPath = b\n"), None);
-        assert_eq!(hooks_path("[core]\nhooksPath = a # c\n[core]\nhooksPath=b\n"), Some("b".into()));
-        assert_eq!(hooks_path("# [core]\n; hooksPath = a\n"), None);
+    fn config_entries_are_read_as_git_writes_them() {
+        assert_eq!(config_hooks("[core]\n\thooksPath = .husky/_\n"), Some(".husky/_".into()));
+        assert_eq!(config_hooks("[CORE]\n\tHOOKSPATH = \"my hooks\" ; comment\n"), Some("my hooks".into()));
+        assert_eq!(config_hooks("[core \"x\"]\n\thooksPath = a\n[user]\n\thooksPath = b\n"), Some("a".into()));
+        assert_eq!(config_hooks("[core]\nhooksPath = a # c\n[core]\nhooksPath=b\n"), Some("b".into()));
+        assert_eq!(config_hooks("# [core]\n; hooksPath = a\n"), None);
+        let e = entries("[includeIf \"gitdir:~/w/\"]\n\tpath = ../shared.cfg\n");
+        assert_eq!(e, vec![("includeIf".into(), "path".into(), "../shared.cfg".into())]);
     }
 
     #[test]
@@ -134,23 +411,60 @@ mod tests {
         let ws = Path::new("/srv/ws");
         assert_eq!(inside(ws, Path::new(".husky")), Some(PathBuf::from(".husky")));
         assert_eq!(inside(ws, Path::new("/srv/ws/hooks")), Some(PathBuf::from("hooks")));
+        assert_eq!(inside(ws, Path::new("/srv/ws/.git/../scripts/x")), Some(PathBuf::from("scripts/x")));
         assert_eq!(inside(ws, Path::new("/etc/hooks")), None);
         assert_eq!(inside(ws, Path::new("../hooks")), None);
-        assert_eq!(inside(ws, Path::new("~/hooks")), None);
+    }
+
+    fn repo() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(".git/hooks")).unwrap();
+        std::fs::write(dir.path().join(".git/config"), "[core]\n\tbare = false\n").unwrap();
+        dir
     }
 
     #[test]
-    fn a_hooks_path_in_the_workspace_is_protected_and_must_exist() {
+    fn what_git_reads_from_the_worktree_is_protected_and_must_exist() {
+        let dir = repo();
+        let ws = dir.path();
+        assert_eq!(defaults(ws).unwrap(), vec![PathBuf::from(".git")]);
+        std::fs::write(ws.join(".git/config"), "[core]\n\thooksPath = .husky\n[include]\n\tpath = ../shared.cfg\n")
+            .unwrap();
+        let e = defaults(ws).unwrap_err();
+        assert!(e.contains("names shared.cfg") || e.contains("names .husky"), "{e}");
+        std::fs::create_dir(ws.join(".husky")).unwrap();
+        std::fs::write(ws.join("shared.cfg"), "[core]\n").unwrap();
+        assert_eq!(
+            defaults(ws).unwrap(),
+            vec![PathBuf::from(".git"), PathBuf::from("shared.cfg"), PathBuf::from(".husky")]
+        );
+    }
+
+    #[test]
+    fn symlinked_hooks_gitfiles_commondirs_and_nested_repositories() {
+        let dir = repo();
+        let ws = dir.path();
+        std::fs::create_dir_all(ws.join("scripts")).unwrap();
+        std::fs::write(ws.join("scripts/pre-commit.sh"), "#!/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink("../../scripts/pre-commit.sh", ws.join(".git/hooks/pre-commit")).unwrap();
+        std::fs::create_dir_all(ws.join("vendor/lib/.git")).unwrap();
+        let found = defaults(ws).unwrap();
+        assert!(found.contains(&PathBuf::from("scripts/pre-commit.sh")), "{found:?}");
+        assert!(found.contains(&PathBuf::from("vendor/lib/.git")), "{found:?}");
+        // A gitfile whose gitdir is in the workspace (--separate-git-dir).
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
-        std::fs::create_dir_all(ws.join(".git")).unwrap();
-        assert_eq!(defaults(ws).unwrap(), vec![PathBuf::from(".git")]);
-        std::fs::write(ws.join(".git/config"), "[core]\n\thooksPath = .husky\n").unwrap();
+        std::fs::create_dir_all(ws.join(".repo/p.git")).unwrap();
+        std::fs::write(ws.join(".git"), "gitdir: .repo/p.git\n").unwrap();
+        assert_eq!(defaults(ws).unwrap(), vec![PathBuf::from(".git"), PathBuf::from(".repo/p.git")]);
+    }
+
+    #[test]
+    fn a_config_with_another_name_is_refused() {
+        let dir = repo();
+        let ws = dir.path();
+        std::fs::hard_link(ws.join(".git/config"), ws.join("notes.txt")).unwrap();
         let e = defaults(ws).unwrap_err();
-        assert!(e.contains(".husky, which does not exist") && e.contains("--no-protect"), "{e}");
-        std::fs::create_dir(ws.join(".husky")).unwrap();
-        assert_eq!(defaults(ws).unwrap(), vec![PathBuf::from(".git"), PathBuf::from(".husky")]);
-        std::fs::write(ws.join(".git/config"), "[core]\n\thooksPath = /usr/share/hooks\n").unwrap();
-        assert_eq!(defaults(ws).unwrap(), vec![PathBuf::from(".git")]);
+        assert!(e.contains(".git/config has 2 names"), "{e}");
     }
 }

@@ -191,6 +191,52 @@ fn class01_paths_through_a_symlink_a_job_planted_are_refused() {
     assert_eq!(std::fs::read_dir(secret.path()).unwrap().count(), 0, "something was written through the link");
 }
 
+/// A job sharing the workspace swaps a directory and a symlink to a secret
+/// directory back and forth (`renameat2(RENAME_EXCHANGE)`) while other
+/// runs bind that directory, or write their status into it: no run may
+/// ever bind the secret, nor write into it. (The check and the open were
+/// once two steps, and the swap won within 20 tries.)
+#[test]
+fn class01_a_concurrent_swap_never_redirects_a_bind_or_the_status() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = workspace(1000, 1000);
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(secret.path().join("id_rsa"), "owner secret\n").unwrap();
+    std::fs::create_dir(ws.path().join("logs")).unwrap();
+    std::os::unix::fs::symlink(secret.path(), ws.path().join("logs2")).unwrap();
+    let swap = format!(
+        r#"
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+end = time.time() + 60
+while time.time() < end:
+    libc.renameat2(-100, b"{ws}/logs", -100, b"{ws}/logs2", 2)
+"#,
+        ws = ws.path().display()
+    );
+    let mut swapper = Command::new("/usr/bin/python3").args(["-c", &swap]).spawn().unwrap();
+    let wsp = ws.path().to_str().unwrap();
+    let bind = format!("{wsp}/logs:/data");
+    let status = format!("{wsp}/logs/status.json");
+    let mut leaked = Vec::new();
+    for i in 0..60 {
+        let out = run(&["--workspace", wsp, "--bind", &bind, "--", "/bin/sh", "-c", "cat /data/id_rsa 2>/dev/null"]);
+        if stdout(&out).contains("owner secret") {
+            leaked.push(format!("bind, try {i}"));
+        }
+        let _ = run(&["--workspace", wsp, "--json-status", &status, "--", "/bin/true"]);
+        if secret.path().join("status.json").exists() {
+            leaked.push(format!("status, try {i}"));
+            let _ = std::fs::remove_file(secret.path().join("status.json"));
+        }
+    }
+    let _ = swapper.kill();
+    let _ = swapper.wait();
+    assert!(leaked.is_empty(), "the swap redirected: {leaked:?}");
+}
+
 // ---- class 3: the job's host ids are unprivileged ----
 
 /// A workspace in group `shadow`: the job must not join that group, so
@@ -368,7 +414,12 @@ fn class04_a_hooks_path_in_the_workspace_is_protected() {
     let wsp = ws.path().to_str().unwrap();
     let out = run(&["--workspace", wsp, "--rw", "--", "/bin/true"]);
     assert_eq!(out.status.code(), Some(125));
-    assert!(stderr(&out).contains("core.hooksPath") && stderr(&out).contains("mkdir .husky"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("core.hooksPath")
+            && stderr(&out).contains(".husky, inside the workspace, which does not exist"),
+        "{}",
+        stderr(&out)
+    );
     std::fs::create_dir(ws.path().join(".husky")).unwrap();
     std::os::unix::fs::chown(ws.path().join(".husky"), Some(1000), Some(1000)).unwrap();
     let out = run(&[
@@ -415,6 +466,88 @@ fn class04_a_gitfile_and_a_symlinked_git_are_handled() {
         "{}",
         stderr(&out)
     );
+}
+
+/// Common layouts where git reads or runs files of the worktree itself:
+/// a nested repository, a gitfile whose gitdir is in the workspace, an
+/// `include.path` of a worktree file, a hook that is a symlink to a
+/// worktree script. The job can write none of them.
+#[test]
+fn class04_what_git_reads_from_the_worktree_stays_read_only() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = git_workspace();
+    let w = ws.path();
+    let git = |dir: &std::path::Path, args: &[&str]| {
+        let ok = Command::new("git")
+            .args(["-c", "safe.directory=*"])
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    };
+    std::fs::create_dir_all(w.join("vendor/lib")).unwrap();
+    git(&w.join("vendor/lib"), &["init", "-q"]);
+    std::fs::create_dir_all(w.join("scripts")).unwrap();
+    std::fs::write(w.join("scripts/pre-commit.sh"), "#!/bin/sh\necho hook\n").unwrap();
+    std::os::unix::fs::symlink("../../scripts/pre-commit.sh", w.join(".git/hooks/pre-commit")).unwrap();
+    std::fs::write(w.join(".gitconfig.shared"), "[core]\n").unwrap();
+    let mut config = std::fs::read_to_string(w.join(".git/config")).unwrap();
+    config.push_str("[include]\n\tpath = ../.gitconfig.shared\n");
+    std::fs::write(w.join(".git/config"), config).unwrap();
+    assert!(Command::new("chown").args(["-R", "1000:1000"]).arg(w).status().unwrap().success());
+    let script = r#"
+for f in .gitconfig.shared vendor/lib/.git/config scripts/pre-commit.sh; do
+  (echo "[core] fsmonitor = echo PWNED" >> $f) 2>/dev/null && echo "$f=planted" || echo "$f=refused"
+done
+"#;
+    let out = run(&["--workspace", w.to_str().unwrap(), "--rw", "--", "/bin/sh", "-c", script]);
+    let a = answers(&stdout(&out));
+    for f in [".gitconfig.shared", "vendor/lib/.git/config", "scripts/pre-commit.sh"] {
+        assert_eq!(a.get(f).map(String::as_str), Some("refused"), "{f}: {a:?} {}", stderr(&out));
+    }
+    // A gitfile whose gitdir lies in the workspace (--separate-git-dir).
+    let ws2 = workspace(1000, 1000);
+    std::fs::create_dir(ws2.path().join(".repo")).unwrap();
+    git(ws2.path(), &["init", "-q", "--separate-git-dir", ".repo/p.git"]);
+    assert!(Command::new("chown").args(["-R", "1000:1000"]).arg(ws2.path()).status().unwrap().success());
+    let out = run(&[
+        "--workspace",
+        ws2.path().to_str().unwrap(),
+        "--rw",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo x >> .repo/p.git/config 2>/dev/null && echo config=planted || echo config=refused",
+    ]);
+    assert_eq!(answers(&stdout(&out)).get("config").map(String::as_str), Some("refused"), "{}", stderr(&out));
+}
+
+/// A hard link an earlier run without the protection left to `.git/config`
+/// (or to a `--protect`ed file) would let this run write it through the
+/// other name: such a run is refused, and the way out is not --no-protect.
+#[test]
+fn class04_a_second_name_of_a_protected_file_is_refused() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = git_workspace();
+    let wsp = ws.path().to_str().unwrap();
+    let out = run(&["--workspace", wsp, "--rw", "--no-protect", "--", "/bin/sh", "-c", "ln .git/config notes.txt"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["--workspace", wsp, "--rw", "--", "/bin/sh", "-c", "echo '[core] fsmonitor = x' >> notes.txt"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(stderr(&out).contains("has 2 names"), "{}", stderr(&out));
+    std::fs::remove_file(ws.path().join("notes.txt")).unwrap();
+    std::fs::write(ws.path().join("deploy.sh"), "echo deploy\n").unwrap();
+    std::fs::hard_link(ws.path().join("deploy.sh"), ws.path().join("readme.txt")).unwrap();
+    let out = run(&["--workspace", wsp, "--rw", "--protect", "deploy.sh", "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(stderr(&out).contains("has 2 names") && stderr(&out).contains("remove it"), "{}", stderr(&out));
 }
 
 /// A read-only bind inside the workspace would be hidden by it (or decide

@@ -282,7 +282,11 @@ fn walk_protected(base: &OwnedFd, path: &Path) -> Result<Source, SysError> {
     let refuse = |what: String| {
         SysError::other(
             "protect",
-            format!("cannot keep {} read-only: {what}; remove it, or pass --no-protect", path.display()),
+            format!(
+                "cannot keep {} read-only: {what}; if a job left it there, remove it (--no-protect would give the \
+                 job the rest as well)",
+                path.display()
+            ),
         )
     };
     let names: Vec<&std::ffi::OsStr> = path
@@ -303,12 +307,16 @@ fn walk_protected(base: &OwnedFd, path: &Path) -> Result<Source, SysError> {
             Err(e) => return Err(SysError::path("open protected path", &done.join(name), e)),
         };
         done.push(name);
-        let kind = nix::sys::stat::fstat(&fd).map_err(|e| SysError::path("stat protected path", &done, e))?.st_mode
-            & libc::S_IFMT;
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| SysError::path("stat protected path", &done, e))?;
         fds.push(fd);
-        match kind {
+        match st.st_mode & libc::S_IFMT {
             libc::S_IFLNK => return Err(refuse(format!("{} is a symbolic link", done.display()))),
             libc::S_IFDIR => {}
+            // Another name (a hard link) elsewhere in the workspace would
+            // stay writable: the file could be written through it.
+            libc::S_IFREG if st.st_nlink > 1 => {
+                return Err(refuse(format!("{} has {} names (hard links)", done.display(), st.st_nlink)))
+            }
             _ => break,
         }
     }
