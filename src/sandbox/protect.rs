@@ -392,7 +392,7 @@ mod tests {
             .into_iter()
             .filter(|(s, k, _)| s.eq_ignore_ascii_case("core") && k.eq_ignore_ascii_case("hookspath"))
             .map(|(_, _, v)| v)
-            .last()
+            .next_back()
     }
 
     #[test]
