@@ -641,10 +641,12 @@ fn parse_tmp_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_cpus(s: &str) -> Result<Limit<f64>, String> {
-    let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    unlimited(s, |s| match s.trim().parse::<f64>() {
-        Ok(c) if c.is_finite() && c >= 0.01 && c <= online as f64 => Ok(c),
-        _ => Err(format!("invalid CPU count '{s}': give cores between 0.01 and {online}, e.g. 0.5, or unlimited")),
+    unlimited(s, |s| {
+        let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        match s.trim().parse::<f64>() {
+            Ok(c) if c.is_finite() && c >= 0.01 && c <= online as f64 => Ok(c),
+            _ => Err(format!("invalid CPU count '{s}': give cores between 0.01 and {online}, e.g. 0.5, or unlimited")),
+        }
     })
 }
 

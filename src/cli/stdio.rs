@@ -148,6 +148,11 @@ impl Relays {
     /// Wait until everything the job wrote has reached the caller.
     pub async fn drain(&mut self) {
         let outputs = std::mem::take(&mut self.outputs);
+        // Nothing relayed (pipes and /dev/null pass through): no thread
+        // to start just to wait for none.
+        if outputs.is_empty() {
+            return;
+        }
         let _ = tokio::task::spawn_blocking(move || {
             for t in outputs {
                 let _ = t.join();

@@ -348,13 +348,13 @@ fn expand(value: &str, workspace: &Path) -> Option<PathBuf> {
 
 /// The home directory of the workspace's owner, whose `git` reads it.
 fn owner_home(workspace: &Path) -> Option<PathBuf> {
-    #[cfg(unix)]
+    #[cfg(target_os = "linux")]
     {
         use std::os::unix::fs::MetadataExt;
         let uid = std::fs::metadata(workspace).ok()?.uid();
         nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok()?.map(|u| u.dir)
     }
-    #[cfg(not(unix))]
+    #[cfg(not(target_os = "linux"))]
     {
         let _ = workspace;
         None

@@ -29,27 +29,18 @@ pub const OOM_SCORE_ADJ: i32 = 1000;
 /// The kernel's default timer slack (50 µs).
 const TIMER_SLACK_NS: libc::c_ulong = 50_000;
 
-/// Per-user-namespace limits written in the job's namespace. Namespaces:
-/// none (seccomp refuses their creation as well; this holds without it).
-/// inotify: a share of the 128 instances root has (watchers in build
-/// tools use one or two). fanotify: none (its `init` is refused anyway).
-pub const UCOUNT_LIMITS: &[(&str, u64)] = &[
-    ("max_user_namespaces", 0),
-    ("max_mnt_namespaces", 0),
-    ("max_pid_namespaces", 0),
-    ("max_net_namespaces", 0),
-    ("max_ipc_namespaces", 0),
-    ("max_uts_namespaces", 0),
-    ("max_cgroup_namespaces", 0),
-    ("max_time_namespaces", 0),
-    ("max_inotify_instances", 16),
-    ("max_inotify_watches", 16384),
-    ("max_fanotify_groups", 0),
-    ("max_fanotify_marks", 0),
-];
+/// Per-user-namespace limits written in the job's namespace. What the job
+/// allocates there is charged to the namespace's dedicated owner uid
+/// (`namespaces::AsOwner`), never to root or another job: these caps bound
+/// one job's own use. No user namespace (seccomp refuses their creation
+/// too; each layer holds alone): without one, a job can create no other
+/// namespace either, for want of CAP_SYS_ADMIN in any of its own. inotify:
+/// what watchers in build tools need, and no more.
+pub const UCOUNT_LIMITS: &[(&str, u64)] =
+    &[("max_user_namespaces", 0), ("max_inotify_instances", 16), ("max_inotify_watches", 16384)];
 
-/// rlimits every job gets (hard = soft), or less if the supervisor's are
-/// lower already. RTPRIO and NICE 0: no real-time policy and no nice below
+/// rlimits every job gets (hard = soft), or less if the supervisor's hard
+/// limit is lower already. RTPRIO and NICE 0: no real-time policy and no nice below
 /// 0, even for code that asks. CORE 0: no core file in the workspace, and
 /// no dump of the job's memory handed to the host's core handler.
 /// SIGPENDING and MSGQUEUE are counted per user and charged up to the
@@ -170,19 +161,18 @@ fn reset_io_priority() -> Result<(), SysError> {
     Errno::result(ret).map(drop).map_err(|e| SysError::call("reset the I/O priority", e))
 }
 
-/// Lower each of [`RLIMITS`] to its value (never raise one).
+/// Set each of [`RLIMITS`] to its value, one call each; where the hard
+/// limit is lower already (the kernel refuses to raise it: EPERM), it is
+/// kept as it is.
 fn lower_rlimits() -> Result<(), SysError> {
     for &(resource, value) in RLIMITS {
-        let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit fills the struct we own.
-        if unsafe { libc::getrlimit(resource, &mut cur) } != 0 {
-            return Err(SysError::call("getrlimit", Errno::last()));
-        }
-        let hard = cur.rlim_max.min(value);
-        let new = libc::rlimit { rlim_cur: cur.rlim_cur.min(hard), rlim_max: hard };
+        let new = libc::rlimit { rlim_cur: value, rlim_max: value };
         // SAFETY: `new` is a valid rlimit we own; setrlimit only reads it.
         let ret = unsafe { libc::setrlimit(resource, &new) };
-        Errno::result(ret).map_err(|e| SysError::call("lower an inherited rlimit", e))?;
+        match Errno::result(ret) {
+            Ok(_) | Err(Errno::EPERM) => {}
+            Err(e) => return Err(SysError::call("lower an inherited rlimit", e)),
+        }
     }
     Ok(())
 }
