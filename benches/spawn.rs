@@ -175,26 +175,7 @@ fn main() {
     if bwrap.is_none() {
         eprintln!("bwrap: not measured (apt-get install bubblewrap)");
     }
-    // A floor for any tool that gives a job these seven namespaces:
-    // util-linux's unshare creates them, forks and execs, and does nothing
-    // else (no root, no mounts, no /proc, no filters).
-    let floor = time(
-        "floor: unshare(1), the same 7 namespaces, nothing else",
-        runs,
-        &[
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "--pid",
-            "--fork",
-            "--net",
-            "--ipc",
-            "--uts",
-            "--cgroup",
-            "/bin/true",
-        ],
-    );
+    let floor = time(FLOOR_NAME, runs, FLOOR);
     let confine_row = time("confine run", runs, &[confine, "run", "--", "/bin/true"]);
     let limits = time(
         "confine run + limits",
@@ -210,6 +191,24 @@ fn main() {
     rows.extend(layer_cost(runs));
     print_rows(&rows, runs);
 }
+
+/// A floor for any tool that gives a job these seven namespaces:
+/// util-linux's unshare creates them, forks and execs, and does nothing
+/// else (no root, no mounts, no /proc, no filters).
+const FLOOR: &[&str] = &[
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--mount",
+    "--pid",
+    "--fork",
+    "--net",
+    "--ipc",
+    "--uts",
+    "--cgroup",
+    "/bin/true",
+];
+const FLOOR_NAME: &str = "floor: unshare(1), the same 7 namespaces, nothing else";
 
 /// The copy of the binary that every row runs (see `main`).
 static INSTALLED: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
@@ -347,22 +346,7 @@ fn cli_interleaved(confine: &str, baseline: Option<&str>, runs: usize) -> Option
             "bwrap --unshare-all",
             command(v(&["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"])),
         ),
-        (
-            "floor: unshare(1), the same 7 namespaces, nothing else",
-            command(v(&[
-                "unshare",
-                "--user",
-                "--map-root-user",
-                "--mount",
-                "--pid",
-                "--fork",
-                "--net",
-                "--ipc",
-                "--uts",
-                "--cgroup",
-                "/bin/true",
-            ])),
-        ),
+        (FLOOR_NAME, command(v(FLOOR))),
         ("confine run (default limits)", command(v(&[confine, "run", "--", "/bin/true"]))),
         (
             "confine run --memory/--cpus/--pids unlimited",

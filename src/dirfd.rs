@@ -21,6 +21,8 @@
 
 #[cfg(unix)]
 mod unix;
+#[cfg(target_os = "linux")]
+pub use unix::openat2;
 #[cfg(unix)]
 pub use unix::Dir;
 

@@ -296,15 +296,22 @@ fn openat(dir: &OwnedFd, name_: &OsStr, flags: libc::c_int, mode: u32) -> std::i
 /// [| RESOLVE_NO_SYMLINKS])`.
 #[cfg(target_os = "linux")]
 fn openat2_beneath(dir: &OwnedFd, rel: &Path, flags: libc::c_int, no_symlinks: bool) -> std::io::Result<OwnedFd> {
-    let c = CString::new(rel.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in a path"))?;
     let mut resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
     if no_symlinks {
         resolve |= libc::RESOLVE_NO_SYMLINKS;
     }
+    openat2(dir, rel, flags | libc::O_CLOEXEC, resolve)
+}
+
+/// `openat2(2)` (Linux 5.6) of `rel` from `dir`, with `flags` and the
+/// `RESOLVE_*` bits `resolve`; ENOSYS where the kernel lacks it.
+#[cfg(target_os = "linux")]
+pub fn openat2(dir: &OwnedFd, rel: &Path, flags: libc::c_int, resolve: u64) -> std::io::Result<OwnedFd> {
+    let c = CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in a path"))?;
     // SAFETY: open_how is plain integers; all zeros is its "nothing asked" value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.flags = flags as u64;
     how.resolve = resolve;
     // SAFETY: the fd is open, c a valid NUL-terminated path, and how a
     // valid open_how of the size passed; the returned fd is owned below.

@@ -121,19 +121,27 @@ fn plant_shebang_attack(g: &Gov) -> (PathBuf, PathBuf, String) {
     (secret, script, token)
 }
 
+/// Class 2's attack set up for a root supervisor that can sandbox: the
+/// config, the repository's hostile `python3` and the secret's token.
+fn shebang_attack() -> Option<(Gov, PathBuf, String)> {
+    if !is_root() {
+        skip("class 2's attack needs a root supervisor (it binds host directories)");
+        return None;
+    }
+    if !sandbox_available() {
+        return None;
+    }
+    let g = Gov::outside_tmp("");
+    let (_secret, script, token) = plant_shebang_attack(&g);
+    Some((g, script, token))
+}
+
 /// `confine exec --executable <repo>/python3`: refused before anything
 /// runs, naming why; the secret directory is never bound, so its token
 /// appears nowhere in the answer.
 #[test]
 fn class02_an_executable_inside_a_repository_is_refused() {
-    if !is_root() {
-        return skip("class 2's attack needs a root supervisor (it binds host directories)");
-    }
-    if !sandbox_available() {
-        return;
-    }
-    let g = Gov::outside_tmp("");
-    let (_secret, script, token) = plant_shebang_attack(&g);
+    let Some((g, script, token)) = shebang_attack() else { return };
     let script = script.to_str().unwrap();
     let (v, out) = g.exec_json(&[
         "--repo-id",
@@ -402,14 +410,7 @@ fn assert_tool_error(result: &serde_json::Value, status: &str) {
 /// as its executable is refused; the secret never shows.
 #[test]
 fn class02_mcp_executable_in_a_repository_is_refused() {
-    if !is_root() {
-        return skip("class 2's attack needs a root supervisor (it binds host directories)");
-    }
-    if !sandbox_available() {
-        return;
-    }
-    let g = Gov::outside_tmp("");
-    let (_secret, script, token) = plant_shebang_attack(&g);
+    let Some((g, script, token)) = shebang_attack() else { return };
     let server = Serve::start(&g, &[], &[("CONFINE_TOKEN", "class02-token")]);
     let s = Session::open(server.addr, "class02-token");
     let r = s.call(

@@ -26,6 +26,13 @@ fn python(flags: &[&str], code: &str) -> std::process::Output {
     run(&args)
 }
 
+/// `confine run FLAGS… -- /bin/sh -c SCRIPT`.
+fn sh(flags: &[&str], script: &str) -> std::process::Output {
+    let mut args: Vec<&str> = flags.to_vec();
+    args.extend(["--", "/bin/sh", "-c", script]);
+    run(&args)
+}
+
 /// `key=value` lines of a job's output.
 fn answers(text: &str) -> std::collections::BTreeMap<String, String> {
     text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
@@ -53,17 +60,7 @@ fn class01_json_status_symlink_planted_by_the_job_is_not_followed() {
     let target = outside.path().join("root-owned-file");
     let script = format!("rm -f status.json; ln -s {} status.json", target.display());
     let ws_path = ws.path().to_str().unwrap();
-    let out = run(&[
-        "--workspace",
-        ws_path,
-        "--rw",
-        "--json-status",
-        &format!("{ws_path}/status.json"),
-        "--",
-        "/bin/sh",
-        "-c",
-        &script,
-    ]);
+    let out = sh(&["--workspace", ws_path, "--rw", "--json-status", &format!("{ws_path}/status.json")], &script);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!target.exists(), "confine wrote through the job's symlink to {}", target.display());
     let meta = std::fs::symlink_metadata(ws.path().join("status.json")).unwrap();
@@ -179,10 +176,10 @@ fn class01_paths_through_a_symlink_a_job_planted_are_refused() {
     std::fs::set_permissions(secret.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let wsp = ws.path().to_str().unwrap();
     let plant = format!("ln -s {} cache && ln -s {} out", secret.path().display(), secret.path().display());
-    let out = run(&["--workspace", wsp, "--rw", "--", "/bin/sh", "-c", &plant]);
+    let out = sh(&["--workspace", wsp, "--rw"], &plant);
     assert!(out.status.success(), "{}", stderr(&out));
     let bind = format!("{wsp}/cache:/cache");
-    let out = run(&["--workspace", wsp, "--bind", &bind, "--", "/bin/sh", "-c", "touch /cache/x"]);
+    let out = sh(&["--workspace", wsp, "--bind", &bind], "touch /cache/x");
     assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     assert!(stderr(&out).contains("symbolic link inside a directory that jobs write to"), "{}", stderr(&out));
     let status = format!("{wsp}/out/status.json");
@@ -222,7 +219,7 @@ while time.time() < end:
     let status = format!("{wsp}/logs/status.json");
     let mut leaked = Vec::new();
     for i in 0..60 {
-        let out = run(&["--workspace", wsp, "--bind", &bind, "--", "/bin/sh", "-c", "cat /data/id_rsa 2>/dev/null"]);
+        let out = sh(&["--workspace", wsp, "--bind", &bind], "cat /data/id_rsa 2>/dev/null");
         if stdout(&out).contains("owner secret") {
             leaked.push(format!("bind, try {i}"));
         }
@@ -257,14 +254,8 @@ fn class03_the_workspace_group_is_never_the_jobs() {
     );
     for owner in [1000, 0] {
         let ws = workspace(owner, shadow.gid.as_raw());
-        let out = run(&[
-            "--workspace",
-            ws.path().to_str().unwrap(),
-            "--",
-            "/bin/sh",
-            "-c",
-            "echo gid=$(id -g); echo groups=$(id -G); head -c1 /etc/shadow >/dev/null 2>&1 && echo shadow=readable || echo shadow=denied",
-        ]);
+        let out = sh(&["--workspace",
+            ws.path().to_str().unwrap()], "echo gid=$(id -g); echo groups=$(id -G); head -c1 /etc/shadow >/dev/null 2>&1 && echo shadow=readable || echo shadow=denied");
         let a = answers(&stdout(&out));
         assert_eq!(a.get("shadow").map(String::as_str), Some("denied"), "owner {owner}: {a:?} {}", stderr(&out));
         assert_eq!(a.get("gid").map(String::as_str), Some("65534"), "owner {owner}: {a:?}");
@@ -284,16 +275,7 @@ fn class03_a_system_accounts_workspace_runs_the_job_as_nobody() {
     let status = dir.path().join("status.json");
     for (owner, want) in [(33, 65534), (0, 65534), (1000, 1000)] {
         let ws = workspace(owner, owner);
-        let out = run(&[
-            "--workspace",
-            ws.path().to_str().unwrap(),
-            "--json-status",
-            status.to_str().unwrap(),
-            "--",
-            "/bin/sh",
-            "-c",
-            "id -u",
-        ]);
+        let out = sh(&["--workspace", ws.path().to_str().unwrap(), "--json-status", status.to_str().unwrap()], "id -u");
         assert_eq!(stdout(&out).trim(), want.to_string(), "owner {owner}: {}", stderr(&out));
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
         assert_eq!(v["layers"]["hostUid"], want, "{v}");
@@ -350,8 +332,7 @@ fn class04_git_stays_read_only_in_a_rw_workspace() {
     let dir = tempfile::tempdir().unwrap();
     let status = dir.path().join("status.json");
     let wsp = ws.path().to_str().unwrap();
-    let out =
-        run(&["--workspace", wsp, "--rw", "--json-status", status.to_str().unwrap(), "--", "/bin/sh", "-c", PLANT]);
+    let out = sh(&["--workspace", wsp, "--rw", "--json-status", status.to_str().unwrap()], PLANT);
     let a = answers(&stdout(&out));
     for k in ["hook", "config", "commondir", "index", "modules", "rename", "chmod"] {
         assert_eq!(a.get(k).map(String::as_str), Some("refused"), "{k}: {a:?} {}", stderr(&out));
@@ -374,7 +355,7 @@ fn class04_git_stays_read_only_in_a_rw_workspace() {
 
     // --no-protect lifts it (the user's choice), --protect adds a path.
     std::fs::write(ws.path().join(".env"), "SECRET=1\n").unwrap();
-    let out = run(&["--workspace", wsp, "--rw", "--no-protect", "--protect", ".env", "--", "/bin/sh", "-c", "echo x >> .env 2>/dev/null && echo env=written || echo env=refused; echo x > .git/hooks/pre-push && echo hook=written"]);
+    let out = sh(&["--workspace", wsp, "--rw", "--no-protect", "--protect", ".env"], "echo x >> .env 2>/dev/null && echo env=written || echo env=refused; echo x > .git/hooks/pre-push && echo hook=written");
     let a = answers(&stdout(&out));
     assert_eq!(a.get("env").map(String::as_str), Some("refused"), "{a:?} {}", stderr(&out));
     assert_eq!(a.get("hook").map(String::as_str), Some("written"), "{a:?}");
@@ -393,7 +374,7 @@ fn class04_a_job_cannot_hide_git_from_the_protection() {
     }
     let ws = git_workspace();
     std::fs::set_permissions(ws.path().join(".git"), std::fs::Permissions::from_mode(0o000)).unwrap();
-    let out = run(&["--workspace", ws.path().to_str().unwrap(), "--rw", "--", "/bin/sh", "-c", "chmod 755 .git 2>/dev/null && echo chmod=done || echo chmod=refused; echo x > .git/hooks/pre-commit 2>/dev/null && echo hook=planted || echo hook=refused"]);
+    let out = sh(&["--workspace", ws.path().to_str().unwrap(), "--rw"], "chmod 755 .git 2>/dev/null && echo chmod=done || echo chmod=refused; echo x > .git/hooks/pre-commit 2>/dev/null && echo hook=planted || echo hook=refused");
     let a = answers(&stdout(&out));
     assert_eq!(a.get("chmod").map(String::as_str), Some("refused"), "{a:?} {}", stderr(&out));
     assert_eq!(a.get("hook").map(String::as_str), Some("refused"), "{a:?}");
@@ -422,15 +403,10 @@ fn class04_a_hooks_path_in_the_workspace_is_protected() {
     );
     std::fs::create_dir(ws.path().join(".husky")).unwrap();
     std::os::unix::fs::chown(ws.path().join(".husky"), Some(1000), Some(1000)).unwrap();
-    let out = run(&[
-        "--workspace",
-        wsp,
-        "--rw",
-        "--",
-        "/bin/sh",
-        "-c",
+    let out = sh(
+        &["--workspace", wsp, "--rw"],
         "echo evil > .husky/pre-commit 2>/dev/null && echo hook=planted || echo hook=refused",
-    ]);
+    );
     assert_eq!(answers(&stdout(&out)).get("hook").map(String::as_str), Some("refused"), "{}", stderr(&out));
 }
 
@@ -446,15 +422,10 @@ fn class04_a_gitfile_and_a_symlinked_git_are_handled() {
     std::fs::write(ws.path().join(".git"), "gitdir: /srv/real/.git/worktrees/w\n").unwrap();
     std::os::unix::fs::chown(ws.path().join(".git"), Some(1000), Some(1000)).unwrap();
     let wsp = ws.path().to_str().unwrap();
-    let out = run(&[
-        "--workspace",
-        wsp,
-        "--rw",
-        "--",
-        "/bin/sh",
-        "-c",
+    let out = sh(
+        &["--workspace", wsp, "--rw"],
         "echo 'gitdir: /tmp/evil' > .git && echo gitfile=written || echo gitfile=refused",
-    ]);
+    );
     assert_eq!(answers(&stdout(&out)).get("gitfile").map(String::as_str), Some("refused"), "{}", stderr(&out));
     let ws = workspace(1000, 1000);
     let real = tempfile::tempdir().unwrap();
@@ -505,7 +476,7 @@ for f in .gitconfig.shared vendor/lib/.git/config scripts/pre-commit.sh; do
   (echo "[core] fsmonitor = echo PWNED" >> $f) 2>/dev/null && echo "$f=planted" || echo "$f=refused"
 done
 "#;
-    let out = run(&["--workspace", w.to_str().unwrap(), "--rw", "--", "/bin/sh", "-c", script]);
+    let out = sh(&["--workspace", w.to_str().unwrap(), "--rw"], script);
     let a = answers(&stdout(&out));
     for f in [".gitconfig.shared", "vendor/lib/.git/config", "scripts/pre-commit.sh"] {
         assert_eq!(a.get(f).map(String::as_str), Some("refused"), "{f}: {a:?} {}", stderr(&out));
@@ -515,15 +486,10 @@ done
     std::fs::create_dir(ws2.path().join(".repo")).unwrap();
     git(ws2.path(), &["init", "-q", "--separate-git-dir", ".repo/p.git"]);
     assert!(Command::new("chown").args(["-R", "1000:1000"]).arg(ws2.path()).status().unwrap().success());
-    let out = run(&[
-        "--workspace",
-        ws2.path().to_str().unwrap(),
-        "--rw",
-        "--",
-        "/bin/sh",
-        "-c",
+    let out = sh(
+        &["--workspace", ws2.path().to_str().unwrap(), "--rw"],
         "echo x >> .repo/p.git/config 2>/dev/null && echo config=planted || echo config=refused",
-    ]);
+    );
     assert_eq!(answers(&stdout(&out)).get("config").map(String::as_str), Some("refused"), "{}", stderr(&out));
 }
 
@@ -537,9 +503,9 @@ fn class04_a_second_name_of_a_protected_file_is_refused() {
     }
     let ws = git_workspace();
     let wsp = ws.path().to_str().unwrap();
-    let out = run(&["--workspace", wsp, "--rw", "--no-protect", "--", "/bin/sh", "-c", "ln .git/config notes.txt"]);
+    let out = sh(&["--workspace", wsp, "--rw", "--no-protect"], "ln .git/config notes.txt");
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = run(&["--workspace", wsp, "--rw", "--", "/bin/sh", "-c", "echo '[core] fsmonitor = x' >> notes.txt"]);
+    let out = sh(&["--workspace", wsp, "--rw"], "echo '[core] fsmonitor = x' >> notes.txt");
     assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     assert!(stderr(&out).contains("has 2 names"), "{}", stderr(&out));
     std::fs::remove_file(ws.path().join("notes.txt")).unwrap();
@@ -561,8 +527,7 @@ fn class04_binds_nested_in_the_workspace_are_refused() {
     std::fs::write(ws.path().join(".env"), "SECRET=keep\n").unwrap();
     let wsp = ws.path().to_str().unwrap();
     let bind = format!("{wsp}/.env:/workspace/.env");
-    let out =
-        run(&["--workspace", wsp, "--rw", "--ro-bind", &bind, "--", "/bin/sh", "-c", "echo changed > /workspace/.env"]);
+    let out = sh(&["--workspace", wsp, "--rw", "--ro-bind", &bind], "echo changed > /workspace/.env");
     assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     assert!(stderr(&out).contains("--protect"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(ws.path().join(".env")).unwrap(), "SECRET=keep\n");
@@ -1020,18 +985,13 @@ fn class09_host_details_in_proc_are_masked() {
         .iter()
         .map(|f| format!("[ -e /proc/{f} ] && echo {f}=$(wc -c < /proc/{f} 2>/dev/null || echo 0) || echo {f}=0;"))
         .collect();
-    let out = run(&["--", "/bin/sh", "-c", &script]);
+    let out = sh(&[], &script);
     let a = answers(&stdout(&out));
     for f in files {
         assert_eq!(a.get(f).map(String::as_str), Some("0"), "/proc/{f} is readable: {a:?} {}", stderr(&out));
     }
     // Still there and readable: what programs need.
-    let out = run(&[
-        "--",
-        "/bin/sh",
-        "-c",
-        "head -c1 /proc/meminfo /proc/stat /proc/cpuinfo /proc/version >/dev/null && echo ok",
-    ]);
+    let out = sh(&[], "head -c1 /proc/meminfo /proc/stat /proc/cpuinfo /proc/version >/dev/null && echo ok");
     assert_eq!(stdout(&out).trim(), "ok", "{}", stderr(&out));
 }
 

@@ -284,34 +284,14 @@ pub fn move_mount_onto(from: &std::os::fd::OwnedFd, onto: &std::os::fd::OwnedFd)
     Errno::result(ret).map(drop)
 }
 
-/// `openat2(2)` (Linux 5.6) of `rel` from `dir`, with `flags` and the
-/// `RESOLVE_*` bits `resolve`. ENOSYS where the kernel lacks it.
+/// `openat2(2)` (Linux 5.6), as [`crate::dirfd::openat2`], with the errno.
 pub fn openat2(
     dir: &std::os::fd::OwnedFd,
     rel: &Path,
     flags: libc::c_int,
     resolve: u64,
 ) -> Result<std::os::fd::OwnedFd, Errno> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let c = CString::new(rel.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
-    // SAFETY: open_how is plain integers; all zeros is its "nothing asked" value.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = flags as u64;
-    how.resolve = resolve;
-    // SAFETY: the fd is open, `c` a NUL-terminated path and `how` a valid
-    // open_how of the size passed; the kernel returns a new fd or -1.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    let fd = Errno::result(ret)?;
-    // SAFETY: the kernel just returned this new fd; nothing else owns it.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) })
+    crate::dirfd::openat2(dir, rel, flags, resolve).map_err(|e| e.raw_os_error().map_or(Errno::EINVAL, Errno::from_raw))
 }
 
 /// `open_tree(fd, "", OPEN_TREE_CLONE | AT_RECURSIVE)`: a detached copy
