@@ -81,6 +81,7 @@ pub fn read_regular_string(path: &Path, max: u64) -> Result<String, SafeFsError>
 }
 
 /// The message of a path refused for a symlink inside a job-writable root.
+#[cfg(target_os = "linux")]
 fn planted(path: &Path, link: &Path) -> String {
     format!(
         "{}: {} is a symbolic link inside a directory that jobs write to (a job could have put it there); \
