@@ -20,6 +20,8 @@
 //! since the host's load moves one round's figure by tenths of a
 //! millisecond; `SPAWN_AGED=N` adds `exec` on a store aged by N runs
 //! first, as a CI runner's store gets),
+//! `SPAWN_ROWS=workspace` a read-write workspace, idmapped and plain,
+//! against bwrap's bind of it (`SPAWN_BASELINE` adds an earlier build),
 //! `SPAWN_ROWS=governance` only the two warm rows that price
 //! governance (interleaved); `CONFINE_LOG=confine=debug` logs each request's stages.
 //! Rows whose tool is missing are reported as such, never invented.
@@ -100,6 +102,19 @@ fn main() {
             std::fs::copy(&b, &copy).ok().map(|_| copy)
         });
         rows.extend(cli_interleaved(confine, baseline.as_deref().and_then(|p| p.to_str()), runs).unwrap_or_default());
+        print_rows(&rows, runs);
+        return;
+    }
+    // `SPAWN_ROWS=workspace`: a workspace bound, idmapped (root's) and
+    // plain (the job's own), against bwrap binding the same directory.
+    if std::env::var("SPAWN_ROWS").is_ok_and(|v| v == "workspace") {
+        let baseline = std::env::var_os("SPAWN_BASELINE").and_then(|b| {
+            let copy = installed.path().join("confine-baseline");
+            std::fs::copy(&b, &copy).ok().map(|_| copy)
+        });
+        rows.extend(
+            workspace_interleaved(confine, baseline.as_deref().and_then(|p| p.to_str()), runs).unwrap_or_default(),
+        );
         print_rows(&rows, runs);
         return;
     }
@@ -368,6 +383,72 @@ fn cli_interleaved(confine: &str, baseline: Option<&str>, runs: usize) -> Option
         variants.push(("baseline: confine run (its defaults)", command(v(&[b, "run", "--", "/bin/true"]))));
     }
     interleaved("cli", runs, variants)
+}
+
+/// `SPAWN_ROWS=workspace`: `/bin/true` with a read-write workspace, as
+/// root: root's own 0755 directory (idmapped onto the job) and one that
+/// already belongs to the job's ids (bound plainly), interleaved with
+/// bwrap binding the same directory and an earlier build's plain bind.
+fn workspace_interleaved(confine: &str, baseline: Option<&str>, runs: usize) -> Option<Vec<Row>> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().ok()?;
+    let roots = dir.path().join("roots");
+    let jobs = dir.path().join("jobs");
+    for d in [&roots, &jobs] {
+        std::fs::create_dir(d).ok()?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).ok()?;
+    }
+    std::os::unix::fs::chown(&jobs, Some(65534), Some(65534)).ok()?;
+    let (roots, jobs) = (roots.to_str()?.to_string(), jobs.to_str()?.to_string());
+    let command = |argv: Vec<String>| {
+        Box::new(move || {
+            let status = Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .ok()?;
+            status.success().then_some(())
+        }) as Box<dyn FnMut() -> Option<()>>
+    };
+    let v = |s: &[&str]| s.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let unlimited = ["--memory", "unlimited", "--cpus", "unlimited", "--pids", "unlimited"];
+    let run = |bin: &str, ws: &str| {
+        let mut a = v(&[bin, "run"]);
+        a.extend(v(&unlimited));
+        a.extend(v(&["--workspace", ws, "--rw", "--", "/bin/true"]));
+        a
+    };
+    let mut variants: Vec<Variant<'_>> = vec![
+        ("plain fork/exec", command(v(&["/bin/true"]))),
+        (
+            "bwrap --unshare-all, workspace bound",
+            command(v(&[
+                "bwrap",
+                "--unshare-all",
+                "--ro-bind",
+                "/",
+                "/",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--bind",
+                &roots,
+                "/workspace",
+                "true",
+            ])),
+        ),
+        ("confine run, root's workspace (idmapped)", command(run(confine, &roots))),
+        ("confine run, the job's own workspace (plain bind)", command(run(confine, &jobs))),
+    ];
+    if let Some(b) = baseline {
+        variants.push(("baseline: confine run, root's workspace (plain bind)", command(run(b, &roots))));
+    }
+    let rows = interleaved("workspace", runs, variants);
+    drop(dir);
+    rows
 }
 
 /// In-process variants timed interleaved, run by run, so that drift in the

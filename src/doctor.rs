@@ -78,6 +78,7 @@ pub fn diagnose(smoke: Option<&std::path::Path>) -> Report {
     checks.extend(cgroup_checks(root));
     if let Some(bin) = smoke {
         checks.push(smoke_check(bin));
+        checks.push(idmap_check(bin, root));
     }
     let full_isolation = checks.iter().all(|c| c.ok || !c.required);
     let guarantees = Guarantees::of(BackendKind::Linux, &host_layers(&checks, abi));
@@ -301,6 +302,62 @@ fn smoke_check(bin: &std::path::Path) -> Check {
         Err(e) => (false, e.to_string()),
     };
     check("sandbox smoke test", ok, detail, "fix the first ✗ above; then rerun confine doctor", true)
+}
+
+/// Whether a workspace here (the current directory, as `--workspace .`
+/// would bind it) is shown to jobs as their own through an idmapped
+/// mount, asked of a real run; not required: without it, a workspace
+/// works when the job's uid may use it (see docs/design.md).
+fn idmap_check(bin: &std::path::Path, root: bool) -> Check {
+    const NAME: &str = "idmapped workspaces";
+    const FIX: &str = "keep workspaces on a file system with idmapped mounts (ext4, xfs, btrfs; tmpfs from Linux \
+                       6.3), or make them usable by the uid jobs run as";
+    if !root {
+        return check(
+            NAME,
+            false,
+            "rootless: a workspace is bound as it is (only root can idmap a host file system); yours work",
+            "run confine as root for root-owned or other users' workspaces",
+            false,
+        );
+    }
+    let Ok(cwd) = std::env::current_dir() else {
+        return check(NAME, false, "no current directory to probe", FIX, false);
+    };
+    let dir = std::env::temp_dir().join(format!("confine-doctor-{}", std::process::id()));
+    if let Err(e) = std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(&dir) {
+        return check(NAME, false, format!("could not make {}: {e}", dir.display()), FIX, false);
+    }
+    let status = dir.join("status.json");
+    let out = std::process::Command::new(bin)
+        .args(["--config", "/dev/null", "run", "--backend", "linux", "--workspace"])
+        .arg(&cwd)
+        .arg("--json-status")
+        .arg(&status)
+        .args(["--", "/bin/true"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .output();
+    let layers = std::fs::read(&status)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .map(|v| v["layers"].clone());
+    let _ = std::fs::remove_dir_all(&dir);
+    let here = cwd.display();
+    match (out, layers) {
+        (Ok(_), Some(l)) if l["idmapped"].is_array() => {
+            check(NAME, true, format!("{here} is idmapped: its owner's files are the job's own"), FIX, false)
+        }
+        (Ok(_), Some(l)) => match l["notIdmapped"][0].as_str() {
+            Some(why) => {
+                let why = why.strip_prefix("/workspace: ").unwrap_or(why);
+                check(NAME, false, format!("{here} is bound as it is: {why}"), FIX, false)
+            }
+            None => check(NAME, true, format!("{here} needs none: it belongs to the uid jobs run as"), FIX, false),
+        },
+        (Ok(o), None) => check(NAME, false, String::from_utf8_lossy(&o.stderr).trim().to_string(), FIX, false),
+        (Err(e), _) => check(NAME, false, e.to_string(), FIX, false),
+    }
 }
 
 /// The human table: one line per check, with a fix hint under each ✗.

@@ -24,6 +24,12 @@ pub struct Bind {
     pub source: PathBuf,
     pub dest: PathBuf,
     pub writable: bool,
+    /// When another uid owns the source, show its files as the job's own
+    /// (an idmapped mount, as root): the user's `--bind`s are. Toolchain
+    /// paths the supervisor adds are not: the job reads them as itself,
+    /// so an owner's private files there stay private.
+    #[serde(default)]
+    pub idmap: bool,
 }
 
 /// A file written into the sandbox before the job starts (the source of
@@ -171,6 +177,15 @@ pub struct Layers {
     /// Paths of the read-write workspace that were kept read-only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub protected: Vec<String>,
+    /// Mount points (the workspace, the user's binds) whose owner on the
+    /// host shows as the job's uid inside, through an idmapped mount.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idmapped: Vec<String>,
+    /// Mount points an idmap was wanted for but not made, as `path: why`
+    /// (rootless, or a kernel or file system without idmapped mounts):
+    /// they were bound as they are on the host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_idmapped: Vec<String>,
     /// Layers that were requested but missing (only with `--allow-degraded`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,

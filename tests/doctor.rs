@@ -61,3 +61,38 @@ fn doctor_names_the_backend_and_what_it_guarantees_here() {
         assert!(text.lines().any(|l| l.trim_start().starts_with(row)), "{row} in {text}");
     }
 }
+
+/// Doctor says whether a workspace here would be idmapped, from a real
+/// run: one on ext4 or tmpfs is, one on ramfs (no idmapped mounts) is
+/// bound as it is, and doctor says why. ramfs is mounted in a mount
+/// namespace of the test's own, which dies with it.
+#[test]
+fn doctor_says_whether_workspaces_here_are_idmapped() {
+    if !is_root() {
+        return skip("idmapped mounts need a root supervisor");
+    }
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"cd "$D" && "$C" doctor --json > "$D/ext.json"; mkdir "$D/r" && mount -t ramfs none "$D/r" && cd "$D/r" && "$C" doctor --json > "$D/ramfs.json""#;
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c", script])
+        .env("C", bin())
+        .env("D", dir.path())
+        .output()
+        .expect("unshare (util-linux)");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let idmap = |file: &str| {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join(file)).unwrap()).unwrap();
+        let c = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "idmapped workspaces").cloned();
+        c.unwrap_or_else(|| panic!("no idmap check: {v}"))
+    };
+    let here = idmap("ext.json");
+    assert_eq!(here["ok"], true, "{here}");
+    assert_eq!(here["required"], false, "{here}");
+    let ramfs = idmap("ramfs.json");
+    assert_eq!(ramfs["ok"], false, "{ramfs}");
+    assert!(ramfs["detail"].as_str().unwrap().contains("does not support idmapped mounts"), "{ramfs}");
+    assert!(ramfs["fix"].as_str().unwrap().contains("ext4"), "{ramfs}");
+}

@@ -164,7 +164,7 @@ fn parse_bind(s: &str, writable: bool) -> Result<Bind, SandboxError> {
             "bind destination {dst}: must be an absolute path without '..'"
         )));
     }
-    Ok(Bind { source, dest, writable })
+    Ok(Bind { source, dest, writable, idmap: true })
 }
 
 /// Build the job from the arguments, with `defaults` for the limits they

@@ -172,6 +172,7 @@ impl Planner<'_> {
                 source: std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()),
                 dest: p.clone(),
                 writable: false,
+                idmap: false,
             })
             .collect();
         if let Some(src) = &prepared.plan.source {

@@ -535,13 +535,20 @@ fn class04_binds_nested_in_the_workspace_are_refused() {
 
 /// Setuid and setgid bits can't be set by any call, and file capabilities
 /// can't be written: such a file left in the workspace would run with its
-/// owner's ids on the host.
+/// owner's ids on the host. On a user's workspace, and on root's, where
+/// the job owns every file through an idmapped mount (a setuid file there
+/// would be setuid root on the host).
 #[test]
 fn class04_setuid_setgid_and_file_capabilities_are_refused() {
     if !root_sandbox() {
         return;
     }
-    let ws = workspace(1000, 1000);
+    for (uid, gid) in [(1000, 1000), (0, 0), (1000, 0), (500, 500)] {
+        setuid_attempts(&workspace(uid, gid), uid);
+    }
+}
+
+fn setuid_attempts(ws: &tempfile::TempDir, uid: u32) {
     let code = r#"
 import ctypes, errno, os, stat
 libc = ctypes.CDLL(None, use_errno=True)
@@ -571,7 +578,12 @@ sys("openat2", 437, -100, b"f", ctypes.c_void_p(0), 24)
 attempt("setcap", lambda: os.setxattr("f", "security.capability", b"\x01\x00\x00\x02" + b"\x00" * 16))
 print("mode=%o" % stat.S_IMODE(os.stat("f").st_mode))
 "#;
-    let out = python(&["--workspace", ws.path().to_str().unwrap(), "--rw"], code);
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("status.json");
+    let out =
+        python(&["--workspace", ws.path().to_str().unwrap(), "--rw", "--json-status", st.to_str().unwrap()], code);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&st).unwrap()).unwrap();
+    assert_eq!(v["layers"]["idmapped"], serde_json::json!(["/workspace"]), "uid {uid}: {v}");
     let a = answers(&stdout(&out));
     for (k, v) in [
         ("chmod_suid", "EPERM"),
@@ -587,12 +599,21 @@ print("mode=%o" % stat.S_IMODE(os.stat("f").st_mode))
         ("setcap", "EPERM"),
         ("mode", "755"),
     ] {
-        assert_eq!(a.get(k).map(String::as_str), Some(v), "{k}: {a:?} {}", stderr(&out));
+        assert_eq!(a.get(k).map(String::as_str), Some(v), "uid {uid}, {k}: {a:?} {}", stderr(&out));
     }
+    let mut seen = 0;
     for entry in std::fs::read_dir(ws.path()).unwrap() {
-        let m = entry.unwrap().metadata().unwrap();
-        assert_eq!(m.mode() & 0o6000, 0, "a setuid or setgid file reached the host");
+        let path = entry.unwrap().path();
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(m.mode() & 0o6000, 0, "uid {uid}: a setuid or setgid file reached the host: {}", path.display());
+        assert_eq!(m.uid(), uid, "uid {uid}: {} is not the workspace owner's", path.display());
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path and name, and a zero-length buffer.
+        let n = unsafe { libc::lgetxattr(c.as_ptr(), c"security.capability".as_ptr(), std::ptr::null_mut(), 0) };
+        assert!(n < 0, "uid {uid}: {} carries file capabilities", path.display());
+        seen += 1;
     }
+    assert_eq!(seen, 1, "uid {uid}: only the plain file is there");
 }
 
 // ---- class 5: limits by default ----

@@ -17,7 +17,7 @@
 //!
 //! No tokio here, ever: this code forks.
 
-use super::protocol::{encode_report, read_spec, InitSpec, Report, CONTROL_FD, RELEASE, SECCOMP_FD};
+use super::protocol::{encode_report, read_spec, InitSpec, MountOp, Report, CONTROL_FD, RELEASE, SECCOMP_FD};
 use super::sys::{self, SysError};
 use super::{caps, exec, inherit, landlock, mounts, namespaces, rlimits, seccomp};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
@@ -177,8 +177,8 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     });
     let ready = joined
         .and_then(|()| namespaces::write_id_maps(pid1, spec.uid, spec.gid, spec.rootless))
-        .and_then(|()| mounts::open_sources(pid, &spec.mounts))
-        .and_then(|sources| mounts::send_sources(&fds_out, sources));
+        .and_then(|()| mounts::open_sources(pid, &spec.mounts, (spec.uid.outside, spec.gid.outside), spec.rootless))
+        .and_then(|(sources, not_idmapped)| mounts::send_sources(&fds_out, sources, &not_idmapped));
     if let Err(e) = ready {
         let _ = kill(pid1, Signal::SIGKILL);
         let _ = waitpid(pid1, None);
@@ -219,7 +219,7 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32
 
     // Opened by the outer stage, as host root (root-owned trees such as
     // /root/.rustup included), in our mount namespace.
-    let sources = mounts::receive_sources(&fds_in, &spec.mounts)?;
+    let (sources, not_idmapped) = mounts::receive_sources(&fds_in, &spec.mounts)?;
     drop(fds_in);
     namespaces::become_mapped(spec.uid, spec.gid, spec.rootless)?;
     // Changing credentials clears the parent-death signal: arm it again.
@@ -229,7 +229,7 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32
     if spec.new_netns {
         sys::loopback_up()?;
     }
-    let protected = mounts::build(&spec.mounts, &sources)?;
+    let built = mounts::build(&spec.mounts, &sources)?;
     drop(sources);
     // While we still hold CAP_SYS_RESOURCE in the job's user namespace,
     // after the mounts (a detached mount tree is a mount namespace too)
@@ -243,7 +243,7 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32
     // SAFETY: this process is single-threaded (it was cloned from the
     // single-threaded outer stage), so the child may run ordinary Rust code.
     let job = match unsafe { fork() }.map_err(|e| SysError::call("fork job", e))? {
-        ForkResult::Child => job(spec, ctl, protected),
+        ForkResult::Child => job(spec, ctl, built, not_idmapped),
         ForkResult::Parent { child } => child,
     };
     // pid 1 keeps no privilege it does not need to reap and forward.
@@ -292,8 +292,8 @@ fn write_files(files: &[crate::job::JobFile]) -> Result<(), SysError> {
 }
 
 /// Step 3, the job process. Never returns.
-fn job(spec: &InitSpec, ctl: &File, protected: Vec<String>) -> ! {
-    match confine_self(spec, protected) {
+fn job(spec: &InitSpec, ctl: &File, built: mounts::Built, not_idmapped: Vec<String>) -> ! {
+    match confine_self(spec, built, not_idmapped) {
         Ok(confined) => {
             report(ctl, &confined);
             if spec.hold && !released(ctl) {
@@ -351,7 +351,7 @@ fn released(ctl: &File) -> bool {
 
 /// The job's own confinement, in the order docs/design.md gives: seccomp last,
 /// since it may forbid what the earlier steps need.
-fn confine_self(spec: &InitSpec, protected: Vec<String>) -> Result<Report, SysError> {
+fn confine_self(spec: &InitSpec, built: mounts::Built, not_idmapped: Vec<String>) -> Result<Report, SysError> {
     let mut missing = Vec::new();
     // A session of its own: no controlling terminal, so no TIOCSPGRP or
     // TIOCSTI on its caller's (even where legacy_tiocsti allows the
@@ -363,9 +363,11 @@ fn confine_self(spec: &InitSpec, protected: Vec<String>) -> Result<Report, SysEr
         let ret = unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) };
         nix::errno::Errno::result(ret).map_err(|e| SysError::call("make the pty the controlling terminal", e))?;
     }
-    nix::unistd::chdir(spec.cwd.as_path()).map_err(|e| SysError::path("chdir", &spec.cwd, e))?;
     rlimits::apply(&spec.rlimits)?;
     caps::drop_all()?;
+    // As the job will be, before anything of it runs.
+    usable_binds(spec, &not_idmapped)?;
+    nix::unistd::chdir(spec.cwd.as_path()).map_err(|e| SysError::path("chdir", &spec.cwd, e))?;
     sys::set_no_new_privs()?;
     let landlock = match &spec.landlock {
         Some(plan) => landlock::apply(plan, spec.allow_degraded)?,
@@ -377,5 +379,60 @@ fn confine_self(spec: &InitSpec, protected: Vec<String>) -> Result<Report, SysEr
     if spec.seccomp.is_some() {
         seccomp::load_from_fd(SECCOMP_FD)?;
     }
-    Ok(Report::Confined { landlock, seccomp: spec.seccomp.clone(), missing, protected })
+    Ok(Report::Confined {
+        landlock,
+        seccomp: spec.seccomp.clone(),
+        missing,
+        protected: built.protected,
+        idmapped: built.idmapped,
+        not_idmapped,
+    })
+}
+
+/// Refuse to start a job that can't use what it was given: a workspace
+/// or bind it can't read, or a read-write one it can't write (a
+/// root-owned 0700 checkout where no idmapped mount could be made). One
+/// line says who owns it, who the job is, and what to do, rather than a
+/// job that fails on its first write. Checked with the job's own
+/// credentials (no capability left), so ACLs count as they will.
+fn usable_binds(spec: &InitSpec, not_idmapped: &[String]) -> Result<(), SysError> {
+    use nix::unistd::AccessFlags;
+    for op in &spec.mounts {
+        let MountOp::Bind { src, dst, rw, dev: false, exact: true, idmap, .. } = op else { continue };
+        let mut want = if *rw { AccessFlags::W_OK } else { AccessFlags::R_OK };
+        if dst.is_dir() {
+            want |= AccessFlags::X_OK;
+        }
+        match nix::unistd::faccessat(nix::fcntl::AT_FDCWD, dst.as_path(), want, nix::fcntl::AtFlags::AT_EACCESS) {
+            Err(nix::errno::Errno::EACCES) => {}
+            _ => continue,
+        }
+        let job = spec.uid.outside;
+        let owner = match idmap {
+            Some((0, _)) => "root (uid 0)".into(),
+            Some((uid, _)) => format!("uid {uid}"),
+            None if spec.rootless => "another user".into(),
+            None => "the job's own uid".into(),
+        };
+        let why = not_idmapped
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("{}: ", dst.display())))
+            .map(|w| format!(" No idmapped mount could show it as the job's ({w})."))
+            .unwrap_or_default();
+        let (can, fix) = match (rw, spec.rootless) {
+            (true, false) => ("write", format!("make it writable for uid {job} (chown or chmod), or drop --rw")),
+            (true, true) => ("write", format!("make it writable for uid {job}, or run confine as root")),
+            (false, false) => ("read", format!("make it readable for uid {job} (chmod o+rX)")),
+            (false, true) => ("read", format!("make it readable for uid {job}, or run confine as root")),
+        };
+        return Err(SysError::other(
+            "workspace",
+            format!(
+                "the job (uid {job} on the host) can't {can} {} (its {}): it belongs to {owner}.{why} Fix: {fix}",
+                src.display(),
+                dst.display()
+            ),
+        ));
+    }
+    Ok(())
 }

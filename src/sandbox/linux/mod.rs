@@ -93,7 +93,8 @@ fn check_workspace(spec: &JobSpec) -> Result<(), SandboxError> {
 /// The [`InitSpec`] for `spec`: every decision made here, as data.
 pub fn init_spec(spec: &JobSpec) -> InitSpec {
     let (uid, gid, rootless) = sandbox_ids(spec);
-    let mounts = mounts::plan(spec, &mounts::RealHost);
+    let mut mounts = mounts::plan(spec, &mounts::RealHost);
+    mark_idmaps(&mut mounts, spec, (uid.outside, gid.outside));
     let landlock = Some(landlock_plan(&mounts, spec));
     InitSpec {
         argv: spec.argv.clone(),
@@ -114,6 +115,31 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
         hold: spec.hold,
         tty: spec.tty,
         userns_owner: (!rootless).then(userns_owner),
+    }
+}
+
+/// Ask for an idmapped mount of the workspace and of the user's binds
+/// whose owner is not the job's host uid and gid (root's checkout, as a
+/// CI runner has; a user's, whose group the job never gets elsewhere):
+/// the outer stage maps that owner onto the job, or says why not.
+fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) {
+    use std::os::unix::fs::MetadataExt;
+    let wanted = |src: &std::path::Path, dst: &std::path::Path| {
+        (dst == std::path::Path::new("/workspace") && spec.workspace.as_deref() == Some(src))
+            || spec.binds.iter().any(|b| b.idmap && b.source == src && b.dest == dst)
+    };
+    for op in ops {
+        if let MountOp::Bind { src, dst, exact: true, dev: false, idmap, .. } = op {
+            if !wanted(src, dst) {
+                continue;
+            }
+            // Not there: the outer stage says so when it opens it.
+            if let Ok(meta) = std::fs::metadata(&*src) {
+                if (meta.uid(), meta.gid()) != job {
+                    *idmap = Some((meta.uid(), meta.gid()));
+                }
+            }
+        }
     }
 }
 
@@ -502,8 +528,10 @@ impl RunningJob {
         for r in reports {
             match r {
                 Report::Started { .. } => {}
-                Report::Confined { landlock, seccomp, missing, protected } => {
+                Report::Confined { landlock, seccomp, missing, protected, idmapped, not_idmapped } => {
                     layers.protected = protected;
+                    layers.idmapped = idmapped;
+                    layers.not_idmapped = not_idmapped;
                     layers.landlock = landlock;
                     layers.seccomp = seccomp;
                     layers.missing.extend(missing);
@@ -519,6 +547,8 @@ impl RunningJob {
                     });
                 }
                 Report::SetupFailed { step, error } => {
+                    // The error names its step too: once is enough.
+                    let error = error.strip_prefix(&format!("{step}: ")).unwrap_or(&error);
                     outcome.error.get_or_insert(format!("sandbox setup failed at '{step}': {error}"));
                 }
                 Report::Exited { code, signal } => {
@@ -612,6 +642,7 @@ mod tests {
                 dev: false,
                 optional: true,
                 exact: false,
+                idmap: None,
             },
             MountOp::Bind {
                 src: "/w".into(),
@@ -620,6 +651,7 @@ mod tests {
                 dev: false,
                 optional: false,
                 exact: true,
+                idmap: None,
             },
             MountOp::Bind {
                 src: "/dev/null".into(),
@@ -628,6 +660,7 @@ mod tests {
                 dev: true,
                 optional: false,
                 exact: false,
+                idmap: None,
             },
         ];
         let plan = landlock_plan(&ops, &spec);

@@ -115,6 +115,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
                 dev: false,
                 optional: true,
                 exact: false,
+                idmap: None,
             }),
             Err(_) => {}
         }
@@ -127,6 +128,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
             dev: false,
             optional: false,
             exact: true,
+            idmap: None,
         });
     }
     if let Some(ws) = &spec.workspace {
@@ -137,6 +139,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
             dev: false,
             optional: false,
             exact: true,
+            idmap: None,
         });
         if spec.workspace_rw {
             for path in &spec.protect {
@@ -150,7 +153,15 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
     let tty = spec.tty.then_some("tty");
     for dev in DEVICES.iter().copied().chain(tty) {
         let p = Path::new("/dev").join(dev);
-        ops.push(MountOp::Bind { src: p.clone(), dst: p, rw: true, dev: true, optional: false, exact: false });
+        ops.push(MountOp::Bind {
+            src: p.clone(),
+            dst: p,
+            rw: true,
+            dev: true,
+            optional: false,
+            exact: false,
+            idmap: None,
+        });
     }
     if spec.tty {
         ops.push(MountOp::Terminal);
@@ -185,6 +196,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
                     dev: false,
                     optional: true,
                     exact: false,
+                    idmap: None,
                 });
             }
         }
@@ -193,17 +205,23 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
 }
 
 /// What pid 1 mounts from, per op of the plan, opened for it by the outer
-/// stage: a bind's source, or the components of a path to protect (the
-/// directories on the way, then the path itself).
+/// stage: a bind's source, a detached idmapped copy of one, or the
+/// components of a path to protect (the directories on the way, then the
+/// path itself).
 #[derive(Debug)]
 pub enum Source {
     None,
     Bind(OwnedFd),
+    /// A detached mount tree (`open_tree`), idmapped, private and with
+    /// the bind's attributes already set: pid 1 only moves it in place.
+    Tree(OwnedFd),
     Protect(Vec<OwnedFd>),
 }
 
 /// Open, as host root in the outer stage, every source of `ops` inside the
 /// mount namespace of pid 1 (host pid `pid1`), so that pid 1 can bind them.
+/// Returns the sources and, for each bind whose idmap was asked for but
+/// could not be made, `dst: why` (it is then bound plainly).
 ///
 /// A source is looked up from pid 1's root (`RESOLVE_IN_ROOT`). An exact
 /// one (the workspace, the user's binds, toolchain roots: all canonical)
@@ -212,14 +230,44 @@ pub enum Source {
 /// refused. A path to protect is walked one component at a time from its
 /// base's source with `O_NOFOLLOW`, as root, so a job can't hide it behind
 /// its permissions (`chmod 000 .git`) or a symlink.
-pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp]) -> Result<Vec<Source>, SysError> {
+///
+/// A bind with an idmap ([`MountOp::Bind`]'s `idmap`) is copied here
+/// instead, from our own mount namespace (the one pid 1's was copied from:
+/// `open_tree` copies only mounts of the caller's namespace), and the copy
+/// is idmapped: only host root may, as the file system's superblock
+/// belongs to the host. `job` is the job's host (uid, gid).
+pub fn open_sources(
+    pid1: libc::pid_t,
+    ops: &[MountOp],
+    job: (u32, u32),
+    rootless: bool,
+) -> Result<(Vec<Source>, Vec<String>), SysError> {
     let proc_root = PathBuf::from(format!("/proc/{pid1}/root"));
     let root = open(proc_root.as_path(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
         .map_err(|e| SysError::path("open pid 1's root", &proc_root, e))?;
+    let mut idmaps = Idmaps { job, namespaces: Vec::new(), own_root: None };
+    let mut not_idmapped = Vec::new();
     let mut out: Vec<Source> = Vec::with_capacity(ops.len());
     for op in ops {
         let source = match op {
-            MountOp::Bind { src, optional, exact, .. } => match open_in_root(&root, &proc_root, src, *exact) {
+            MountOp::Bind { src, dst, rw, idmap: Some(owner), .. } if !rootless => {
+                match idmaps.tree(src, *owner, *rw) {
+                    Ok(tree) => Some(Source::Tree(tree)),
+                    Err(why) => {
+                        not_idmapped.push(format!("{}: {why}", dst.display()));
+                        None
+                    }
+                }
+            }
+            MountOp::Bind { dst, idmap: Some(_), .. } => {
+                not_idmapped.push(format!("{}: {IDMAP_ROOTLESS}", dst.display()));
+                None
+            }
+            _ => None,
+        };
+        let source = match (source, op) {
+            (Some(tree), _) => tree,
+            (None, MountOp::Bind { src, optional, exact, .. }) => match open_in_root(&root, &proc_root, src, *exact) {
                 Ok(fd) => Source::Bind(fd),
                 Err(nix::errno::Errno::ENOENT) if *optional => Source::None,
                 Err(nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV) if *exact => {
@@ -234,9 +282,9 @@ pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp]) -> Result<Vec<Source>, S
                 }
                 Err(e) => return Err(SysError::path("open bind source", src, e)),
             },
-            MountOp::Protect { base, path } => {
+            (None, MountOp::Protect { base, path }) => {
                 let base_fd = ops.iter().zip(&out).find_map(|(o, s)| match (o, s) {
-                    (MountOp::Bind { dst, .. }, Source::Bind(fd)) if dst == base => Some(fd),
+                    (MountOp::Bind { dst, .. }, Source::Bind(fd) | Source::Tree(fd)) if dst == base => Some(fd),
                     _ => None,
                 });
                 match base_fd {
@@ -248,7 +296,68 @@ pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp]) -> Result<Vec<Source>, S
         };
         out.push(source);
     }
-    Ok(out)
+    Ok((out, not_idmapped))
+}
+
+/// Why a rootless job gets no idmapped mount.
+const IDMAP_ROOTLESS: &str = "rootless: an idmapped mount of a host file system needs host root";
+
+/// The idmapped copies of one job's binds, and the user namespaces that
+/// hold their mappings (one per owner).
+struct Idmaps {
+    job: (u32, u32),
+    namespaces: Vec<((u32, u32), OwnedFd)>,
+    own_root: Option<OwnedFd>,
+}
+
+impl Idmaps {
+    /// A detached copy of `src` (and every mount below it) that shows
+    /// `owner`'s files as the job's, with the bind's attributes; or why not.
+    fn tree(&mut self, src: &Path, owner: (u32, u32), rw: bool) -> Result<OwnedFd, String> {
+        let errno = |what: &str, e: nix::errno::Errno| format!("{what} failed: {e}");
+        if self.own_root.is_none() {
+            let root = open("/", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+                .map_err(|e| errno("opening /", e))?;
+            self.own_root = Some(root);
+        }
+        let root = self.own_root.as_ref().ok_or("no root")?;
+        let rel = src.strip_prefix("/").unwrap_or(src);
+        let resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
+        let fd = sys::openat2(root, rel, libc::O_PATH | libc::O_CLOEXEC, resolve)
+            .map_err(|e| errno("opening the source", e))?;
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| errno("stat", e))?;
+        // Changed owner since the plan: map what is there now.
+        let owner = if (st.st_uid, st.st_gid) == owner { owner } else { (st.st_uid, st.st_gid) };
+        if owner == self.job {
+            return Err("it now belongs to the job's own ids".into());
+        }
+        let tree = sys::open_tree_clone_recursive(&fd).map_err(|e| errno("open_tree", e))?;
+        let userns = match self.namespaces.iter().find(|(o, _)| *o == owner) {
+            Some((_, ns)) => ns,
+            None => {
+                let ns = super::namespaces::idmap_userns(owner, self.job).map_err(|e| e.to_string())?;
+                self.namespaces.push((owner, ns));
+                &self.namespaces[self.namespaces.len() - 1].1
+            }
+        };
+        let mut attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+        if !rw {
+            attrs |= sys::MOUNT_ATTR_RDONLY;
+        }
+        sys::set_mount_idmap(&tree, userns, attrs).map_err(idmap_refused)?;
+        Ok(tree)
+    }
+}
+
+/// Why `mount_setattr(MOUNT_ATTR_IDMAP)` failed, in the user's words.
+fn idmap_refused(e: nix::errno::Errno) -> String {
+    match e {
+        nix::errno::Errno::ENOSYS => "this kernel has no idmapped mounts (Linux 5.12 or later has)".into(),
+        nix::errno::Errno::EINVAL => {
+            "the file system (or one mounted below it) does not support idmapped mounts (EINVAL)".into()
+        }
+        e => format!("the kernel refused an idmapped mount: {e}"),
+    }
 }
 
 /// `src` (absolute) looked up from `root` (pid 1's root): `openat2` with
@@ -304,6 +413,10 @@ fn walk_protected(base: &OwnedFd, path: &Path) -> Result<Source, SysError> {
         {
             Ok(fd) => fd,
             Err(nix::errno::Errno::ENOENT) => return Ok(Source::None),
+            // The base itself can't be searched: only rootless (root reads
+            // past permissions), where the job has our ids and can't enter
+            // it either; it is refused before it runs (`usable_binds`).
+            Err(nix::errno::Errno::EACCES) if fds.is_empty() => return Ok(Source::None),
             Err(e) => return Err(SysError::path("open protected path", &done.join(name), e)),
         };
         done.push(name);
@@ -328,7 +441,7 @@ const FDS_PER_MESSAGE: usize = 200;
 
 /// Hand `sources` to pid 1 over `sock` (a `SOCK_SEQPACKET` pair made
 /// before the clone): first how many fds each op has, then the fds.
-pub fn send_sources(sock: &OwnedFd, sources: Vec<Source>) -> Result<(), SysError> {
+pub fn send_sources(sock: &OwnedFd, sources: Vec<Source>, not_idmapped: &[String]) -> Result<(), SysError> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let mut counts = Vec::with_capacity(sources.len());
     let mut fds: Vec<OwnedFd> = Vec::new();
@@ -337,6 +450,10 @@ pub fn send_sources(sock: &OwnedFd, sources: Vec<Source>) -> Result<(), SysError
             Source::None => counts.push(0u8),
             Source::Bind(fd) => {
                 counts.push(1);
+                fds.push(fd);
+            }
+            Source::Tree(fd) => {
+                counts.push(TREE);
                 fds.push(fd);
             }
             Source::Protect(v) => {
@@ -358,11 +475,20 @@ pub fn send_sources(sock: &OwnedFd, sources: Vec<Source>) -> Result<(), SysError
     for chunk in raw.chunks(FDS_PER_MESSAGE) {
         send(b"f", chunk)?;
     }
+    send(format!("n{}", not_idmapped.join("\n")).as_bytes(), &[])?;
     Ok(())
 }
 
-/// Take the sources [`send_sources`] sent, for `ops`.
-pub fn receive_sources(sock: &OwnedFd, ops: &[MountOp]) -> Result<Vec<Source>, SysError> {
+/// The count [`send_sources`] gives a [`Source::Tree`] (one fd, and not a
+/// bind to make): a bind's count is otherwise 0 or 1.
+const TREE: u8 = 0x81;
+
+/// The longest list of idmap refusals pid 1 takes.
+const MAX_NOT_IDMAPPED: usize = 64 * 1024;
+
+/// Take the sources [`send_sources`] sent, for `ops`, and the idmaps it
+/// could not make.
+pub fn receive_sources(sock: &OwnedFd, ops: &[MountOp]) -> Result<(Vec<Source>, Vec<String>), SysError> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     use std::os::fd::FromRawFd;
     let err = |what: &str| SysError::other("receive the mount sources", what);
@@ -377,7 +503,7 @@ pub fn receive_sources(sock: &OwnedFd, ops: &[MountOp]) -> Result<Vec<Source>, S
         return Err(err("the outer stage sent sources for another plan"));
     }
     counts.truncate(n);
-    let want: usize = counts.iter().map(|&c| usize::from(c)).sum();
+    let want: usize = counts.iter().map(|&c| if c == TREE { 1 } else { usize::from(c) }).sum();
     let mut fds: Vec<OwnedFd> = Vec::with_capacity(want);
     while fds.len() < want {
         let mut byte = [0u8; 1];
@@ -404,11 +530,22 @@ pub fn receive_sources(sock: &OwnedFd, ops: &[MountOp]) -> Result<Vec<Source>, S
         out.push(match (op, count) {
             (_, 0) => Source::None,
             (MountOp::Bind { .. }, 1) => Source::Bind(take()?),
+            (MountOp::Bind { .. }, TREE) => Source::Tree(take()?),
             (MountOp::Protect { .. }, n) => Source::Protect((0..n).map(|_| take()).collect::<Result<_, _>>()?),
             _ => return Err(err("sources that do not match the plan")),
         });
     }
-    Ok(out)
+    let mut text = vec![0u8; MAX_NOT_IDMAPPED];
+    let n = {
+        let mut iov = [std::io::IoSliceMut::new(&mut text)];
+        recvmsg::<()>(sock.as_raw_fd(), &mut iov, None, MsgFlags::MSG_CMSG_CLOEXEC)
+            .map_err(|e| SysError::call("receive the mount sources", e))?
+            .bytes
+    };
+    let text = text.get(..n).and_then(|t| t.strip_prefix(b"n")).ok_or_else(|| err("no idmap list"))?;
+    let not_idmapped =
+        String::from_utf8_lossy(text).split('\n').filter(|l| !l.is_empty()).map(str::to_string).collect();
+    Ok((out, not_idmapped))
 }
 
 fn under(root: &Path, dst: &Path) -> PathBuf {
@@ -455,22 +592,54 @@ fn touch(path: &Path) -> Result<(), SysError> {
         .map_err(|e| SysError::io("create mount point", path, e))
 }
 
+/// What [`build`] did beyond the plan's letter.
+#[derive(Debug, Default)]
+pub struct Built {
+    /// The paths that [`MountOp::Protect`] made read-only, as `base/path`.
+    pub protected: Vec<String>,
+    /// The mount points bound through an idmapped copy ([`Source::Tree`]).
+    pub idmapped: Vec<String>,
+}
+
 /// Run the plan under `root` (a fresh tmpfs at [`STAGING`]), from the
-/// `sources` the outer stage opened. Returns the paths that
-/// [`MountOp::Protect`] made read-only, as `base/path`.
-pub fn build(ops: &[MountOp], sources: &[Source]) -> Result<Vec<String>, SysError> {
+/// `sources` the outer stage opened.
+pub fn build(ops: &[MountOp], sources: &[Source]) -> Result<Built, SysError> {
     let root = Path::new(STAGING);
     let nil: Option<&str> = None;
     // Nothing we mount may propagate back to the host.
     mount(nil, "/", nil, MsFlags::MS_REC | MsFlags::MS_PRIVATE, nil)
         .map_err(|e| SysError::path("make / private", Path::new("/"), e))?;
-    // Before the workspace is bound: its recursive bind takes these along.
-    let protected = protect(ops, sources)?;
+    // An idmapped copy is already detached from the source tree: paths to
+    // protect in it are protected once it is in place. The others before
+    // their base is bound: its recursive bind takes them along.
+    let trees: Vec<&Path> = ops
+        .iter()
+        .zip(sources)
+        .filter_map(|(op, s)| match (op, s) {
+            (MountOp::Bind { dst, .. }, Source::Tree(_)) => Some(dst.as_path()),
+            _ => None,
+        })
+        .collect();
+    let mut built = Built { protected: protect(ops, sources, |base| !trees.contains(&base))?, ..Built::default() };
     mount(Some("tmpfs"), root, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=1m"))
         .map_err(|e| SysError::path("mount root tmpfs", root, e))?;
 
     for (op, source) in ops.iter().zip(sources) {
         match op {
+            MountOp::Bind { dst, src, .. } if matches!(source, Source::Tree(_)) => {
+                let Source::Tree(tree) = source else { continue };
+                let target = under(root, dst);
+                let meta = nix::sys::stat::fstat(tree).map_err(|e| SysError::path("stat bind source", src, e))?;
+                mkdir_parents(root, &target)?;
+                if meta.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                    mkdir_p(&target, 0o755)?;
+                } else {
+                    touch(&target)?;
+                }
+                // Its attributes (read-only, nosuid, nodev) are set.
+                sys::move_mount_to(tree, &target).map_err(|e| SysError::path("move idmapped mount", src, e))?;
+                built.idmapped.push(dst.display().to_string());
+            }
             MountOp::Bind { dst, rw, dev, src, .. } => {
                 let Source::Bind(fd) = source else { continue };
                 let target = under(root, dst);
@@ -570,11 +739,14 @@ pub fn build(ops: &[MountOp], sources: &[Source]) -> Result<Vec<String>, SysErro
                 }
             }
             MountOp::Terminal => bind_terminal(root)?,
-            // Done first, on the sources (see `protect`).
+            // Done around the binds, on the sources (see `protect`).
             MountOp::Protect { .. } => {}
         }
     }
-    Ok(protected)
+    // The idmapped trees are in place: their paths to protect now, on the
+    // very objects the outer stage opened in them.
+    built.protected.extend(protect(ops, sources, |base| trees.contains(&base))?);
+    Ok(built)
 }
 
 /// Bind the pty at our fd 0 (a host `/dev/pts/N`) at the same name in the
@@ -616,11 +788,16 @@ fn bind_terminal(root: &Path) -> Result<(), SysError> {
 /// along), which makes it a mount point: the job can neither rename it
 /// away nor put a directory of its own in its place (a fresh `.git` with a
 /// hostile `config` beside a renamed real one).
-fn protect(ops: &[MountOp], sources: &[Source]) -> Result<Vec<String>, SysError> {
+///
+/// Only the paths whose base `now` holds.
+fn protect(ops: &[MountOp], sources: &[Source], now: impl Fn(&Path) -> bool) -> Result<Vec<String>, SysError> {
     let mut protected = Vec::new();
     let mut pins: Vec<(usize, (u64, u64), &OwnedFd, PathBuf)> = Vec::new();
     for (op, source) in ops.iter().zip(sources) {
         let (MountOp::Protect { base, path }, Source::Protect(fds)) = (op, source) else { continue };
+        if !now(base) {
+            continue;
+        }
         let Some((leaf, dirs)) = fds.split_last() else { continue };
         let mut shown = base.clone();
         for (depth, (fd, name)) in dirs.iter().zip(path.components()).enumerate() {

@@ -128,6 +128,45 @@ impl Drop for AsOwner {
     }
 }
 
+/// A user namespace for an idmapped mount: files that `disk` (uid, gid)
+/// owns on the file system show as owned by `job` (the job's host ids),
+/// and what the job creates there lands as `disk`. No other id is mapped:
+/// files of anyone else show as the overflow id and are not the job's.
+///
+/// Made by the outer stage, as host root (only a writer with CAP_SETUID
+/// over the parent namespace may map ids other than its own): a child is
+/// cloned into a new user namespace and waits on a pipe while its maps are
+/// written and its `ns/user` is opened, then exits. The namespace lives on
+/// with the mounts that use it.
+pub fn idmap_userns(disk: (u32, u32), job: (u32, u32)) -> Result<std::os::fd::OwnedFd, SysError> {
+    use std::os::fd::AsFd;
+    let (wait_rd, wait_wr) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SysError::call("pipe for an idmap", e))?;
+    let pid = super::sys::clone_fork(libc::CLONE_NEWUSER).map_err(|e| SysError::call("clone an idmap namespace", e))?;
+    if pid == 0 {
+        drop(wait_wr);
+        let mut byte = [0u8; 1];
+        // Returns at EOF, when the parent is done with us (or died).
+        let _ = nix::unistd::read(wait_rd.as_fd(), &mut byte);
+        // SAFETY: _exit ends this cloned child without running any of the
+        // outer stage's exit handlers.
+        unsafe { libc::_exit(0) }
+    }
+    drop(wait_rd);
+    let child = Pid::from_raw(pid);
+    let made = write_proc(child, "uid_map", &format!("{} {} 1\n", disk.0, job.0))
+        .and_then(|()| write_proc(child, "gid_map", &format!("{} {} 1\n", disk.1, job.1)))
+        .and_then(|()| {
+            let path = format!("/proc/{pid}/ns/user");
+            std::fs::File::open(&path)
+                .map(std::os::fd::OwnedFd::from)
+                .map_err(|e| SysError::io("open the idmap namespace", Path::new(&path), e))
+        });
+    drop(wait_wr);
+    let _ = nix::sys::wait::waitpid(child, None);
+    made
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

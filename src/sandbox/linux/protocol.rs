@@ -43,6 +43,13 @@ pub enum MountOp {
         /// and the bind is refused rather than followed.
         #[serde(default)]
         exact: bool,
+        /// The source's owner (uid, gid), when those are not the job's
+        /// host ids and the source may be idmapped (the workspace, the user's
+        /// binds): the outer stage then tries an idmapped mount that shows
+        /// the owner's files as the job's own (`namespaces::idmap_userns`),
+        /// so what the job creates lands as that owner. None: a plain bind.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idmap: Option<(u32, u32)>,
     },
     /// Recreate a host symlink such as `/bin -> usr/bin`.
     Symlink {
@@ -178,6 +185,13 @@ pub enum Report {
         missing: Vec<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         protected: Vec<String>,
+        /// Mount points that were idmapped.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        idmapped: Vec<String>,
+        /// Mount points whose idmap was asked for but not made, each as
+        /// `path: why`; they were bound plainly.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        not_idmapped: Vec<String>,
     },
     /// The command could not be executed (errno from execve or lookup).
     ExecFailed { errno: i32, command: String },

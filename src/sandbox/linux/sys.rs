@@ -306,3 +306,54 @@ pub fn open_tree_clone_recursive(fd: &std::os::fd::OwnedFd) -> Result<std::os::f
     // SAFETY: the kernel just returned this new fd; nothing else owns it.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(tree as libc::c_int) })
 }
+
+/// `MOUNT_ATTR_IDMAP`: the mount shows its files' owners through a user
+/// namespace's id mapping (Linux 5.12).
+pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// Set `attrs` and the id mapping of the user namespace `userns` on the
+/// detached tree `tree` and every mount in it, and make them private: a
+/// copy of a shared host mount would otherwise stay in its peer group, and
+/// the job's mounts on it would show on the host.
+pub fn set_mount_idmap(tree: &std::os::fd::OwnedFd, userns: &std::os::fd::OwnedFd, attrs: u64) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let attr = MountAttr {
+        attr_set: attrs | MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // SAFETY: an open fd, an empty NUL-terminated path and a valid struct
+    // of the size passed; the kernel only reads them.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(ret).map(drop)
+}
+
+/// `move_mount(2)` of the detached tree `tree` onto `target`, a path of
+/// pid 1's own staging root (nothing a job has seen, so the path can be
+/// trusted).
+pub fn move_mount_to(tree: &std::os::fd::OwnedFd, target: &Path) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let c = CString::new(target.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: an open fd, an empty path and a NUL-terminated target path.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    Errno::result(ret).map(drop)
+}

@@ -1,0 +1,355 @@
+//! Workspaces where users run jobs (issue 28): root's own checkout, as a
+//! CI runner has it, shown to the job as its own through an idmapped
+//! mount; and, where the kernel, the file system or a rootless supervisor
+//! can't make one, the documented fallback with a clear refusal.
+//!
+//! Every test runs real jobs against real mounts; the file systems that
+//! this host's `/tmp` is not (tmpfs, and ramfs, which has no idmapped
+//! mounts) are mounted in a private mount namespace (`unshare -m`) that
+//! dies with the test's shell, so no mount is left behind.
+#![cfg(target_os = "linux")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn root_sandbox() -> bool {
+    if !is_root() {
+        skip("idmapped workspaces are made by a root supervisor (the rootless test covers the rest)");
+        return false;
+    }
+    sandbox_available()
+}
+
+/// A root-owned 0700 directory (what `mktemp -d` makes) with `a`, 0600.
+fn root_checkout() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(dir.path().join("a"), "the repo's file\n").unwrap();
+    std::fs::set_permissions(dir.path().join("a"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    dir
+}
+
+fn status(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn owner(path: &Path) -> (u32, u32) {
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.uid(), m.gid())
+}
+
+/// `confine run FLAGS… --json-status S -- /bin/sh -c SCRIPT`, and S.
+fn sh_status(flags: &[&str], script: &str) -> (std::process::Output, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("status.json");
+    let mut args: Vec<&str> = flags.to_vec();
+    args.extend(["--json-status", st.to_str().unwrap(), "--", "/bin/sh", "-c", script]);
+    let out = run(&args);
+    let v = std::fs::read(&st).map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or(serde_json::Value::Null);
+    (out, v)
+}
+
+#[test]
+fn a_root_owned_0700_workspace_is_readable_and_writable_and_files_land_as_root() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = root_checkout();
+    let wsp = ws.path().to_str().unwrap();
+
+    // Read-only: readable, not writable, and the files show as the job's.
+    let (out, v) = sh_status(
+        &["--workspace", wsp],
+        "cat a; [ \"$(stat -c %u a)\" = \"$(id -u)\" ] && echo owned=yes; echo x > b 2>/dev/null && echo write=ok || echo write=refused",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("the repo's file") && text.contains("owned=yes"), "{text}");
+    assert!(text.contains("write=refused"), "{text}");
+    assert_eq!(v["layers"]["idmapped"], serde_json::json!(["/workspace"]), "{v}");
+    assert!(!ws.path().join("b").exists());
+
+    // Read-write: what the job creates lands as the workspace's owner.
+    let (out, v) = sh_status(
+        &["--workspace", wsp, "--rw"],
+        "echo new > new && mkdir -p d/e && echo deep > d/e/f && echo more >> a && ln -s a link && echo done",
+    );
+    assert!(out.status.success() && stdout(&out).contains("done"), "{}{}", stdout(&out), stderr(&out));
+    for p in ["new", "d", "d/e", "d/e/f", "a", "link"] {
+        assert_eq!(owner(&ws.path().join(p)), (0, 0), "{p} on the host");
+    }
+    assert_eq!(std::fs::read_to_string(ws.path().join("a")).unwrap(), "the repo's file\nmore\n");
+    // The job itself is never host root.
+    assert_eq!(v["layers"]["hostUid"], 65534, "{v}");
+    assert_eq!(v["layers"]["idmapped"], serde_json::json!(["/workspace"]), "{v}");
+    assert_eq!(owner(ws.path()), (0, 0));
+    assert_eq!(std::fs::metadata(ws.path()).unwrap().mode() & 0o7777, 0o700, "the workspace's mode changed");
+}
+
+/// The job's uid as the host's `/proc` shows it, not as it reports it.
+#[test]
+fn the_job_on_an_idmapped_workspace_is_not_host_root() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = root_checkout();
+    let tok = token("idmap-uid");
+    let mut child = Command::new(bin())
+        .args(["run", "--workspace", ws.path().to_str().unwrap(), "--rw", "--", "/bin/sh", "-c"])
+        .arg("touch ready; sleep 30")
+        .arg(&tok)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = ws.path().join("ready");
+    for _ in 0..500 {
+        if ready.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(ready.exists(), "the job never started");
+    let cli = child.id();
+    let jobs: Vec<u32> = host_pids_with(&tok).into_iter().filter(|&p| p != cli).collect();
+    let ids: Vec<String> = jobs
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .flat_map(|s| {
+            s.lines().filter(|l| l.starts_with("Uid:") || l.starts_with("Gid:")).map(String::from).collect::<Vec<_>>()
+        })
+        .collect();
+    // SAFETY: kill takes a pid (our own child's) and a signal number.
+    unsafe { libc::kill(cli as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    assert!(!jobs.is_empty() && !ids.is_empty(), "the job's process was not found");
+    for line in &ids {
+        let fields: Vec<&str> = line.split_whitespace().skip(1).collect();
+        assert!(fields.iter().all(|f| *f == "65534"), "the job's host ids: {line}");
+    }
+}
+
+/// A workspace owned by a user (uid ≥ 1000) runs as that user, with its
+/// group mapped onto the job's (nogroup); one owned by a system uid runs
+/// as nobody, its owner mapped. Either way what the job makes lands as
+/// the workspace's owner and group.
+#[test]
+fn files_land_as_the_workspace_owner() {
+    if !root_sandbox() {
+        return;
+    }
+    for (uid, job_uid) in [(1000, 1000), (500, 65534)] {
+        let ws = root_checkout();
+        std::os::unix::fs::chown(ws.path(), Some(uid), Some(uid)).unwrap();
+        std::os::unix::fs::chown(ws.path().join("a"), Some(uid), Some(uid)).unwrap();
+        let (out, v) = sh_status(
+            &["--workspace", ws.path().to_str().unwrap(), "--rw"],
+            "cat a >/dev/null && echo made > made && mkdir dir && echo ok",
+        );
+        assert!(stdout(&out).contains("ok"), "uid {uid}: {}{}", stdout(&out), stderr(&out));
+        assert_eq!(owner(&ws.path().join("made")), (uid, uid), "uid {uid}");
+        assert_eq!(owner(&ws.path().join("dir")), (uid, uid), "uid {uid}");
+        assert_eq!(v["layers"]["hostUid"], job_uid, "uid {uid}: {v}");
+        assert_eq!(v["layers"]["idmapped"], serde_json::json!(["/workspace"]), "uid {uid}: {v}");
+    }
+}
+
+/// `--bind` and `--ro-bind` sources are idmapped as the workspace is.
+#[test]
+fn binds_are_idmapped_too() {
+    if !root_sandbox() {
+        return;
+    }
+    let ro = root_checkout();
+    let rw = root_checkout();
+    let (out, v) = sh_status(
+        &["--ro-bind", &format!("{}:/data", ro.path().display()), "--bind", &format!("{}:/out", rw.path().display())],
+        "cat /data/a && cp /data/a /out/copy && echo ok",
+    );
+    assert!(stdout(&out).contains("ok"), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(owner(&rw.path().join("copy")), (0, 0));
+    let mut idmapped: Vec<String> =
+        v["layers"]["idmapped"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
+    idmapped.sort();
+    assert_eq!(idmapped, ["/data", "/out"], "{v}");
+}
+
+/// `confine exec` with `workspace_rw = true` on a root-owned repository.
+#[test]
+fn exec_writes_a_root_owned_repository() {
+    if !root_sandbox() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    std::fs::set_permissions(&repo, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let config = dir.path().join("confine.toml");
+    let text = exec_config(&dir.path().join("store"), "t", &repo)
+        .replace("[store]", "[sandbox]\nworkspace_rw = true\n\n[store]");
+    std::fs::write(&config, text).unwrap();
+    let out = Command::new(bin())
+        .args(["--config", config.to_str().unwrap(), "exec", "--repo-id", "t", "--runtime", "shell", "--json"])
+        .args(["--code", "echo built > out.txt && cat out.txt"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"]["layers"]["idmapped"], serde_json::json!(["/workspace"]), "{v}");
+    assert_eq!(std::fs::read_to_string(repo.join("out.txt")).unwrap(), "built\n");
+    assert_eq!(owner(&repo.join("out.txt")), (0, 0));
+}
+
+/// `sh -c SCRIPT` in a mount namespace of its own (its mounts die with
+/// it), with `$C` the binary under test and `$D` a fresh directory.
+fn in_private_mounts(script: &str) -> (std::process::Output, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c", script])
+        .env("C", bin())
+        .env("D", dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare (util-linux)");
+    (out, dir)
+}
+
+/// tmpfs has idmapped mounts (Linux 6.3); ramfs has none: a read-write
+/// job on a root-owned ramfs is refused before it starts, with a line that
+/// says why and what to do, and a read-only one is bound plainly and says
+/// so in its layers.
+#[test]
+fn tmpfs_is_idmapped_and_a_file_system_without_idmaps_falls_back_with_a_clear_refusal() {
+    if !root_sandbox() {
+        return;
+    }
+    let script = r#"
+set -u
+mkdir "$D/t" "$D/r" "$D/o"
+mount -t tmpfs -o mode=0700 none "$D/t" || exit 90
+"$C" run --workspace "$D/t" --rw --json-status "$D/tmpfs.json" -- /bin/sh -c 'echo x > made'
+echo tmpfs_rc=$?
+stat -c 'tmpfs_owner=%u:%g' "$D/t/made"
+mount -t ramfs none "$D/r" || exit 91
+chmod 0700 "$D/r"
+"$C" run --workspace "$D/r" --rw --json-status "$D/ramfs-rw.json" -- /bin/sh -c 'echo x > made' 2>"$D/ramfs-rw.err"
+echo ramfs_rw_rc=$?
+[ -e "$D/r/made" ] && echo ramfs_made=yes
+chmod 0755 "$D/r"
+echo hi > "$D/r/f"
+chmod 0644 "$D/r/f"
+"$C" run --workspace "$D/r" --json-status "$D/ramfs-ro.json" -- /bin/cat f
+echo ramfs_ro_rc=$?
+"#;
+    let (out, dir) = in_private_mounts(script);
+    let text = stdout(&out);
+    assert!(text.contains("tmpfs_rc=0") && text.contains("tmpfs_owner=0:0"), "{text}{}", stderr(&out));
+    assert_eq!(status(&dir.path().join("tmpfs.json"))["layers"]["idmapped"], serde_json::json!(["/workspace"]));
+
+    assert!(text.contains("ramfs_rw_rc=125") && !text.contains("ramfs_made"), "{text}{}", stderr(&out));
+    let err = std::fs::read_to_string(dir.path().join("ramfs-rw.err")).unwrap();
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    for want in ["can't write", "root (uid 0)", "uid 65534", "does not support idmapped mounts", "Fix:", "--rw"] {
+        assert!(err.contains(want), "{want:?} not in: {err}");
+    }
+
+    assert!(text.contains("hi\nramfs_ro_rc=0"), "{text}{}", stderr(&out));
+    let v = status(&dir.path().join("ramfs-ro.json"));
+    assert!(v["layers"]["idmapped"].is_null(), "{v}");
+    let why = v["layers"]["notIdmapped"][0].as_str().unwrap_or_default();
+    assert!(why.starts_with("/workspace: ") && why.contains("does not support idmapped mounts"), "{v}");
+}
+
+/// Rootless, no idmapped mount of a host file system can be made: a
+/// workspace of the user's own works as it is, another's is refused with
+/// the reason, and the outcome says what applied.
+#[test]
+fn rootless_workspaces_say_what_applied() {
+    if !is_root() {
+        return skip("needs root to switch to an unprivileged user for the test");
+    }
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = dir.path().join("confine");
+    std::fs::copy(bin(), &copy).unwrap();
+    let own = dir.path().join("own");
+    std::fs::create_dir(&own).unwrap();
+    std::os::unix::fs::chown(&own, Some(65534), Some(65534)).unwrap();
+    let roots = dir.path().join("roots");
+    std::fs::create_dir(&roots).unwrap();
+    std::fs::set_permissions(&roots, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let st = dir.path().join("st");
+    std::fs::create_dir(&st).unwrap();
+    std::os::unix::fs::chown(&st, Some(65534), Some(65534)).unwrap();
+    let rootless = |ws: &Path, status: &str| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&copy)
+            .args(["run", "--memory", "unlimited", "--cpus", "unlimited", "--pids", "unlimited", "--rw"])
+            .arg("--workspace")
+            .arg(ws)
+            .arg("--json-status")
+            .arg(st.join(status))
+            .args(["--", "/bin/sh", "-c", "echo x > made && echo ok"])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = rootless(&own, "own.json");
+    if stderr(&out).contains("clone namespaces") {
+        return skip(&format!("unprivileged user namespaces are disabled: {}", stderr(&out)));
+    }
+    assert!(stdout(&out).contains("ok"), "{}", stderr(&out));
+    assert_eq!(owner(&own.join("made")), (65534, 65534));
+    let v = status(&st.join("own.json"));
+    assert!(v["layers"]["idmapped"].is_null() && v["layers"]["notIdmapped"].is_null(), "{v}");
+
+    let out = rootless(&roots, "roots.json");
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    let err = stderr(&out);
+    for want in ["can't write", "root (uid 0)", "rootless", "Fix:"] {
+        assert!(err.contains(want), "{want:?} not in: {err}");
+    }
+    assert!(!roots.join("made").exists());
+}
+
+/// A workspace's symlinks lead where they lead inside the sandbox, never
+/// to the host path they name: the idmap changes owners, not where a
+/// path goes.
+#[test]
+fn symlinks_in_an_idmapped_workspace_still_cannot_lead_out() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = root_checkout();
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret");
+    std::fs::write(&secret, "host secret\n").unwrap();
+    std::os::unix::fs::symlink(&secret, ws.path().join("abs")).unwrap();
+    std::os::unix::fs::symlink("../../../../../../../etc/passwd", ws.path().join("rel")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), ws.path().join("dir")).unwrap();
+    let (out, v) = sh_status(
+        &["--workspace", ws.path().to_str().unwrap(), "--rw"],
+        "cat abs 2>/dev/null && echo read_abs=yes; echo x > abs 2>/dev/null && echo write_abs=yes; \
+         echo x >> rel 2>/dev/null && echo write_rel=yes; echo x > dir/planted 2>/dev/null && echo write_dir=yes; \
+         echo done",
+    );
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}{}", stderr(&out));
+    assert!(!text.contains("=yes"), "{text}");
+    assert_eq!(v["layers"]["idmapped"], serde_json::json!(["/workspace"]), "{v}");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host secret\n");
+    assert!(!outside.path().join("planted").exists());
+}
