@@ -54,8 +54,10 @@ pub fn diagnose(smoke: Option<&std::path::Path>) -> Report {
         "root",
         root,
         if root { "running as root".to_string() } else { format!("running as uid {}", nix::unistd::geteuid()) },
-        "rootless mode works through unprivileged user namespaces; cgroup limits need a delegated v2 subtree \
-         (systemd-run --user --scope -p Delegate=yes confine …)",
+        &format!(
+            "rootless mode works through unprivileged user namespaces; for cgroup limits, {}",
+            crate::sandbox::linux::cgroup::rootless_hint()
+        ),
         false,
     ));
     checks.push(userns_check());
@@ -278,10 +280,11 @@ fn cgroup_checks(root: bool) -> Vec<Check> {
             } else {
                 format!("missing controllers: {}", missing.join(", "))
             },
-            if root {
+            &if root {
                 "enable the memory, cpu and pids controllers (cgroup_enable=memory on the kernel command line)"
+                    .to_string()
             } else {
-                "run under a delegated cgroup: systemd-run --user --scope -p Delegate=yes confine …"
+                crate::sandbox::linux::cgroup::rootless_hint()
             },
             true,
         ),

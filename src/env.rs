@@ -26,6 +26,40 @@ impl std::str::FromStr for EnvArg {
     }
 }
 
+/// The `--env` arguments of an env file (docker's `--env-file` format):
+/// one `KEY=VAL` or `KEY` per line, blank lines and `#` comments skipped,
+/// values taken as written (no quotes removed, no expansion). A bad line
+/// is an error naming the file, the line and why.
+pub fn read_env_file(path: &std::path::Path) -> Result<Vec<EnvArg>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--env-file {}: {e}", path.display()))?;
+    parse_env_file(&text).map_err(|(line, why)| format!("--env-file {}, line {line}: {why}", path.display()))
+}
+
+fn parse_env_file(text: &str) -> Result<Vec<EnvArg>, (usize, String)> {
+    let mut out = Vec::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let key = trimmed.split_once('=').map_or(trimmed, |(k, _)| k);
+        let valid = !key.is_empty()
+            && !key.starts_with(|c: char| c.is_ascii_digit())
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            let shown: String = key.chars().take(40).collect();
+            return Err((
+                n + 1,
+                format!("'{shown}' is not a variable name (letters, digits and _, not starting with a digit): expected KEY=VALUE or KEY"),
+            ));
+        }
+        let arg: EnvArg = trimmed.parse().map_err(|e| (n + 1, e))?;
+        out.push(arg);
+    }
+    Ok(out)
+}
+
 /// The job's complete environment. `lookup` reads the supervisor's
 /// environment (a parameter, so this is testable).
 pub fn scrubbed(extra: &[EnvArg], lookup: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
@@ -65,6 +99,28 @@ mod tests {
         assert_eq!(keys, ["PATH", "HOME", "TMPDIR", "LANG", "EDITOR", "X"]);
         assert!(!env.iter().any(|(_, v)| v.contains("s3cr3t")));
         assert!(env.contains(&("LANG".into(), "de_DE.UTF-8".into())));
+    }
+
+    #[test]
+    fn env_files_are_read_as_docker_reads_them() {
+        let text = "# comment\n\nA=1\n  B=two words \nC=\"quoted\"\nEDITOR\nD=x=y\r\n";
+        let got = parse_env_file(text).unwrap();
+        let pairs: Vec<(&str, Option<&str>)> = got.iter().map(|e| (e.key.as_str(), e.value.as_deref())).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("A", Some("1")),
+                ("B", Some("two words ")),
+                ("C", Some("\"quoted\"")),
+                ("EDITOR", None),
+                ("D", Some("x=y"))
+            ]
+        );
+        let (line, why) = parse_env_file("A=1\nexport B=2\n").unwrap_err();
+        assert_eq!(line, 2);
+        assert!(why.contains("'export B' is not a variable name"), "{why}");
+        assert_eq!(parse_env_file("=x\n").unwrap_err().0, 1);
+        assert_eq!(parse_env_file("A=1\n1X=2\n").unwrap_err().0, 2);
     }
 
     #[test]

@@ -101,6 +101,10 @@ pub struct JobSpec {
     /// Give the job a terminal of its own (a pty the caller relays).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tty: bool,
+    /// The (uid, gid) the job has inside its user namespace (`--user`);
+    /// None: the same numbers as its host ids. The host ids never change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<(u32, u32)>,
 }
 
 impl JobSpec {
@@ -120,6 +124,7 @@ impl JobSpec {
             hold: false,
             protect: DEFAULT_PROTECTED.iter().map(PathBuf::from).collect(),
             tty: false,
+            user: None,
         }
     }
 }
@@ -170,6 +175,9 @@ pub struct Layers {
     pub no_new_privs: bool,
     /// Host uid the job ran as.
     pub host_uid: u32,
+    /// The uid the job saw inside (`--user`), when it is not `hostUid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
     /// Host gid the job ran as (never a group of the workspace: see
     /// `sandbox::identity`).
     #[serde(default)]
@@ -191,14 +199,23 @@ pub struct Layers {
     pub missing: Vec<String>,
 }
 
-/// Resource usage of the whole job tree.
+/// Resource usage of the whole job tree. A figure nothing measured (no
+/// cgroup, a backend without the counter) is `None`, shown as `null`:
+/// a zero would claim the job used nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
-    pub cpu_user_ms: u64,
-    pub cpu_sys_ms: u64,
-    pub peak_memory_bytes: u64,
-    pub pids_peak: u64,
+    pub cpu_user_ms: Option<u64>,
+    pub cpu_sys_ms: Option<u64>,
+    pub peak_memory_bytes: Option<u64>,
+    pub pids_peak: Option<u64>,
+}
+
+impl Usage {
+    /// User plus system CPU time, when both were measured.
+    pub fn cpu_ms(&self) -> Option<u64> {
+        Some(self.cpu_user_ms? + self.cpu_sys_ms?)
+    }
 }
 
 /// One shape for `--json-status`, `exec` and MCP.
@@ -223,9 +240,33 @@ pub struct Outcome {
     /// One line, set when confine itself failed or the command couldn't start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The step of the sandbox's set-up that failed (`error` says how),
+    /// when the command never ran: exit status 125.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup_step: Option<String>,
 }
 
 impl Outcome {
+    /// The outcome of a run that failed before its sandbox could start
+    /// (exit status 125): what failed, at which step, nothing measured.
+    pub fn setup_failed(step: &str, error: String, backend: &str, limits: Limits) -> Outcome {
+        Outcome {
+            job_id: String::new(),
+            status: Status::Failure,
+            exit_code: Some(125),
+            signal: None,
+            duration_ms: 0,
+            queued_ms: 0,
+            usage: Usage::default(),
+            backend: backend.into(),
+            layers: Layers::default(),
+            guarantees: Default::default(),
+            limits,
+            error: Some(error),
+            setup_step: Some(step.into()),
+        }
+    }
+
     /// The exit code a CLI reports, docker/podman style: the job's code,
     /// 128+N for signal N, 124 for a timeout, 137 for an OOM kill.
     pub fn cli_exit_code(&self) -> i32 {

@@ -353,3 +353,75 @@ fn symlinks_in_an_idmapped_workspace_still_cannot_lead_out() {
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host secret\n");
     assert!(!outside.path().join("planted").exists());
 }
+
+/// `--user 0`: root of the job's own user namespace only. It has no
+/// capability, gains none by an execve, can't chown, and its host uid
+/// (from the host's `/proc`) stays nobody; on root's idmapped workspace
+/// its files land as root, its mode changes as any owner's.
+#[test]
+fn user_root_inside_is_not_host_root() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = root_checkout();
+    let tok = token("user-root");
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("status.json");
+    let script = "id -u; id -g; grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status; \
+                  chown 1:1 a 2>/dev/null && echo chown=ok || echo chown=refused; \
+                  chmod 4755 a 2>/dev/null && echo suid=ok || echo suid=refused; \
+                  mount -t tmpfs none /tmp 2>/dev/null && echo mount=ok || echo mount=refused; \
+                  echo made > made; touch ready; sleep 30";
+    let child = Command::new(bin())
+        .args(["run", "-u", "root", "--workspace", ws.path().to_str().unwrap(), "--rw", "--json-status"])
+        .arg(&st)
+        .args(["--", "/bin/sh", "-c", script, &tok])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = ws.path().join("ready");
+    for _ in 0..500 {
+        if ready.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let cli = child.id();
+    let host_uids: Vec<String> = host_pids_with(&tok)
+        .into_iter()
+        .filter(|&p| p != cli)
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .filter_map(|s| s.lines().find(|l| l.starts_with("Uid:")).map(String::from))
+        .collect();
+    // SAFETY: kill takes a pid (our own child's) and a signal number.
+    unsafe { libc::kill(cli as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let text = stdout(&out);
+    assert!(text.starts_with("0\n0\n"), "{text}{}", stderr(&out));
+    for cap in ["CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(text.contains(&format!("{cap}:\t0000000000000000")), "{cap}: {text}");
+    }
+    for (k, v) in [("chown", "refused"), ("suid", "refused"), ("mount", "refused")] {
+        assert!(text.contains(&format!("{k}={v}")), "{k}: {text}");
+    }
+    assert!(!host_uids.is_empty(), "the job's process was not found");
+    for line in &host_uids {
+        assert!(line.split_whitespace().skip(1).all(|f| f == "65534"), "the job's host uid: {line}");
+    }
+    assert_eq!(owner(&ws.path().join("made")), (0, 0));
+    assert_eq!(std::fs::metadata(ws.path().join("a")).unwrap().mode() & 0o7777, 0o600);
+    let v = status(&st);
+    assert_eq!(v["layers"]["hostUid"], 65534, "{v}");
+    assert_eq!(v["layers"]["uid"], 0, "{v}");
+}
+
+/// `--user NAME` unknown to the sandbox's /etc/passwd: a usage error that
+/// says so, nothing run.
+#[test]
+fn an_unknown_user_name_is_a_clear_error() {
+    let out = run(&["--user", "no-such-user-here", "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no user 'no-such-user-here' in the sandbox's /etc/passwd"), "{}", stderr(&out));
+}

@@ -66,6 +66,12 @@ pub struct ExecArgs {
     /// Print the whole response as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Run even when an isolation layer can't be applied (rootless without
+    /// a delegated cgroup: rlimits stand in), or on a weaker backend; the
+    /// outcome names what is missing. Same as allow_degraded = true under
+    /// [runtime] in confine.toml.
+    #[arg(long)]
+    pub allow_degraded: bool,
     /// Arguments of the runtime's executable (args mode).
     #[arg(last = true, value_name = "ARGS")]
     pub args: Vec<String>,
@@ -102,6 +108,9 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    if args.allow_degraded {
+        config.runtime.allow_degraded = true;
+    }
     // Read as `safe_fs` reads what a job may have planted (a code file
     // in a repository that jobs write to): never through a symlink, never
     // blocking on a FIFO, and bounded. The bound is twice what a request

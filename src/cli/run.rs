@@ -35,7 +35,7 @@ pub struct RunArgs {
     #[arg(long, requires = "workspace")]
     pub rw: bool,
     /// Network: `none` (only lo) or `host`.
-    #[arg(long, value_enum, default_value = "none")]
+    #[arg(long, visible_alias = "network", value_enum, default_value = "none")]
     pub net: NetArg,
     /// Hostname inside the sandbox.
     #[arg(long, default_value = "confine")]
@@ -44,14 +44,21 @@ pub struct RunArgs {
     /// Nothing else of confine's environment reaches the job.
     #[arg(long = "env", short = 'e', value_name = "KEY[=VAL]")]
     pub env: Vec<EnvArg>,
+    /// Read --env arguments from FILE, one per line (docker's format:
+    /// KEY=VAL, or KEY to pass this environment's value; blank lines and
+    /// lines starting with # are skipped; no quotes are removed).
+    /// Repeatable; --env wins over it.
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Vec<PathBuf>,
     /// Bind a host path read-only: SRC or SRC:DEST. Repeatable.
     #[arg(long = "ro-bind", value_name = "SRC[:DEST]")]
     pub ro_bind: Vec<String>,
     /// Bind a host path read-write: SRC or SRC:DEST. Repeatable.
     #[arg(long = "bind", value_name = "SRC[:DEST]")]
     pub bind: Vec<String>,
-    /// Working directory inside the sandbox (default: /workspace, else /tmp).
-    #[arg(long, value_name = "DIR")]
+    /// Working directory inside the sandbox; a relative DIR is taken from
+    /// /workspace (default: /workspace, else /tmp).
+    #[arg(long, short = 'w', visible_alias = "workdir", value_name = "DIR")]
     pub cwd: Option<PathBuf>,
     /// Write the outcome as JSON to FILE when the job ends. FILE's
     /// directory is opened before the job starts, and the file is replaced
@@ -66,6 +73,14 @@ pub struct RunArgs {
     /// commit, and also plant code your next `git` command runs.
     #[arg(long)]
     pub no_protect: bool,
+    /// The uid (and gid) the job has inside, as docker's -u: numbers, or
+    /// names the sandbox's /etc/passwd and /etc/group know. 0 (root) is
+    /// allowed: it is root of the job's own user namespace, with no
+    /// capability, and its host uid stays the unprivileged one the
+    /// outcome names (layers.hostUid). Without a GID: the user's group
+    /// in /etc/passwd, else 0 [default: the host ids' numbers].
+    #[arg(long, short = 'u', value_name = "UID[:GID]", value_parser = parse_user)]
+    pub user: Option<(u32, u32)>,
     /// Give the job a terminal of its own (a pty that confine relays, with
     /// yours in raw mode), as `docker run -t` does. Without it the job has
     /// no terminal.
@@ -151,6 +166,53 @@ fn unlimited<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Li
     }
 }
 
+/// `--user UID[:GID]`, names looked up in the files the sandbox shows
+/// (the host's /etc/passwd and /etc/group, bound read-only).
+fn parse_user(s: &str) -> Result<(u32, u32), String> {
+    user_ids(
+        s,
+        &std::fs::read_to_string("/etc/passwd").unwrap_or_default(),
+        &std::fs::read_to_string("/etc/group").unwrap_or_default(),
+    )
+}
+
+fn user_ids(s: &str, passwd: &str, group: &str) -> Result<(u32, u32), String> {
+    // name:x:uid:gid:… (passwd) and name:x:gid:… (group).
+    let entry = |db: &str, key: &dyn Fn(&[&str]) -> bool| -> Option<Vec<String>> {
+        db.lines()
+            .map(|l| l.split(':').collect::<Vec<_>>())
+            .find(|f| f.len() >= 3 && key(f))
+            .map(|f| f.iter().map(|s| s.to_string()).collect())
+    };
+    let (user, grp) = match s.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (s, None),
+    };
+    let (uid, passwd_gid) = match user.parse::<u32>() {
+        Ok(uid) => (uid, entry(passwd, &|f| f[2] == user).and_then(|f| f.get(3).and_then(|g| g.parse().ok()))),
+        Err(_) => {
+            let f = entry(passwd, &|f| f[0] == user).ok_or_else(|| {
+                format!("no user '{user}' in the sandbox's /etc/passwd; give a number (any uid works inside)")
+            })?;
+            let uid = f[2].parse().map_err(|_| format!("/etc/passwd gives '{user}' no numeric uid"))?;
+            (uid, f.get(3).and_then(|g| g.parse().ok()))
+        }
+    };
+    let gid = match grp {
+        None => passwd_gid.unwrap_or(0),
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => entry(group, &|f| f[0] == g)
+                .and_then(|f| f[2].parse().ok())
+                .ok_or_else(|| format!("no group '{g}' in the sandbox's /etc/group; give a number"))?,
+        },
+    };
+    if uid == u32::MAX || gid == u32::MAX {
+        return Err("4294967295 is not a valid id".into());
+    }
+    Ok((uid, gid))
+}
+
 fn parse_bind(s: &str, writable: bool) -> Result<Bind, SandboxError> {
     let (src, dst) = match s.split_once(':') {
         Some((a, b)) => (a, b),
@@ -171,7 +233,16 @@ fn parse_bind(s: &str, writable: bool) -> Result<Bind, SandboxError> {
 /// leave out.
 pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Result<JobSpec, SandboxError> {
     let mut spec = JobSpec::new(args.command.clone());
-    spec.env = scrubbed(&args.env, |k| std::env::var(k).ok());
+    let mut env = Vec::new();
+    for file in &args.env_file {
+        env.extend(crate::env::read_env_file(file).map_err(SandboxError::Unavailable)?);
+    }
+    env.extend(args.env.iter().cloned());
+    // A terminal's type, so that what the job prints to it can use it.
+    if std::io::IsTerminal::is_terminal(&std::io::stdout()) && !env.iter().any(|e| e.key == "TERM") {
+        env.push(EnvArg { key: "TERM".into(), value: None });
+    }
+    spec.env = scrubbed(&env, |k| std::env::var(k).ok());
     if let Some(ws) = &args.workspace {
         let ws = std::fs::canonicalize(ws)
             .map_err(|e| SandboxError::Workspace { path: ws.clone(), reason: e.to_string() })?;
@@ -179,7 +250,9 @@ pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Resul
         spec.cwd = PathBuf::from("/workspace");
     }
     if let Some(cwd) = &args.cwd {
-        spec.cwd = cwd.clone();
+        // Relative: from where the job starts (/workspace, else /tmp), as
+        // docker's -w is from the image's working directory.
+        spec.cwd = spec.cwd.join(cwd);
     }
     spec.workspace_rw = args.rw;
     spec.network = match args.net {
@@ -192,6 +265,7 @@ pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Resul
     spec.limits.cpus = Limit::or_default(args.cpus, defaults.cpus);
     spec.limits.pids = Limit::or_default(args.pids, defaults.pids);
     spec.tty = args.tty;
+    spec.user = args.user;
     spec.protect.clear();
     if let (Some(ws), true, false) = (&spec.workspace, args.rw, args.no_protect) {
         spec.protect = crate::sandbox::protect::defaults(ws).map_err(SandboxError::Unavailable)?;
@@ -246,6 +320,12 @@ fn check_binds(args: &RunArgs, spec: &mut JobSpec) -> Result<(), SandboxError> {
                 if in_workspace { "/workspace, which is".to_string() } else { "another bind".to_string() }
             )));
         }
+        if ["/proc", "/dev"].iter().any(|own| bind.dest.starts_with(own)) {
+            return Err(SandboxError::Unavailable(format!(
+                "bind {arg}: {} is the sandbox's own (/proc and /dev are made for each job); bind it elsewhere",
+                bind.dest.display()
+            )));
+        }
         if bind.dest == Path::new("/workspace") && spec.workspace.is_some() {
             return Err(SandboxError::Unavailable(format!("bind {arg}: /workspace is the --workspace's")));
         }
@@ -281,6 +361,17 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
         }
     };
     let outcome = rt.block_on(run(&args, &config));
+    // A run that failed before its sandbox started has an outcome too.
+    let failed = outcome.as_ref().err().map(|e| {
+        let limits = job_spec(&args, &config.limits).map(|s| s.limits).unwrap_or_default();
+        let named = args.backend.and_then(|b| b.to_possible_value()).map(|v| v.get_name().to_string());
+        let auto = match std::env::consts::OS {
+            "linux" | "windows" => std::env::consts::OS,
+            _ => "unix-fallback",
+        };
+        let backend = named.filter(|n| n != "auto").unwrap_or_else(|| auto.to_string());
+        Outcome::setup_failed(e.step(), e.to_string(), &backend, limits)
+    });
     let code = match &outcome {
         Ok(o) => {
             if let Some(err) = &o.error {
@@ -299,7 +390,7 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
             super::EXIT_CONFINE_FAILED
         }
     };
-    if let (Some(file), Ok(o)) = (&status_file, &outcome) {
+    if let (Some(file), Some(o)) = (&status_file, outcome.as_ref().ok().or(failed.as_ref())) {
         if let Err(e) = file.write(o) {
             eprintln!("confine: cannot write --json-status: {e}");
             return super::EXIT_CONFINE_FAILED;
@@ -339,6 +430,11 @@ async fn run(args: &RunArgs, config: &Config) -> Result<Outcome, SandboxError> {
     )?;
     let mut spec = job_spec(args, &config.limits)?;
     spec.allow_degraded = allow_degraded;
+    if spec.user.is_some() && !matches!(backend, BackendKind::Linux) {
+        return Err(SandboxError::Unavailable(
+            "--user needs the linux backend (a user namespace); this one runs the job as your own user".into(),
+        ));
+    }
     match backend {
         #[cfg(target_os = "linux")]
         BackendKind::Linux => {
@@ -530,7 +626,7 @@ fn limit_message(o: &Outcome) -> Option<String> {
     let l = &o.limits;
     match o.status {
         Status::Timeout => {
-            let cpu_used = o.usage.cpu_user_ms + o.usage.cpu_sys_ms;
+            let cpu_used = o.usage.cpu_ms().unwrap_or(0);
             Some(match (l.cpu_time_ms, l.timeout_ms) {
                 (Some(cpu), t) if cpu_used >= cpu || o.signal == Some(SIGXCPU) || t.is_none() => {
                     format!("CPU time limit of {} reached; the job was killed", human_ms(cpu))
@@ -722,5 +818,30 @@ mod limit_parsing_tests {
         assert_eq!(human_ms(1500), "1.5s");
         assert_eq!(human_ms(250), "250ms");
         assert_eq!(human_bytes(64 << 20), "64M");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\nci:x:1001:1500::/home/ci:/bin/sh\n";
+    const GROUP: &str = "root:x:0:\nnogroup:x:65534:\nbuilders:x:1500:ci\n";
+
+    #[test]
+    fn user_names_and_numbers_as_docker_reads_them() {
+        assert_eq!(user_ids("root", PASSWD, GROUP), Ok((0, 0)));
+        assert_eq!(user_ids("0", PASSWD, GROUP), Ok((0, 0)));
+        assert_eq!(user_ids("ci", PASSWD, GROUP), Ok((1001, 1500)));
+        assert_eq!(user_ids("1001", PASSWD, GROUP), Ok((1001, 1500)));
+        assert_eq!(user_ids("4242", PASSWD, GROUP), Ok((4242, 0)), "unknown numbers: group 0, as docker");
+        assert_eq!(user_ids("ci:nogroup", PASSWD, GROUP), Ok((1001, 65534)));
+        assert_eq!(user_ids("1000:1000", PASSWD, GROUP), Ok((1000, 1000)));
+        let err = user_ids("alice", PASSWD, GROUP).unwrap_err();
+        assert!(err.contains("no user 'alice'") && err.contains("/etc/passwd"), "{err}");
+        let err = user_ids("ci:wheel", PASSWD, GROUP).unwrap_err();
+        assert!(err.contains("no group 'wheel'"), "{err}");
+        assert!(user_ids("", PASSWD, GROUP).is_err());
+        assert!(user_ids("4294967295", PASSWD, GROUP).is_err());
     }
 }

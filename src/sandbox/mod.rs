@@ -62,6 +62,24 @@ pass --allow-degraded, or set allow_degraded = true under [runtime] in confine.t
     Seccomp(#[from] linux::seccomp::SeccompError),
 }
 
+impl SandboxError {
+    /// The set-up step this error stopped, as an outcome's `setupStep`.
+    pub fn step(&self) -> &'static str {
+        match self {
+            SandboxError::Workspace { .. } => "workspace",
+            SandboxError::NoCommand => "command",
+            SandboxError::Spawn(_) => "start",
+            SandboxError::Unavailable(_) => "layers",
+            SandboxError::Degraded { .. } | SandboxError::BackendUnavailable { .. } => "backend",
+            SandboxError::Configured { source, .. } => source.step(),
+            #[cfg(target_os = "linux")]
+            SandboxError::Cgroup(_) => "cgroup",
+            #[cfg(target_os = "linux")]
+            SandboxError::Seccomp(_) => "seccomp",
+        }
+    }
+}
+
 /// Where one of the job's standard streams goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {

@@ -415,6 +415,7 @@ fn outcome(
         guarantees: super::Guarantees::unix_fallback(cfg!(target_os = "linux")),
         limits: spec.limits.clone(),
         error: None,
+        setup_step: None,
     };
     match (report, status) {
         (Some(r), _) => {
@@ -422,10 +423,10 @@ fn outcome(
             o.signal = r.signal;
             o.error = r.error;
             o.usage = Usage {
-                cpu_user_ms: r.cpu_user_ms,
-                cpu_sys_ms: r.cpu_sys_ms,
-                peak_memory_bytes: r.peak_memory_bytes,
-                pids_peak: 0,
+                cpu_user_ms: Some(r.cpu_user_ms),
+                cpu_sys_ms: Some(r.cpu_sys_ms),
+                peak_memory_bytes: Some(r.peak_memory_bytes),
+                pids_peak: None,
             };
             if o.exit_code.is_none() && o.signal.is_none() {
                 o.exit_code = Some(125);
@@ -443,7 +444,7 @@ fn outcome(
     }
     let cpu_hit = spec.limits.cpu_time_ms.is_some_and(|limit| {
         o.signal == Some(libc::SIGXCPU)
-            || (o.signal == Some(libc::SIGKILL) && o.usage.cpu_user_ms + o.usage.cpu_sys_ms >= limit)
+            || (o.signal == Some(libc::SIGKILL) && o.usage.cpu_ms().is_some_and(|used| used >= limit))
     });
     o.status = match (ending, o.exit_code, o.signal) {
         (Some(s), _, _) => s,

@@ -285,17 +285,21 @@ where
 /// exit code alone does not tell.
 fn account(job: &Handle, spec: &JobSpec, o: &mut Outcome) {
     if let Some(acct) = query_info::<JOBOBJECT_BASIC_ACCOUNTING_INFORMATION>(job, JobObjectBasicAccountingInformation) {
-        o.usage.cpu_user_ms = (acct.TotalUserTime / TICKS_PER_MS).max(0) as u64;
-        o.usage.cpu_sys_ms = (acct.TotalKernelTime / TICKS_PER_MS).max(0) as u64;
-        o.usage.pids_peak = u64::from(acct.TotalProcesses);
+        o.usage.cpu_user_ms = Some((acct.TotalUserTime / TICKS_PER_MS).max(0) as u64);
+        o.usage.cpu_sys_ms = Some((acct.TotalKernelTime / TICKS_PER_MS).max(0) as u64);
+        o.usage.pids_peak = Some(u64::from(acct.TotalProcesses));
     }
     if let Some(ext) = query_info::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>(job, JobObjectExtendedLimitInformation) {
-        o.usage.peak_memory_bytes = ext.PeakJobMemoryUsed as u64;
+        o.usage.peak_memory_bytes = Some(ext.PeakJobMemoryUsed as u64);
     }
     if o.status == Status::Failure {
-        if spec.limits.cpu_time_ms.is_some_and(|ms| o.usage.cpu_user_ms >= ms) {
+        if spec.limits.cpu_time_ms.is_some_and(|ms| o.usage.cpu_user_ms.is_some_and(|used| used >= ms)) {
             o.status = Status::Timeout;
-        } else if spec.limits.memory_bytes.is_some_and(|m| o.usage.peak_memory_bytes + (1 << 20) >= m) {
+        } else if spec
+            .limits
+            .memory_bytes
+            .is_some_and(|m| o.usage.peak_memory_bytes.is_some_and(|p| p + (1 << 20) >= m))
+        {
             o.status = Status::Oom;
         }
     }
@@ -337,6 +341,7 @@ fn outcome(
         guarantees: crate::sandbox::Guarantees::windows(),
         limits: spec.limits.clone(),
         error: None,
+        setup_step: None,
     }
 }
 

@@ -45,14 +45,20 @@ pub struct RunningJob {
 /// [`crate::sandbox::identity`] (never the workspace's group, never a
 /// system account); rootless, our own, the only ones we may map. Inside,
 /// the ids are the same numbers as outside.
+///
+/// `--user` changes the ids inside only (`spec.user`): any number, 0
+/// included, is the job's own namespace's, mapped onto the same host ids.
 pub fn sandbox_ids(spec: &JobSpec) -> (IdMap, IdMap, bool) {
     let euid = nix::unistd::geteuid().as_raw();
     let egid = nix::unistd::getegid().as_raw();
-    if euid != 0 {
-        return (IdMap { inside: euid, outside: euid }, IdMap { inside: egid, outside: egid }, true);
-    }
-    let (uid, gid) = crate::sandbox::identity::as_root(spec.workspace.as_deref());
-    (IdMap { inside: uid, outside: uid }, IdMap { inside: gid, outside: gid }, false)
+    let (uid, gid, rootless) = if euid != 0 {
+        (euid, egid, true)
+    } else {
+        let (uid, gid) = crate::sandbox::identity::as_root(spec.workspace.as_deref());
+        (uid, gid, false)
+    };
+    let (in_uid, in_gid) = spec.user.unwrap_or((uid, gid));
+    (IdMap { inside: in_uid, outside: uid }, IdMap { inside: in_gid, outside: gid }, rootless)
 }
 
 /// Landlock rules that match the mount plan: read what was bound, write
@@ -304,6 +310,7 @@ impl InitStage {
             cgroupns: true,
             host_uid: init.uid.outside,
             host_gid: init.gid.outside,
+            uid: (init.uid.inside != init.uid.outside).then_some(init.uid.inside),
             cgroup: cgroup.as_ref().map(|c| c.layer().to_string()),
             missing,
             ..Layers::default()
@@ -523,6 +530,7 @@ impl RunningJob {
             guarantees: Default::default(),
             limits: self.spec.limits.clone(),
             error: None,
+            setup_step: None,
         };
         let mut exited = false;
         for r in reports {
@@ -540,16 +548,24 @@ impl RunningJob {
                 }
                 Report::ExecFailed { errno, command } => {
                     let reason = nix::errno::Errno::from_raw(errno).desc();
-                    outcome.error = Some(if exec::exit_code_for(errno) == 127 {
-                        format!("{command}: command not found in the sandbox ({reason})")
-                    } else {
-                        format!("{command}: cannot execute ({reason})")
-                    });
+                    let relative = command.contains('/') && !command.starts_with('/');
+                    outcome.error =
+                        Some(if exec::exit_code_for(errno) == 127 && relative && self.spec.workspace.is_none() {
+                            format!(
+                            "{command}: the command is not in the sandbox (no workspace was given, and the job starts \
+                             in /tmp); did you mean --workspace . ?"
+                        )
+                        } else if exec::exit_code_for(errno) == 127 {
+                            format!("{command}: command not found in the sandbox ({reason})")
+                        } else {
+                            format!("{command}: cannot execute ({reason})")
+                        });
                 }
                 Report::SetupFailed { step, error } => {
                     // The error names its step too: once is enough.
                     let error = error.strip_prefix(&format!("{step}: ")).unwrap_or(&error);
                     outcome.error.get_or_insert(format!("sandbox setup failed at '{step}': {error}"));
+                    outcome.setup_step.get_or_insert(step);
                 }
                 Report::Exited { code, signal } => {
                     exited = true;

@@ -120,17 +120,6 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
             Err(_) => {}
         }
     }
-    for bind in &spec.binds {
-        ops.push(MountOp::Bind {
-            src: bind.source.clone(),
-            dst: bind.dest.clone(),
-            rw: bind.writable,
-            dev: false,
-            optional: false,
-            exact: true,
-            idmap: None,
-        });
-    }
     if let Some(ws) = &spec.workspace {
         ops.push(MountOp::Bind {
             src: ws.clone(),
@@ -184,6 +173,19 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
     }
     for p in PROC_READONLY {
         ops.push(MountOp::ReadOnly { dst: Path::new("/proc").join(p) });
+    }
+    // The user's binds after the sandbox's own mounts: one under /tmp
+    // lands in the private /tmp instead of under it, hidden.
+    for bind in &spec.binds {
+        ops.push(MountOp::Bind {
+            src: bind.source.clone(),
+            dst: bind.dest.clone(),
+            rw: bind.writable,
+            dev: false,
+            optional: false,
+            exact: true,
+            idmap: None,
+        });
     }
     if spec.network == Network::Host {
         // Name resolution on the host network may need the resolver's runtime dir.

@@ -175,10 +175,10 @@ impl RunningJob {
         let stats = self.cgroup.as_ref().map(|c| c.stats());
         if let Some(s) = &stats {
             outcome.usage = Usage {
-                cpu_user_ms: s.cpu_user.as_millis() as u64,
-                cpu_sys_ms: s.cpu_sys.as_millis() as u64,
-                peak_memory_bytes: s.memory_peak.unwrap_or(0),
-                pids_peak: s.pids_peak.unwrap_or(0),
+                cpu_user_ms: Some(s.cpu_user.as_millis() as u64),
+                cpu_sys_ms: Some(s.cpu_sys.as_millis() as u64),
+                peak_memory_bytes: s.memory_peak,
+                pids_peak: s.pids_peak,
             };
         }
         let oom = stats.as_ref().is_some_and(|s| s.oom_killed(outcome.signal == Some(libc::SIGKILL)));

@@ -68,6 +68,35 @@ const REMOVE_WAIT: Duration = Duration::from_secs(2);
 /// Smallest CFS quota the kernel accepts.
 const MIN_QUOTA_US: u64 = 1000;
 
+/// How an unprivileged user gets cgroup limits on this host, naming only
+/// ways that work here: their systemd user manager when it is reachable
+/// (its bus exists) on a pure v2 host; else a subtree from root, or no
+/// limits at all.
+pub fn rootless_hint() -> String {
+    let uid = nix::unistd::geteuid();
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| format!("/run/user/{uid}").into());
+    let bus = runtime.join("bus");
+    if !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "this host's controllers are cgroup v1's, which are not delegated to users: run confine as root for \
+         limits, or pass --allow-degraded (rlimits stand in for them)"
+            .into()
+    } else if bus.exists() {
+        "run under a delegated cgroup (systemd-run --user --scope -p Delegate=yes confine …), or pass \
+         --allow-degraded (rlimits stand in for the limits)"
+            .into()
+    } else {
+        format!(
+            "no systemd user manager is reachable here (no {}); have root give uid {uid} a cgroup v2 subtree \
+             (mkdir one under /sys/fs/cgroup and chown it and its cgroup.procs, cgroup.subtree_control and \
+             cgroup.threads to {uid}, then start confine from it), or pass --allow-degraded (rlimits stand \
+             in for the limits)",
+            bus.display()
+        )
+    }
+}
+
 /// Errors of the cgroup layer, each with what the user can do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -86,11 +115,8 @@ pub enum CgroupError {
     BadName(String),
     #[error("{cgroup} is not visible under the {hierarchy} mount; set --cgroup-parent to a cgroup inside it")]
     NotVisible { hierarchy: String, cgroup: String },
-    #[error(
-        "no cgroup is delegated to uid {uid}: run as root, in a systemd unit with Delegate=yes, \
-         or pass --allow-degraded to fall back to rlimits"
-    )]
-    NotDelegated { uid: u32 },
+    #[error("no cgroup is delegated to uid {uid}: {hint}")]
+    NotDelegated { uid: u32, hint: String },
     #[error("the {controller} controller is not available for jobs ({reason}); {hint}")]
     ControllerMissing { controller: &'static str, reason: String, hint: &'static str },
     #[error(
@@ -311,7 +337,7 @@ impl Cgroups {
             }
         }
         if job.dirs.is_empty() {
-            return Err(CgroupError::NotDelegated { uid: nix::unistd::geteuid().as_raw() });
+            return Err(CgroupError::NotDelegated { uid: nix::unistd::geteuid().as_raw(), hint: rootless_hint() });
         }
         for (c, req) in [("memory", memory), ("pids", pids), ("cpu", cpu)] {
             if req && !job.dirs.iter().any(|d| d.has(c)) {

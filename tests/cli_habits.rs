@@ -1,0 +1,139 @@
+//! `confine run` as docker and podman users type it (issue 28): `-w`
+//! relative to the workspace, `-e`, `--env-file`, `--network`, `TERM` on a
+//! terminal, a status file for every outcome, a hint for `./cmd` without a
+//! workspace, and binds that land where they say.
+#![cfg(target_os = "linux")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::process::{Command, Stdio};
+
+fn sandbox() -> bool {
+    sandbox_available()
+}
+
+#[test]
+fn a_relative_cwd_is_taken_from_the_workspace() {
+    if !sandbox() {
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join("sub/dir")).unwrap();
+    let wsp = ws.path().to_str().unwrap();
+    let out = run(&["--workspace", wsp, "-w", "sub/dir", "--", "/bin/pwd"]);
+    assert_eq!(stdout(&out), "/workspace/sub/dir\n", "{}", stderr(&out));
+    let out = run(&["--workspace", wsp, "--cwd", "/tmp", "--", "/bin/pwd"]);
+    assert_eq!(stdout(&out), "/tmp\n", "{}", stderr(&out));
+}
+
+#[test]
+fn env_flags_and_env_files_as_docker_reads_them() {
+    if !sandbox() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ci.env");
+    std::fs::write(&file, "# the CI's variables\nA=from-file\nB=x=y\n\nC=overridden\n").unwrap();
+    let f = file.to_str().unwrap();
+    let out = run(&["--network", "none", "--env-file", f, "-e", "C=from-flag", "--", "/bin/sh", "-c", "echo $A $B $C"]);
+    assert_eq!(stdout(&out), "from-file x=y from-flag\n", "{}", stderr(&out));
+
+    std::fs::write(&file, "A=1\nexport B=2\n").unwrap();
+    let out = run(&["--env-file", f, "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("--env-file {f}, line 2:")) && err.contains("'export B' is not a variable name"),
+        "{err}"
+    );
+}
+
+/// `TERM` reaches the job when its output goes to a terminal (`script`
+/// gives confine one), and not through a pipe.
+#[test]
+fn term_passes_through_on_a_terminal_only() {
+    if !sandbox() {
+        return;
+    }
+    let inner = format!("{} run -- /bin/sh -c 'echo term=${{TERM:-unset}}'", bin());
+    let out = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env("TERM", "xterm-confinetest")
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux)");
+    assert!(stdout(&out).contains("term=xterm-confinetest"), "{}{}", stdout(&out), stderr(&out));
+    let out = Command::new(bin())
+        .args(["run", "--", "/bin/sh", "-c", "echo term=${TERM:-unset}"])
+        .env("TERM", "xterm-confinetest")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&out), "term=unset\n");
+}
+
+/// A run that fails before its job starts still writes its status: the
+/// step and the error, with exit status 125.
+#[test]
+fn the_status_file_is_written_for_setup_failures_too() {
+    if !sandbox() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("status.json");
+    let s = st.to_str().unwrap();
+    for (args, step, says) in [
+        (vec!["--seccomp", "/no/such/profile.json"], "seccomp", "/no/such/profile.json"),
+        (vec!["--ro-bind", "/etc:/proc/etc"], "layers", "/proc and /dev are made for each job"),
+    ] {
+        let _ = std::fs::remove_file(&st);
+        let mut all = vec!["--json-status", s];
+        all.extend(args);
+        all.extend(["--", "/bin/true"]);
+        let out = run(&all);
+        assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&st).unwrap()).unwrap();
+        assert_eq!(v["exitCode"], 125, "{v}");
+        assert_eq!(v["status"], "failure", "{v}");
+        assert_eq!(v["setupStep"], step, "{v}");
+        assert!(v["error"].as_str().unwrap().contains(says), "{v}");
+    }
+}
+
+#[test]
+fn a_relative_command_without_a_workspace_gets_a_hint() {
+    if !sandbox() {
+        return;
+    }
+    let out = run(&["--", "./untrusted.sh"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        stderr(&out).contains("the command is not in the sandbox") && stderr(&out).contains("--workspace ."),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A bind under /tmp is there inside, on top of the private /tmp, which
+/// still works around it.
+#[test]
+fn a_bind_under_tmp_lands_where_it_says() {
+    if !sandbox() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("marker"), "venv\n").unwrap();
+    let src = dir.path().to_str().unwrap();
+    let spec = format!("{src}:/tmp/ci/venv");
+    let out = run(&[
+        "--ro-bind",
+        &spec,
+        "--",
+        "/bin/sh",
+        "-c",
+        "cat /tmp/ci/venv/marker && echo x > /tmp/own && echo tmp=ok",
+    ]);
+    assert_eq!(stdout(&out), "venv\ntmp=ok\n", "{}", stderr(&out));
+}
