@@ -434,9 +434,10 @@ fn workspace_interleaved(confine: &str, baseline: Option<&str>, runs: usize) -> 
                 "/proc",
                 "--dev",
                 "/dev",
+                // At its own path: the read-only root has no /workspace.
                 "--bind",
                 &roots,
-                "/workspace",
+                &roots,
                 "true",
             ])),
         ),
