@@ -41,8 +41,9 @@ deny_reasons contains msg if {
 	msg := sprintf("runtime '%s' is not supported", [input.runtime])
 }
 
-deny_reasons contains "network tools are not allowed" if {
+deny_reasons contains msg if {
 	network_tools[command_name]
+	msg := sprintf("'%s' is a network tool, and network tools are not allowed", [command_name])
 }
 
 deny_reasons contains "host networking is not allowed (set policy.allow_host_network = true)" if {
@@ -54,11 +55,13 @@ deny_reasons contains "a repository is required (name a repoId)" if {
 	input.repoId == null
 }
 
-deny_reasons contains "the working directory must be relative to the repository root" if {
+deny_reasons contains msg if {
 	startswith(input.cwd, "/")
+	msg := sprintf("relativeCwd must be relative to the repository root (got '%s')", [input.cwd])
 }
 
-deny_reasons contains "the working directory must not contain '..'" if {
+deny_reasons contains msg if {
 	some part in split(input.cwd, "/")
 	part == ".."
+	msg := sprintf("relativeCwd must not contain '..' (got '%s')", [input.cwd])
 }

@@ -145,7 +145,7 @@ fn policy_denial_names_the_command_and_reason() {
     let v = env.json(&["--repo-id", "demo", "--runtime", "shell", "--executable", "curl", "--", "http://example.org"]);
     assert_eq!(v["status"], "denied", "{v}");
     let err = v["error"].as_str().unwrap();
-    assert!(err.starts_with("denied by policy: 'curl' is not allowed ("), "{err}");
+    assert_eq!(err, "denied by policy: 'curl' is a network tool, and network tools are not allowed", "{v}");
     assert!(!v["policyDecision"]["auditHash"].as_str().unwrap().is_empty());
     let v = env.json(&["--repo-id", "demo", "--runtime", "shell", "--net", "host", "--code", "true"]);
     assert_eq!(v["status"], "denied", "host network needs the policy's consent: {v}");

@@ -114,11 +114,11 @@ fn a_denial_names_the_command_and_the_reason() {
     let o = env.check(&["--runtime", "shell", "--executable", "curl", "--", "https://example.com"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("denied by policy: 'curl' is not allowed (network tools are not allowed)"),
+        stderr(&o).contains("denied by policy: 'curl' is a network tool, and network tools are not allowed"),
         "{}",
         stderr(&o)
     );
-    assert_eq!(json(&o)["decision"]["deniedReasons"][0], "network tools are not allowed");
+    assert_eq!(json(&o)["decision"]["deniedReasons"][0], "'curl' is a network tool, and network tools are not allowed");
 }
 
 #[test]

@@ -169,7 +169,12 @@ impl Decision {
     }
 
     /// The text a caller sees, `None` when allowed:
-    /// `denied by policy: 'curl' is not allowed (network tools are not allowed)`.
+    /// `denied by policy: 'curl' is a network tool, and network tools are
+    /// not allowed`. The reasons say what was denied (the command, the
+    /// cwd, the inline code, the network), so the message is theirs alone:
+    /// prefixing "'bash' is not allowed" would blame the command for a
+    /// reason about the cwd. Only a denial without reasons names the
+    /// command.
     pub fn denial_message(&self, command: &str) -> Option<String> {
         if self.allowed {
             return None;
@@ -177,11 +182,11 @@ impl Decision {
         if self.gate {
             return Some(DISABLED_REASON.to_string());
         }
-        let mut msg = format!("denied by policy: '{command}' is not allowed");
-        if !self.deny_reasons.is_empty() {
-            msg.push_str(&format!(" ({})", self.deny_reasons.join("; ")));
-        }
-        Some(msg)
+        Some(if self.deny_reasons.is_empty() {
+            format!("denied by policy: '{command}' is not allowed")
+        } else {
+            format!("denied by policy: {}", self.deny_reasons.join("; "))
+        })
     }
 }
 
@@ -276,7 +281,7 @@ impl PolicyChain {
                 Ok(v) => {
                     caps = caps.min(&v.limits);
                     if v.deny_reasons.is_empty() {
-                        reasons.push(format!("no rule of {} allows it", e.name()));
+                        reasons.push(format!("no rule of policy {} allows this request", e.name()));
                     }
                     reasons.extend(v.deny_reasons);
                 }

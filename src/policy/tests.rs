@@ -63,7 +63,7 @@ fn the_default_policy_denies_network_tools_with_the_documented_text() {
     assert!(!d.allowed);
     assert_eq!(
         d.denial_message("curl").unwrap(),
-        "denied by policy: 'curl' is not allowed (network tools are not allowed)"
+        "denied by policy: 'curl' is a network tool, and network tools are not allowed"
     );
 }
 
@@ -83,9 +83,18 @@ fn the_default_policy_denies_unknown_runtimes_escaping_cwds_and_no_repo() {
     let d = c.decide(&input_for(&request("cobol"), "cobc"));
     assert_eq!(d.deny_reasons, ["runtime 'cobol' is not supported"]);
     let r = ExecRequest { relative_cwd: Some("src/../../etc".into()), ..request("python") };
-    assert_eq!(c.decide(&input_for(&r, "python3")).deny_reasons, ["the working directory must not contain '..'"]);
+    let d = c.decide(&input_for(&r, "python3"));
+    assert_eq!(d.deny_reasons, ["relativeCwd must not contain '..' (got 'src/../../etc')"]);
+    // The cwd is what was denied, not the interpreter.
+    assert_eq!(
+        d.denial_message("python3").unwrap(),
+        "denied by policy: relativeCwd must not contain '..' (got 'src/../../etc')"
+    );
     let r = ExecRequest { relative_cwd: Some("/etc".into()), ..request("python") };
-    assert!(!c.decide(&input_for(&r, "python3")).allowed);
+    assert_eq!(
+        c.decide(&input_for(&r, "python3")).deny_reasons,
+        ["relativeCwd must be relative to the repository root (got '/etc')"]
+    );
     let r = ExecRequest { repo_id: None, ..request("python") };
     assert_eq!(c.decide(&input_for(&r, "python3")).deny_reasons, ["a repository is required (name a repoId)"]);
 }
@@ -132,11 +141,10 @@ fn an_evaluator_error_denies_in_either_mode() {
 fn allow_without_reasons_is_still_named() {
     let i = input_for(&request("python"), "python3");
     let d = chain(PolicyMode::All, vec![Fixed("a", Ok(Verdict::default()))]).decide(&i);
-    assert_eq!(d.deny_reasons, ["no rule of a allows it"]);
-    assert_eq!(
-        d.denial_message("python3").unwrap(),
-        "denied by policy: 'python3' is not allowed (no rule of a allows it)"
-    );
+    assert_eq!(d.deny_reasons, ["no rule of policy a allows this request"]);
+    assert_eq!(d.denial_message("python3").unwrap(), "denied by policy: no rule of policy a allows this request");
+    let silent = Decision::new(&i, false, vec![], LimitCaps::default(), "d");
+    assert_eq!(silent.denial_message("python3").unwrap(), "denied by policy: 'python3' is not allowed");
 }
 
 #[test]

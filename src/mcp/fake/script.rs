@@ -43,7 +43,7 @@ pub fn parse(runtime: &str, source: &str) -> Result<Vec<Step>, Vec<String>> {
         match step {
             Ok(s) => steps.push(s),
             Err(cmd) => match DENIED.iter().find(|(name, _)| *name == cmd) {
-                Some((name, why)) => denied.push(format!("denied by policy: '{name}' is not allowed ({why})")),
+                Some((name, why)) => denied.push(format!("denied by policy: '{name}': {why}")),
                 None => {
                     steps.push(Step::Err(format!("fake: {cmd}: command not found")));
                     steps.push(Step::Status(127));
@@ -146,7 +146,7 @@ mod tests {
     #[test]
     fn policy_and_unknown_commands() {
         let e = parse("shell", "echo a; rm -rf /").unwrap_err();
-        assert_eq!(e, vec!["denied by policy: 'rm' is not allowed (destructive command)".to_string()]);
+        assert_eq!(e, vec!["denied by policy: 'rm': destructive command".to_string()]);
         let s = parse("shell", "frobnicate").unwrap();
         assert_eq!(s[1], Step::Status(127));
     }

@@ -34,7 +34,7 @@ async fn runtime_and_policy_errors() {
     let r = svc.execute(req("shell", "rm -rf /"), ExecControl::detached()).await.unwrap();
     assert_eq!(r.status, ExecStatus::Denied);
     assert!(!r.policy_decision.allowed);
-    assert!(r.policy_decision.denied_reasons[0].contains("'rm' is not allowed"));
+    assert!(r.policy_decision.denied_reasons[0].contains("'rm': destructive command"));
     let mut bad_cwd = req("shell", "echo x");
     bad_cwd.relative_cwd = Some("a/../../etc".into());
     assert_eq!(svc.execute(bad_cwd, ExecControl::detached()).await.unwrap_err().status(), "denied");
