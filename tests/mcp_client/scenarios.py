@@ -74,7 +74,7 @@ async def bad_calls(client: Client) -> None:
         "runtime_execute", {"repoId": "d", "runtime": "shell", "executable": "curl", "args": ["http://example.org"]}
     )
     check(r.is_error and r.structured_content["status"] == "denied", f"denial: {text(r)}")
-    check("denied by policy: 'curl' is not allowed" in r.structured_content.get("error", ""), f"denial: {text(r)}")
+    check("denied by policy: 'curl' is a network tool" in r.structured_content.get("error", ""), f"denial: {text(r)}")
 
 
 async def background_then_kill(client: Client) -> None:
