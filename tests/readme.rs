@@ -1,0 +1,153 @@
+//! Every README block marked ```` ```sh runnable ```` runs as written: in a
+//! temporary directory holding the files the examples name (`project/`
+//! with a Makefile, `untrusted.sh`, `build.sh`, `main.rs`), as root, with
+//! this build's `confine` first on PATH. Each command must exit 0, or the
+//! status its comment names (`# exit N`).
+#![cfg(target_os = "linux")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// The runnable blocks of the README, each as its lines.
+fn runnable_blocks(readme: &str) -> Vec<Vec<String>> {
+    let mut blocks = Vec::new();
+    let mut current: Option<Vec<String>> = None;
+    for line in readme.lines() {
+        match current.as_mut() {
+            None if line.trim_end() == "```sh runnable" => current = Some(Vec::new()),
+            None => {}
+            Some(_) if line.starts_with("```") => blocks.extend(current.take()),
+            Some(lines) => lines.push(line.to_string()),
+        }
+    }
+    assert!(current.is_none(), "a runnable block is not closed");
+    blocks
+}
+
+/// The status a line's comment names, `# exit N …`, and the command
+/// without the comment.
+fn expected_status(line: &str) -> Option<(&str, i32)> {
+    let (cmd, comment) = line.rsplit_once(" # ")?;
+    let n = comment.trim().strip_prefix("exit ")?;
+    let n: i32 = n.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
+    Some((cmd.trim_end(), n))
+}
+
+/// The block as a bash script under `-e -o pipefail`: a line that names
+/// its status is checked for exactly that status. Lines inside a heredoc
+/// are left as they are.
+fn script(block: &[String]) -> String {
+    let mut out = String::from("set -e -o pipefail\n");
+    let mut heredoc: Option<String> = None;
+    for line in block {
+        if let Some(end) = &heredoc {
+            if line.trim() == end {
+                heredoc = None;
+            }
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        if let Some(i) = line.find("<<") {
+            let word: String = line[i + 2..]
+                .trim_start_matches('-')
+                .trim_start_matches('\'')
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            heredoc = Some(word);
+        }
+        let shown = line.replace('\'', r"'\''");
+        out.push_str(&format!("echo '+ {shown}' >&2\n"));
+        match expected_status(line) {
+            Some((cmd, n)) => out.push_str(&format!(
+                "if {cmd}; then echo 'README: exit 0, expected {n}' >&2; exit 99; \
+                 else s=$?; [ $s -eq {n} ] || {{ echo \"README: exit $s, expected {n}\" >&2; exit 99; }}; fi\n"
+            )),
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    assert!(heredoc.is_none(), "a heredoc is not closed: {block:?}");
+    out
+}
+
+/// The files the examples name.
+fn fixtures(dir: &Path) {
+    // project/ is the `--rw` workspace: its tests write. `exec --repo .`
+    // mounts the repository read-only (unless workspace_rw = true), so
+    // the tests at the top only read.
+    std::fs::create_dir(dir.join("project")).unwrap();
+    std::fs::write(dir.join("project/Makefile"), "test:\n\t@echo tests pass > result.txt\n\t@echo tests pass\n")
+        .unwrap();
+    std::fs::write(dir.join("Makefile"), "test:\n\t@cat Makefile > /dev/null\n\t@echo tests pass\n").unwrap();
+    for (name, text) in [("untrusted.sh", "#!/bin/sh\necho untrusted ran\n"), ("build.sh", "#!/bin/sh\necho built\n")] {
+        std::fs::write(dir.join(name), text).unwrap();
+        std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::write(dir.join("main.rs"), "fn main() {\n    println!(\"hello from rust\");\n}\n").unwrap();
+}
+
+#[test]
+fn the_parser_reads_exit_comments_and_heredocs() {
+    assert_eq!(expected_status("confine run -- ./x   # exit 127: why"), Some(("confine run -- ./x", 127)));
+    assert_eq!(expected_status("enabled = true   # off by default"), None);
+    let s =
+        script(&["cat > f <<'T'".into(), "a = 1   # exit 3 is data here".into(), "T".into(), "false # exit 1".into()]);
+    assert!(s.contains("\na = 1   # exit 3 is data here\n"), "{s}");
+    assert!(s.contains("if false; then"), "{s}");
+}
+
+#[test]
+fn every_runnable_readme_example_runs_as_written() {
+    if !is_root() {
+        return skip("the README's examples are run as root, as a CI runner runs them");
+    }
+    if !sandbox_available() {
+        return;
+    }
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let blocks = runnable_blocks(&readme);
+    assert!(blocks.len() >= 3, "the README's runnable blocks were not found: {}", blocks.len());
+    let bin_dir = Path::new(bin()).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    for (i, block) in blocks.iter().enumerate() {
+        // Each block in a fresh directory: root-owned and 0700, as
+        // `mktemp -d` makes it.
+        let dir = tempfile::tempdir().unwrap();
+        fixtures(dir.path());
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(script(block))
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env("XDG_DATA_HOME", dir.path().join(".data"))
+            .env("XDG_CONFIG_HOME", dir.path().join(".config"))
+            .env_remove("CONFINE_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "README block {} failed ({}):\n{}\n--- stdout\n{}--- stderr\n{}",
+            i + 1,
+            out.status,
+            block.join("\n"),
+            stdout(&out),
+            stderr(&out)
+        );
+        if block.iter().any(|l| l.contains("make test") && l.contains("--rw")) {
+            let made = dir.path().join("project/result.txt");
+            assert_eq!(std::fs::read_to_string(&made).unwrap(), "tests pass\n");
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(std::fs::metadata(&made).unwrap().uid(), 0, "the job's file lands as the workspace's owner");
+        }
+    }
+}
