@@ -425,3 +425,82 @@ fn an_unknown_user_name_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("no user 'no-such-user-here' in the sandbox's /etc/passwd"), "{}", stderr(&out));
 }
+
+/// Every file under `dir`, with its owner, group and mode.
+fn tree_attrs(dir: &Path) -> Vec<(std::path::PathBuf, u32, u32, u32)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = e.path().symlink_metadata().unwrap();
+            out.push((e.path(), m.uid(), m.gid(), m.mode()));
+            if m.is_dir() {
+                todo.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// After idmapped jobs, a failed one among them: no mount names the
+/// workspace in the host's mount tables, no cgroup of those runs is left,
+/// no process of theirs, and no file that was there changed owner or mode.
+#[test]
+fn idmapped_jobs_leave_nothing_behind() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = root_checkout();
+    std::fs::create_dir(ws.path().join("sub")).unwrap();
+    std::fs::write(ws.path().join("sub/b"), "b\n").unwrap();
+    let extra = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(extra.path(), Some(1000), Some(1000)).unwrap();
+    let before = tree_attrs(ws.path());
+    let wsp = ws.path().to_str().unwrap();
+    let bind = format!("{}:/data", extra.path().display());
+    let tok = token("idmap-left");
+    let mut clis = Vec::new();
+    for args in [
+        vec!["--workspace", wsp, "--rw", "--", "/bin/sh", "-c", "echo x > made; chmod 777 a sub; true", &tok],
+        vec!["--workspace", wsp, "--bind", &bind, "--", "/bin/sh", "-c", "echo y > /data/y", &tok],
+        vec!["--workspace", wsp, "--rw", "--user", "no-such-user", "--", "/bin/true", &tok],
+        // A background process named by the token, left running by its job.
+        vec!["--workspace", wsp, "--rw", "--", "/bin/bash", "-c", "(exec -a \"$0\" sleep 60) & sleep 0.2", &tok],
+    ] {
+        let child = Command::new(bin())
+            .arg("run")
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        clis.push(child.id().to_string());
+        let out = child.wait_with_output().unwrap();
+        assert_ne!(out.status.code(), Some(125), "{args:?}: {}", stderr(&out));
+    }
+    // The job's chmod changed the workspace's own files, as it may: put
+    // them back before comparing, so only ownership and the rest count.
+    std::fs::set_permissions(ws.path().join("a"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(ws.path().join("sub"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let after: Vec<_> = tree_attrs(ws.path()).into_iter().filter(|(p, ..)| !p.ends_with("made")).collect();
+    assert_eq!(before, after, "a file that was there changed owner or mode");
+    assert_eq!(owner(&ws.path().join("made")), (0, 0));
+    assert_eq!(owner(&extra.path().join("y")), (1000, 1000));
+    for table in ["/proc/self/mountinfo", "/proc/1/mountinfo"] {
+        let t = std::fs::read_to_string(table).unwrap();
+        assert!(!t.contains(wsp) && !t.contains(extra.path().to_str().unwrap()), "{table} names a job's mount:\n{t}");
+    }
+    let left = cgroup_dirs(&|name| clis.iter().any(|pid| name.split('.').nth(1) == Some(pid.as_str())));
+    assert!(left.is_empty(), "cgroups left: {left:?}");
+    let mut pids = host_pids_with(&tok);
+    for _ in 0..100 {
+        if pids.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        pids = host_pids_with(&tok);
+    }
+    assert!(pids.is_empty(), "processes left: {pids:?}");
+}
