@@ -276,7 +276,14 @@ fn cgroup_checks(root: bool) -> Vec<Check> {
             "cgroup limits",
             missing.is_empty() && !writable.is_empty(),
             if missing.is_empty() {
-                format!("memory, cpu and pids available; writable here: {}", writable.join(" "))
+                if writable.is_empty() {
+                    format!(
+                        "memory, cpu and pids available, but no cgroup of this process is writable by uid {}",
+                        nix::unistd::geteuid()
+                    )
+                } else {
+                    format!("memory, cpu and pids available; writable here: {}", writable.join(" "))
+                }
             } else {
                 format!("missing controllers: {}", missing.join(", "))
             },

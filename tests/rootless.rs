@@ -150,3 +150,22 @@ fn run_status_has_null_usage_without_a_cgroup_and_numbers_with_one() {
         assert!(v["usage"][k].is_u64(), "{k}: {v}");
     }
 }
+
+/// Rootless doctor names only ways out that work on this host: no
+/// systemd-run where no user manager is reachable or the controllers are
+/// v1's; `--allow-degraded`, which the tests above run, instead.
+#[test]
+fn rootless_doctor_names_only_ways_out_that_work_here() {
+    let Some(r) = Rootless::new() else { return };
+    let out = r.confine(&["doctor"]);
+    let text = stdout(&out) + &stderr(&out);
+    let pure_v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let bus = Path::new("/run/user/65534/bus").exists();
+    if !pure_v2 || !bus {
+        assert!(!text.contains("systemd-run"), "{text}");
+    }
+    if !r.has_cgroup() {
+        assert!(text.contains("--allow-degraded"), "{text}");
+        assert!(text.contains("no cgroup of this process is writable by uid 65534"), "{text}");
+    }
+}
