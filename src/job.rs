@@ -81,6 +81,12 @@ pub struct JobSpec {
     /// Extra binds (toolchains and the like).
     #[serde(default)]
     pub binds: Vec<Bind>,
+    /// Sources (the workspace, binds; canonical) whose path as the user
+    /// gave it went through a symbolic link. They are never idmapped: a
+    /// link a job planted could otherwise lead a later run to give the job
+    /// its owner's rights over any directory (`/etc`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub through_symlink: Vec<PathBuf>,
     /// Files written into the sandbox's /tmp before the job starts.
     #[serde(default)]
     pub files: Vec<JobFile>,
@@ -118,6 +124,7 @@ impl JobSpec {
             network: Network::None,
             hostname: "confine".into(),
             binds: Vec::new(),
+            through_symlink: Vec::new(),
             files: Vec::new(),
             limits: Limits { tmp_size_bytes: DEFAULT_TMP_SIZE, ..Limits::default() },
             allow_degraded: false,

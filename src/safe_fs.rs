@@ -59,6 +59,24 @@ fn split(path: &Path) -> Result<(&Path, &OsStr), SafeFsError> {
     Ok((parent, name))
 }
 
+/// Whether `given`, as a user wrote it, reaches `canonical` through a
+/// symbolic link: its absolute, lexically normalised form differs from
+/// the real path. (A `..` after a link counts too: conservative.)
+pub fn through_symlink(given: &Path, canonical: &Path) -> bool {
+    let Ok(abs) = std::path::absolute(given) else { return true };
+    let mut norm = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                norm.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => norm.push(other),
+        }
+    }
+    norm != canonical
+}
+
 /// Read `path` whole, at most `max` bytes, never following a symlink at
 /// its last component, never blocking on a FIFO, and only if it is a
 /// regular file.
@@ -262,6 +280,17 @@ impl OutputFile {
 #[cfg(unix)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_through_a_symlink_is_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(real.join("a")).unwrap();
+        std::os::unix::fs::symlink(real.join("a"), real.join("l")).unwrap();
+        assert!(!through_symlink(&real.join("a"), &real.join("a")));
+        assert!(!through_symlink(&real.join("./a/../a"), &real.join("a")));
+        assert!(through_symlink(&real.join("l"), &real.join("l").canonicalize().unwrap()));
+    }
 
     #[test]
     fn reads_refuse_links_fifos_and_big_files() {

@@ -504,3 +504,42 @@ fn idmapped_jobs_leave_nothing_behind() {
     }
     assert!(pids.is_empty(), "processes left: {pids:?}");
 }
+
+/// A path through a symbolic link is never idmapped: a link a job planted
+/// in a workspace of one run (`ws/sub -> /etc`) must not give the job of
+/// the next run root's rights over where it leads. (Red-team finding B3.)
+#[test]
+fn a_workspace_or_bind_reached_through_a_symlink_is_not_idmapped() {
+    if !root_sandbox() {
+        return;
+    }
+    let outer = root_checkout();
+    let victim = root_checkout();
+    std::fs::write(victim.path().join("shadow"), "root:secret\n").unwrap();
+    std::fs::set_permissions(victim.path().join("shadow"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let link = outer.path().join("sub");
+    std::os::unix::fs::symlink(victim.path(), &link).unwrap();
+    let (out, _) = sh_status(
+        &["--workspace", link.to_str().unwrap(), "--rw"],
+        "cat /workspace/shadow; echo pwned >> /workspace/shadow",
+    );
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("secret"), "{}", stdout(&out));
+    assert_eq!(std::fs::read_to_string(victim.path().join("shadow")).unwrap(), "root:secret\n");
+
+    // The same directory by its real path is idmapped, as the operator
+    // meant it.
+    let (out, v) = sh_status(&["--workspace", victim.path().to_str().unwrap()], "cat /workspace/shadow");
+    assert_eq!(stdout(&out), "root:secret\n", "{}", stderr(&out));
+    assert_eq!(v["layers"]["idmapped"], serde_json::json!(["/workspace"]), "{v}");
+
+    // A bind source through a link: not idmapped, so the job can't read
+    // root's 0700 directory, and the run says why before it starts.
+    let spec = format!("{}:/data", link.display());
+    let (out, _) = sh_status(&["--ro-bind", &spec], "cat /data/shadow");
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("its path goes through a symbolic link") && err.contains("uid 0"), "{err}");
+    assert!(!stdout(&out).contains("secret"));
+}

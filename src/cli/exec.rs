@@ -134,6 +134,11 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     };
     let repo_id = match (&args.repo, &args.repo_id) {
         (Some(dir), _) => match std::fs::canonicalize(dir) {
+            // Through a symlink, the path as given is kept, so that the
+            // plan sees the link and never idmaps where it leads.
+            Ok(root) if crate::safe_fs::through_symlink(dir, &root) => {
+                Some(config.add_adhoc_repo("cli", &std::path::absolute(dir).unwrap_or(root)))
+            }
             Ok(root) => Some(config.add_adhoc_repo("cli", &root)),
             Err(e) => return fail(format!("--repo {}: {e}", dir.display())),
         },

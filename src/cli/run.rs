@@ -244,9 +244,12 @@ pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Resul
     }
     spec.env = scrubbed(&env, |k| std::env::var(k).ok());
     if let Some(ws) = &args.workspace {
-        let ws = std::fs::canonicalize(ws)
+        let real = std::fs::canonicalize(ws)
             .map_err(|e| SandboxError::Workspace { path: ws.clone(), reason: e.to_string() })?;
-        spec.workspace = Some(ws);
+        if crate::safe_fs::through_symlink(ws, &real) {
+            spec.through_symlink.push(real.clone());
+        }
+        spec.workspace = Some(real);
         spec.cwd = PathBuf::from("/workspace");
     }
     if let Some(cwd) = &args.cwd {
@@ -279,10 +282,20 @@ pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Resul
         spec.limits.tmp_size_bytes = size;
     }
     for b in &args.ro_bind {
-        spec.binds.push(parse_bind(b, false)?);
+        let bind = parse_bind(b, false)?;
+        let given = b.split_once(':').map_or(b.as_str(), |(src, _)| src);
+        if crate::safe_fs::through_symlink(std::path::Path::new(given), &bind.source) {
+            spec.through_symlink.push(bind.source.clone());
+        }
+        spec.binds.push(bind);
     }
     for b in &args.bind {
-        spec.binds.push(parse_bind(b, true)?);
+        let bind = parse_bind(b, true)?;
+        let given = b.split_once(':').map_or(b.as_str(), |(src, _)| src);
+        if crate::safe_fs::through_symlink(std::path::Path::new(given), &bind.source) {
+            spec.through_symlink.push(bind.source.clone());
+        }
+        spec.binds.push(bind);
     }
     check_binds(args, &mut spec)?;
     Ok(spec)

@@ -51,6 +51,8 @@ pub(crate) struct Prepared {
     pub plan: plan::ExecPlan,
     pub env: Vec<(String, String)>,
     pub jailed: JailedCwd,
+    /// The repository's root as configured (`jailed.root` is its real path).
+    pub repo_root: std::path::PathBuf,
 }
 
 /// A job ready to start: its spec and, on the unix-fallback backend, the
@@ -134,7 +136,7 @@ impl Planner<'_> {
         // 5. cwd jail.
         let jailed = cwd::jail(&admitted.repo.root, req.relative_cwd.as_deref())
             .map_err(|e| Refusal { status: Status::Denied, message: e.to_string() })?;
-        Ok(Prepared { plan, env, jailed })
+        Ok(Prepared { plan, env, jailed, repo_root: admitted.repo.root.clone() })
     }
 
     /// The job's spec (step 7), with `limits` as decided and `timeout` left
@@ -152,6 +154,9 @@ impl Planner<'_> {
         let mut spec = JobSpec::new(argv);
         spec.env = prepared.env.clone();
         spec.workspace = Some(prepared.jailed.root.clone());
+        if crate::safe_fs::through_symlink(&prepared.repo_root, &prepared.jailed.root) {
+            spec.through_symlink.push(prepared.jailed.root.clone());
+        }
         spec.workspace_rw = self.config.sandbox.workspace_rw;
         spec.protect = if spec.workspace_rw {
             crate::sandbox::protect::defaults(&prepared.jailed.root)

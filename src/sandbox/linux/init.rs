@@ -178,7 +178,10 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     let ready = joined
         .and_then(|()| namespaces::write_id_maps(pid1, spec.uid, spec.gid, spec.rootless))
         .and_then(|()| mounts::open_sources(pid, &spec.mounts, (spec.uid.outside, spec.gid.outside), spec.rootless))
-        .and_then(|(sources, not_idmapped)| mounts::send_sources(&fds_out, sources, &not_idmapped));
+        .and_then(|(sources, mut not_idmapped)| {
+            not_idmapped.extend(spec.idmap_refused.iter().cloned());
+            mounts::send_sources(&fds_out, sources, &not_idmapped)
+        });
     if let Err(e) = ready {
         let _ = kill(pid1, Signal::SIGKILL);
         let _ = waitpid(pid1, None);
@@ -408,17 +411,16 @@ fn usable_binds(spec: &InitSpec, not_idmapped: &[String]) -> Result<(), SysError
             _ => continue,
         }
         let job = spec.uid.outside;
-        let owner = match idmap {
-            Some((0, _)) => "root (uid 0)".into(),
-            Some((uid, _)) => format!("uid {uid}"),
-            None if spec.rootless => "another user".into(),
-            None => "the job's own uid".into(),
+        let refusal = not_idmapped.iter().find_map(|l| l.strip_prefix(&format!("{}: ", dst.display())));
+        let owner = match (idmap, refusal) {
+            (Some((0, _)), _) => "root (uid 0)".into(),
+            (Some((uid, _)), _) => format!("uid {uid}"),
+            // Refused before the stage ran: the owner is in the refusal.
+            (None, Some(_)) => "another user".into(),
+            (None, None) if spec.rootless => "another user".into(),
+            (None, None) => "the job's own uid".into(),
         };
-        let why = not_idmapped
-            .iter()
-            .find_map(|l| l.strip_prefix(&format!("{}: ", dst.display())))
-            .map(|w| format!(" No idmapped mount could show it as the job's ({w})."))
-            .unwrap_or_default();
+        let why = refusal.map(|w| format!(" No idmapped mount could show it as the job's ({w}).")).unwrap_or_default();
         let (can, fix) = match (rw, spec.rootless) {
             (true, false) => ("write", format!("make it writable for uid {job} (chown or chmod), or drop --rw")),
             (true, true) => ("write", format!("make it writable for uid {job}, or run confine as root")),

@@ -100,7 +100,7 @@ fn check_workspace(spec: &JobSpec) -> Result<(), SandboxError> {
 pub fn init_spec(spec: &JobSpec) -> InitSpec {
     let (uid, gid, rootless) = sandbox_ids(spec);
     let mut mounts = mounts::plan(spec, &mounts::RealHost);
-    mark_idmaps(&mut mounts, spec, (uid.outside, gid.outside));
+    let idmap_refused = mark_idmaps(&mut mounts, spec, (uid.outside, gid.outside));
     let landlock = Some(landlock_plan(&mounts, spec));
     InitSpec {
         argv: spec.argv.clone(),
@@ -121,14 +121,17 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
         hold: spec.hold,
         tty: spec.tty,
         userns_owner: (!rootless).then(userns_owner),
+        idmap_refused,
     }
 }
 
 /// Ask for an idmapped mount of the workspace and of the user's binds
 /// whose owner is not the job's host uid and gid (root's checkout, as a
 /// CI runner has; a user's, whose group the job never gets elsewhere):
-/// the outer stage maps that owner onto the job, or says why not.
-fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) {
+/// the outer stage maps that owner onto the job, or says why not. Returns
+/// `dst: why` for those refused here (reached through a symlink).
+fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) -> Vec<String> {
+    let mut refused = Vec::new();
     use std::os::unix::fs::MetadataExt;
     let wanted = |src: &std::path::Path, dst: &std::path::Path| {
         (dst == std::path::Path::new("/workspace") && spec.workspace.as_deref() == Some(src))
@@ -141,12 +144,24 @@ fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) {
             }
             // Not there: the outer stage says so when it opens it.
             if let Ok(meta) = std::fs::metadata(&*src) {
-                if (meta.uid(), meta.gid()) != job {
-                    *idmap = Some((meta.uid(), meta.gid()));
+                if (meta.uid(), meta.gid()) == job {
+                    continue;
                 }
+                if spec.through_symlink.iter().any(|p| p == src) {
+                    refused.push(format!(
+                        "{}: its path goes through a symbolic link (give its real path, {}, to have it idmapped; \
+                         its owner is uid {})",
+                        dst.display(),
+                        src.display(),
+                        meta.uid()
+                    ));
+                    continue;
+                }
+                *idmap = Some((meta.uid(), meta.gid()));
             }
         }
     }
+    refused
 }
 
 /// A dedicated owner uid for a job's user namespace, drawn at random from

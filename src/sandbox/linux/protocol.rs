@@ -140,6 +140,10 @@ pub struct InitSpec {
     pub gid: IdMap,
     /// We are not root on the host: write `deny` to setgroups, map only our ids.
     pub rootless: bool,
+    /// Binds an idmap was refused for before the stage ran, `dst: why`
+    /// (their source was reached through a symlink).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idmap_refused: Vec<String>,
     pub mounts: Vec<MountOp>,
     /// Files pid 1 writes into the new root (under /tmp) before the job starts.
     #[serde(default)]
@@ -252,6 +256,7 @@ mod tests {
             hold: true,
             tty: false,
             userns_owner: None,
+            idmap_refused: Vec::new(),
         };
         let mut buf = Vec::new();
         write_spec(&mut buf, &spec).unwrap();
