@@ -543,3 +543,69 @@ fn a_workspace_or_bind_reached_through_a_symlink_is_not_idmapped() {
     assert!(err.contains("its path goes through a symbolic link") && err.contains("uid 0"), "{err}");
     assert!(!stdout(&out).contains("secret"));
 }
+
+/// Through the idmap the job owns root's files, and a write through a
+/// shared mapping keeps a file's set-id bits and capabilities: a tree
+/// that holds such a file, or a second name of a file, is not idmapped
+/// read-write, and the run stops before the job does (red-team finding
+/// B1). Read-only it is, and protected paths (`.git`) are not looked at.
+#[test]
+fn a_read_write_tree_with_set_id_capable_or_linked_files_is_not_idmapped() {
+    if !root_sandbox() {
+        return;
+    }
+    let outside = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    let cases: [(&str, &dyn Fn(&Path)); 4] = [
+        ("setuid or setgid file, rootfs/usr/bin/tool (mode 4755)", &|ws: &Path| {
+            std::fs::create_dir_all(ws.join("rootfs/usr/bin")).unwrap();
+            std::fs::write(ws.join("rootfs/usr/bin/tool"), "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(ws.join("rootfs/usr/bin/tool"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+        }),
+        ("setuid or setgid file, sg (mode 2755)", &|ws: &Path| {
+            std::fs::write(ws.join("sg"), "x").unwrap();
+            std::fs::set_permissions(ws.join("sg"), std::fs::Permissions::from_mode(0o2755)).unwrap();
+        }),
+        ("file capabilities, bin/capped", &|ws: &Path| {
+            std::fs::create_dir(ws.join("bin")).unwrap();
+            std::fs::write(ws.join("bin/capped"), "x").unwrap();
+            let ok = Command::new("setcap").arg("cap_dac_override=ep").arg(ws.join("bin/capped")).status().unwrap();
+            assert!(ok.success(), "setcap");
+        }),
+        ("2 names, etc/cfg", &|ws: &Path| {
+            std::fs::create_dir(ws.join("etc")).unwrap();
+            let theirs = outside.path().join(format!("cfg-{}", std::process::id()));
+            std::fs::write(&theirs, "host config\n").unwrap();
+            std::fs::hard_link(&theirs, ws.join("etc/cfg")).unwrap();
+        }),
+    ];
+    for (says, plant) in cases {
+        let ws = root_checkout();
+        plant(ws.path());
+        let wsp = ws.path().to_str().unwrap();
+        let (out, _) = sh_status(&["--workspace", wsp, "--rw"], "echo ran");
+        assert_eq!(out.status.code(), Some(125), "{says}: {}{}", stdout(&out), stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains(says) && err.contains("root (uid 0)"), "{says}: {err}");
+        assert!(!stdout(&out).contains("ran"));
+        // Read-only, nothing can be written through the mount: idmapped.
+        let (out, v) = sh_status(&["--workspace", wsp], "cat a");
+        assert_eq!(stdout(&out), "the repo's file\n", "{says}: {}", stderr(&out));
+        assert_eq!(v["layers"]["idmapped"], serde_json::json!(["/workspace"]), "{v}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join(format!("cfg-{}", std::process::id()))).unwrap(),
+        "host config\n"
+    );
+
+    // A protected .git is mounted read-only over the tree: a hard link
+    // inside it (a `git clone --local` shares objects so) is no reason.
+    let ws = root_checkout();
+    std::fs::create_dir_all(ws.path().join(".git/objects")).unwrap();
+    std::fs::write(ws.path().join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    let theirs = outside.path().join(format!("obj-{}", std::process::id()));
+    std::fs::write(&theirs, "object\n").unwrap();
+    std::fs::hard_link(&theirs, ws.path().join(".git/objects/o")).unwrap();
+    let (out, v) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], "echo x > made && echo ok");
+    assert_eq!(stdout(&out), "ok\n", "{}", stderr(&out));
+    assert_eq!(v["layers"]["idmapped"], serde_json::json!(["/workspace"]), "{v}");
+}

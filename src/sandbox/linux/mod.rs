@@ -9,6 +9,7 @@
 pub mod caps;
 pub mod cgroup;
 pub mod exec;
+mod idmap_check;
 pub mod inherit;
 pub mod init;
 pub mod landlock;

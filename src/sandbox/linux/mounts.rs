@@ -253,7 +253,16 @@ pub fn open_sources(
     for op in ops {
         let source = match op {
             MountOp::Bind { src, dst, rw, idmap: Some(owner), .. } if !rootless => {
-                match idmaps.tree(src, *owner, *rw) {
+                // What is protected is mounted read-only over the tree:
+                // nothing there can be written, so it needn't be checked.
+                let skip: Vec<PathBuf> = ops
+                    .iter()
+                    .filter_map(|o| match o {
+                        MountOp::Protect { base, path } if base == dst => Some(path.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                match idmaps.tree(src, *owner, *rw, &skip) {
                     Ok(tree) => Some(Source::Tree(tree)),
                     Err(why) => {
                         not_idmapped.push(format!("{}: {why}", dst.display()));
@@ -315,7 +324,7 @@ struct Idmaps {
 impl Idmaps {
     /// A detached copy of `src` (and every mount below it) that shows
     /// `owner`'s files as the job's, with the bind's attributes; or why not.
-    fn tree(&mut self, src: &Path, owner: (u32, u32), rw: bool) -> Result<OwnedFd, String> {
+    fn tree(&mut self, src: &Path, owner: (u32, u32), rw: bool, skip: &[PathBuf]) -> Result<OwnedFd, String> {
         let errno = |what: &str, e: nix::errno::Errno| format!("{what} failed: {e}");
         if self.own_root.is_none() {
             let root = open("/", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
@@ -332,6 +341,9 @@ impl Idmaps {
         let owner = if (st.st_uid, st.st_gid) == owner { owner } else { (st.st_uid, st.st_gid) };
         if owner == self.job {
             return Err("it now belongs to the job's own ids".into());
+        }
+        if rw {
+            super::idmap_check::check(&fd, owner, skip)?;
         }
         let tree = sys::open_tree_clone_recursive(&fd).map_err(|e| errno("open_tree", e))?;
         let userns = match self.namespaces.iter().find(|(o, _)| *o == owner) {
