@@ -555,7 +555,8 @@ fn a_read_write_tree_with_set_id_capable_or_linked_files_is_not_idmapped() {
         return;
     }
     let outside = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
-    let cases: [(&str, &dyn Fn(&Path)); 4] = [
+    type Plant<'a> = &'a dyn Fn(&Path);
+    let cases: [(&str, Plant); 4] = [
         ("setuid or setgid file, rootfs/usr/bin/tool (mode 4755)", &|ws: &Path| {
             std::fs::create_dir_all(ws.join("rootfs/usr/bin")).unwrap();
             std::fs::write(ws.join("rootfs/usr/bin/tool"), "#!/bin/sh\n").unwrap();
@@ -608,4 +609,45 @@ fn a_read_write_tree_with_set_id_capable_or_linked_files_is_not_idmapped() {
     let (out, v) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], "echo x > made && echo ok");
     assert_eq!(stdout(&out), "ok\n", "{}", stderr(&out));
     assert_eq!(v["layers"]["idmapped"], serde_json::json!(["/workspace"]), "{v}");
+}
+
+/// What the job writes lands as root's, and root's git trusts a root-owned
+/// repository: one the job makes is handed to the job's host ids after it,
+/// where git refuses it as it did before idmaps; and a repository the
+/// protection does not reach refuses the idmap (red-team finding B2).
+#[test]
+fn a_repository_the_job_makes_is_not_root_s_after_it() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = root_checkout();
+    let git = |dir: &Path, args: &[&str]| {
+        Command::new("git").current_dir(dir).args(args).env("GIT_CONFIG_NOSYSTEM", "1").output().unwrap()
+    };
+    assert!(git(ws.path(), &["init", "-q", "."]).status.success());
+    std::fs::create_dir(ws.path().join("src")).unwrap();
+    let marker = ws.path().join("..").join(format!("fsmonitor-ran-{}", std::process::id()));
+    let script =
+        format!("cd src && git init -q . && git config core.fsmonitor 'id > {}; echo' && echo made", marker.display());
+    let (out, _) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], &script);
+    assert_eq!(stdout(&out), "made\n", "{}", stderr(&out));
+    assert_eq!(owner(&ws.path().join("src/.git")), (65534, 65534), "the job's repository is still root's");
+    let status = git(&ws.path().join("src"), &["status"]);
+    assert!(!status.status.success() && stderr(&status).contains("dubious ownership"), "{}", stderr(&status));
+    assert!(!marker.exists(), "root's git ran the job's fsmonitor");
+    // The checkout's own repository is untouched, and root's.
+    assert_eq!(owner(&ws.path().join(".git")), (0, 0));
+
+    // A repository deeper than the protection looks refuses the idmap.
+    let ws = root_checkout();
+    assert!(git(ws.path(), &["init", "-q", "."]).status.success());
+    std::fs::create_dir_all(ws.path().join("n/b/c/d")).unwrap();
+    assert!(git(&ws.path().join("n/b/c/d"), &["init", "-q", "."]).status.success());
+    let (out, _) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], "echo ran");
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("a repository, n/b/c/d/.git, that is not protected"), "{}", stderr(&out));
+    // Named, it is protected, and the run goes on.
+    let (out, _) =
+        sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw", "--protect", "n/b/c/d/.git"], "echo ran");
+    assert_eq!(stdout(&out), "ran\n", "{}", stderr(&out));
 }

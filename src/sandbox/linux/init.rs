@@ -178,9 +178,10 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     let ready = joined
         .and_then(|()| namespaces::write_id_maps(pid1, spec.uid, spec.gid, spec.rootless))
         .and_then(|()| mounts::open_sources(pid, &spec.mounts, (spec.uid.outside, spec.gid.outside), spec.rootless))
-        .and_then(|(sources, mut not_idmapped)| {
+        .and_then(|opened| {
+            let mut not_idmapped = opened.not_idmapped;
             not_idmapped.extend(spec.idmap_refused.iter().cloned());
-            mounts::send_sources(&fds_out, sources, &not_idmapped)
+            mounts::send_sources(&fds_out, opened.sources, &not_idmapped)
         });
     if let Err(e) = ready {
         let _ = kill(pid1, Signal::SIGKILL);

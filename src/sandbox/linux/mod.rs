@@ -37,6 +37,9 @@ pub struct RunningJob {
     started: Instant,
     base_layers: Layers,
     spec: JobSpec,
+    /// Read-write idmap candidates with their repositories protected, to
+    /// sweep for repositories the job made (`idmap_check`).
+    sweeps: Vec<idmap_check::Sweep>,
     /// Last field: dropped after `child`, so its Drop kills and removes a
     /// tree whose init stage was already told to die.
     cgroup: Option<cgroup::JobCgroup>,
@@ -165,6 +168,43 @@ fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) -> Vec<Stri
     refused
 }
 
+/// The trees to sweep after the job: read-write binds that may be
+/// idmapped (another owner's), whose repositories are protected. Opened
+/// now, before the job runs, from `/` without following any link.
+fn sweeps_for(init: &InitSpec) -> Vec<idmap_check::Sweep> {
+    if init.rootless {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for op in &init.mounts {
+        let MountOp::Bind { src, dst, rw: true, idmap: Some(_), .. } = op else { continue };
+        let skip: Vec<std::path::PathBuf> = init
+            .mounts
+            .iter()
+            .filter_map(|o| match o {
+                MountOp::Protect { base, path } if base == dst => Some(path.clone()),
+                _ => None,
+            })
+            .collect();
+        if skip.is_empty() {
+            continue;
+        }
+        let rel = src.strip_prefix("/").unwrap_or(src);
+        let Ok(root) = nix::fcntl::open(
+            "/",
+            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        ) else {
+            continue;
+        };
+        let resolve = libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
+        if let Ok(dir) = sys::openat2(&root, rel, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC, resolve) {
+            out.push(idmap_check::Sweep { dir, skip });
+        }
+    }
+    out
+}
+
 /// A dedicated owner uid for a job's user namespace, drawn at random from
 /// [`namespaces::USERNS_OWNER_BASE`]'s range.
 fn userns_owner() -> u32 {
@@ -279,6 +319,7 @@ impl InitStage {
         let job_id = new_job_id();
         let mut init = init_spec(spec);
         init.seccomp = seccomp_name.map(str::to_string);
+        let sweeps = sweeps_for(&init);
         // The cgroups are made while the init stage loads (its dynamic loader
         // alone takes about as long), and before it has the spec: it can't
         // create a process before it has joined them. On an error here the
@@ -331,7 +372,7 @@ impl InitStage {
             missing,
             ..Layers::default()
         };
-        Ok(RunningJob { job_id, child, ctl, started, base_layers, spec: spec.clone(), cgroup })
+        Ok(RunningJob { job_id, child, ctl, started, base_layers, spec: spec.clone(), sweeps, cgroup })
     }
 }
 

@@ -238,12 +238,7 @@ pub enum Source {
 /// `open_tree` copies only mounts of the caller's namespace), and the copy
 /// is idmapped: only host root may, as the file system's superblock
 /// belongs to the host. `job` is the job's host (uid, gid).
-pub fn open_sources(
-    pid1: libc::pid_t,
-    ops: &[MountOp],
-    job: (u32, u32),
-    rootless: bool,
-) -> Result<(Vec<Source>, Vec<String>), SysError> {
+pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp], job: (u32, u32), rootless: bool) -> Result<Opened, SysError> {
     let proc_root = PathBuf::from(format!("/proc/{pid1}/root"));
     let root = open(proc_root.as_path(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
         .map_err(|e| SysError::path("open pid 1's root", &proc_root, e))?;
@@ -262,7 +257,11 @@ pub fn open_sources(
                         _ => None,
                     })
                     .collect();
-                match idmaps.tree(src, *owner, *rw, &skip) {
+                // Protection asked for (the default with --rw): every
+                // repository in the tree must be protected, and those the
+                // job makes are disowned after it (`idmap_check`).
+                let guard = !skip.is_empty();
+                match idmaps.tree(src, *owner, *rw, &skip, guard) {
                     Ok(tree) => Some(Source::Tree(tree)),
                     Err(why) => {
                         not_idmapped.push(format!("{}: {why}", dst.display()));
@@ -307,7 +306,14 @@ pub fn open_sources(
         };
         out.push(source);
     }
-    Ok((out, not_idmapped))
+    Ok(Opened { sources: out, not_idmapped })
+}
+
+/// What [`open_sources`] opened: a source for each op, and the binds not
+/// idmapped (`dst: why`).
+pub struct Opened {
+    pub sources: Vec<Source>,
+    pub not_idmapped: Vec<String>,
 }
 
 /// Why a rootless job gets no idmapped mount.
@@ -324,7 +330,14 @@ struct Idmaps {
 impl Idmaps {
     /// A detached copy of `src` (and every mount below it) that shows
     /// `owner`'s files as the job's, with the bind's attributes; or why not.
-    fn tree(&mut self, src: &Path, owner: (u32, u32), rw: bool, skip: &[PathBuf]) -> Result<OwnedFd, String> {
+    fn tree(
+        &mut self,
+        src: &Path,
+        owner: (u32, u32),
+        rw: bool,
+        skip: &[PathBuf],
+        guard: bool,
+    ) -> Result<OwnedFd, String> {
         let errno = |what: &str, e: nix::errno::Errno| format!("{what} failed: {e}");
         if self.own_root.is_none() {
             let root = open("/", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
@@ -343,7 +356,7 @@ impl Idmaps {
             return Err("it now belongs to the job's own ids".into());
         }
         if rw {
-            super::idmap_check::check(&fd, owner, skip)?;
+            super::idmap_check::check(&fd, owner, skip, guard)?;
         }
         let tree = sys::open_tree_clone_recursive(&fd).map_err(|e| errno("open_tree", e))?;
         let userns = match self.namespaces.iter().find(|(o, _)| *o == owner) {
