@@ -30,8 +30,17 @@ impl std::str::FromStr for EnvArg {
 /// one `KEY=VAL` or `KEY` per line, blank lines and `#` comments skipped,
 /// values taken as written (no quotes removed, no expansion). A bad line
 /// is an error naming the file, the line and why.
+///
+/// The file may lie where a job wrote (a `.env` in a read-write
+/// workspace): it is read as `safe_fs` reads such files, never through a
+/// symlink at its name (which could point at a secret only root may
+/// read), never blocking on a FIFO, a regular file of at most 1 MiB. A
+/// bare `KEY` line, which docker fills from its own environment, is
+/// refused: a file someone else wrote would choose which of this
+/// process's variables the job gets.
 pub fn read_env_file(path: &std::path::Path) -> Result<Vec<EnvArg>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--env-file {}: {e}", path.display()))?;
+    let text = crate::safe_fs::read_regular_string(path, 1 << 20)
+        .map_err(|e| format!("--env-file {}: {e}", path.display()))?;
     parse_env_file(&text).map_err(|(line, why)| format!("--env-file {}, line {line}: {why}", path.display()))
 }
 
@@ -51,7 +60,16 @@ fn parse_env_file(text: &str) -> Result<Vec<EnvArg>, (usize, String)> {
             let shown: String = key.chars().take(40).collect();
             return Err((
                 n + 1,
-                format!("'{shown}' is not a variable name (letters, digits and _, not starting with a digit): expected KEY=VALUE or KEY"),
+                format!("'{shown}' is not a variable name (letters, digits and _, not starting with a digit): expected KEY=VALUE"),
+            ));
+        }
+        if !trimmed.contains('=') {
+            return Err((
+                n + 1,
+                format!(
+                    "'{key}' has no value: write {key}=VALUE (to pass this process's own {key}, use -e {key} on \
+                     the command line)"
+                ),
             ));
         }
         let arg: EnvArg = trimmed.parse().map_err(|e| (n + 1, e))?;
@@ -103,24 +121,36 @@ mod tests {
 
     #[test]
     fn env_files_are_read_as_docker_reads_them() {
-        let text = "# comment\n\nA=1\n  B=two words \nC=\"quoted\"\nEDITOR\nD=x=y\r\n";
+        let text = "# comment\n\nA=1\n  B=two words \nC=\"quoted\"\nD=x=y\r\n";
         let got = parse_env_file(text).unwrap();
         let pairs: Vec<(&str, Option<&str>)> = got.iter().map(|e| (e.key.as_str(), e.value.as_deref())).collect();
-        assert_eq!(
-            pairs,
-            [
-                ("A", Some("1")),
-                ("B", Some("two words ")),
-                ("C", Some("\"quoted\"")),
-                ("EDITOR", None),
-                ("D", Some("x=y"))
-            ]
-        );
+        assert_eq!(pairs, [("A", Some("1")), ("B", Some("two words ")), ("C", Some("\"quoted\"")), ("D", Some("x=y"))]);
         let (line, why) = parse_env_file("A=1\nexport B=2\n").unwrap_err();
         assert_eq!(line, 2);
         assert!(why.contains("'export B' is not a variable name"), "{why}");
         assert_eq!(parse_env_file("=x\n").unwrap_err().0, 1);
         assert_eq!(parse_env_file("A=1\n1X=2\n").unwrap_err().0, 2);
+        // A bare name would take this process's own value: refused.
+        let (line, why) = parse_env_file("A=1\nAWS_SECRET_ACCESS_KEY\n").unwrap_err();
+        assert_eq!(line, 2);
+        assert!(why.contains("has no value") && why.contains("-e AWS_SECRET_ACCESS_KEY"), "{why}");
+    }
+
+    /// A `.env` a job left as a symlink to a root-only file, or as a FIFO,
+    /// is refused, not read (or waited on).
+    #[test]
+    fn an_env_file_is_never_a_link_or_a_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "TOKEN=hunter2\n").unwrap();
+        let link = dir.path().join(".env");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let e = read_env_file(&link).unwrap_err();
+        assert!(e.starts_with(&format!("--env-file {}", link.display())) && !e.contains("hunter2"), "{e}");
+        let fifo = dir.path().join("fifo.env");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(read_env_file(&fifo).is_err());
+        assert_eq!(read_env_file(&secret).unwrap()[0].value.as_deref(), Some("hunter2"));
     }
 
     #[test]

@@ -81,16 +81,7 @@ impl Found<'_> {
         let bytes = match self.inside(path) {
             Some(rel) if !rel.as_os_str().is_empty() => self.ws.read_regular(&rel, MAX_FILE_BYTES).ok()??.bytes,
             Some(_) => return None,
-            None => {
-                use std::io::Read;
-                let f = std::fs::File::open(path).ok()?;
-                if !f.metadata().ok()?.is_file() {
-                    return None;
-                }
-                let mut bytes = Vec::new();
-                f.take(MAX_FILE_BYTES).read_to_end(&mut bytes).ok()?;
-                bytes
-            }
+            None => read_host_config(path)?,
         };
         Some(String::from_utf8_lossy(&bytes).into_owned())
     }
@@ -281,6 +272,53 @@ impl Found<'_> {
     }
 }
 
+/// A config file outside the workspace (the owner's, the system's, an
+/// `include.path` a repository names), followed as git follows it, but
+/// opened only once it is known to be a regular file: first `O_PATH`
+/// (which opens nothing: no FIFO to block on, no device woken), then, if
+/// that inode is a regular file, that very inode reopened to read,
+/// without blocking. A repository's config may name any path; root must
+/// not hang on it, or open `/dev/watchdog` for it.
+#[cfg(target_os = "linux")]
+fn read_host_config(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let pinned = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(path).ok()?;
+    if !pinned.metadata().ok()?.is_file() {
+        return None;
+    }
+    let reopen = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&pinned));
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(reopen).ok()?;
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE_BYTES).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+#[cfg(not(unix))]
+fn read_host_config(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).ok()?.take(MAX_FILE_BYTES).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+#[cfg(all(unix, not(target_os = "linux")))]
+fn read_host_config(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path).ok()?;
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE_BYTES).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
 /// A file git reads or runs must have one name: through another, in the
 /// workspace, a job could write it.
 fn single_name(rel: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
@@ -386,6 +424,29 @@ fn inside(workspace: &Path, path: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A repository's config may name any path in `include.path`: a FIFO
+    /// there must not hang the supervisor (red-team finding L1), and a
+    /// device must not be opened.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_include_naming_a_fifo_is_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        std::fs::write(ws.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        let config = format!("[include]\n\tpath = {}\n[include]\n\tpath = /dev/zero\n", fifo.display());
+        std::fs::write(ws.join(".git/config"), config).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ws2 = ws.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(defaults(&ws2));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("protect hung on a FIFO");
+        assert!(got.is_ok(), "{got:?}");
+    }
 
     fn config_hooks(text: &str) -> Option<String> {
         entries(text)
