@@ -80,7 +80,11 @@ async fn a_one_shot_supervisor_runs_its_first_request_in_the_sandbox_built_early
         let resp = sup.execute(executed, ExecControl::default()).await;
         sup.discard_prestarted();
         assert_eq!(serde_json::to_value(resp.status).unwrap(), "success", "case {n}: {:?}", resp.error);
-        let stdout = resp.output.as_ref().and_then(|v| v.stdout_summary.clone()).unwrap_or_default();
+        let stdout = resp
+            .output
+            .as_ref()
+            .and_then(|v| v.stdout.clone().or_else(|| v.stdout_summary.clone()))
+            .unwrap_or_default();
         let (shown, started) = stdout.rsplit_once('\n').unwrap();
         assert_eq!(shown, want, "case {n}");
         let started: u64 = started.trim().parse().unwrap();
@@ -130,7 +134,8 @@ async fn a_sandbox_built_early_holds_its_job_to_its_limits() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let before = ticks_since_boot();
     let resp = sup.execute(req, ExecControl::default()).await;
-    let stdout = resp.output.as_ref().and_then(|v| v.stdout_summary.clone()).unwrap_or_default();
+    let stdout =
+        resp.output.as_ref().and_then(|v| v.stdout.clone().or_else(|| v.stdout_summary.clone())).unwrap_or_default();
     let limits = resp.outcome.as_ref().map(|o| o.limits.clone());
     assert_eq!(serde_json::to_value(resp.status).unwrap(), "oom", "{stdout} {:?} {limits:?}", resp.error);
     assert!(!stdout.contains("survived"), "{stdout}");

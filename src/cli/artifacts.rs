@@ -321,6 +321,7 @@ fn view(a: &Artifacts, args: ViewArgs) -> Result<(), Failure> {
         output_mode: args.mode.parse::<OutputMode>()?,
         max_response_lines: args.max_response_lines,
         query_terms: args.terms,
+        inline_bytes: None,
     };
     let meta = a.get(&args.handle)?;
     let v = render_stored(a, &meta, &opts)?;

@@ -161,6 +161,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
             output_mode: args.output_mode.unwrap_or_default(),
             max_response_lines: args.max_response_lines,
             query_terms: args.query_terms.clone(),
+            inline_bytes: None,
         },
         ..ExecuteRequest::default()
     };
@@ -251,10 +252,11 @@ fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
 }
 
 fn print_view(view: &crate::output::modes::OutputView) {
-    if let Some(s) = &view.stdout_summary {
+    // A small output is whole (`stdout`, `stderr`); a larger one summed up.
+    if let Some(s) = view.stdout.as_ref().or(view.stdout_summary.as_ref()) {
         println!("{s}");
     }
-    if let Some(s) = &view.stderr_summary {
+    if let Some(s) = view.stderr.as_ref().or(view.stderr_summary.as_ref()) {
         println!("--- stderr ---\n{s}");
     }
     for ex in view.excerpts.iter().flatten() {

@@ -147,13 +147,7 @@ impl ConfineServer {
 impl ConfineServer {
     #[tool(
         name = "memory_store",
-        description = "Store a memory about repository repoId so later sessions can find it: type decision | \
-bugfix | task_context, a short title (1-120 chars) and content (1-50,000 chars; include the why, not just the \
-what). Optional: tags (<= 20), confidence 0-1 (0.9 verified fact, 0.7 hypothesis; default 0.5), symbolIds \
-(<= 100) and fileRelPaths (<= 100, existing files relative to the repo root; their SHA-256 is recorded and the \
-memory is flagged stale when they change). The same repoId+type+title+content returns the existing memoryId \
-with deduplicated: true. Pass memoryId to update that memory (upsert). The memory is also written to \
-<repo>/.confine-memory/<memoryId>.md for review. Bad arguments are tool errors 'invalid: <reason>'.",
+        description = "Store what a later session should know about repoId, with the files and symbols it concerns (stale when those files change).",
         input_schema = input::<StoreRequest>(),
         output_schema = schema_for_output::<StoreResult>(),
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
@@ -164,11 +158,7 @@ with deduplicated: true. Pass memoryId to update that memory (upsert). The memor
 
     #[tool(
         name = "memory_query",
-        description = "Search the memories of repoId. query: words matched against title and content, ranked by \
-relevance (BM25; words, not substrings). Filters (each matches any of its values): types, tags, symbolIds; \
-staleOnly: true re-checks linked files and returns only memories whose files changed or vanished. limit 1-100 \
-(default 20); sortBy recency | confidence (default: relevance with a query, else recency). Returns \
-{memories, total}, total counting all matches before limit. Removed memories are never returned.",
+        description = "Search repoId's memories by words, types, tags or symbolIds; staleOnly: those whose files changed.",
         input_schema = input::<QueryRequest>(),
         output_schema = schema_for_output::<QueryResult>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -179,9 +169,7 @@ staleOnly: true re-checks linked files and returns only memories whose files cha
 
     #[tool(
         name = "memory_remove",
-        description = "Remove memory memoryId of repoId (soft delete: query and surface no longer return it; the \
-operation log keeps it). Its .confine-memory/<memoryId>.md is kept, marked deleted: true, unless deleteFile: \
-true removes it. An unknown memoryId is a tool error 'not_found: ...'.",
+        description = "Remove memory memoryId of repoId: queries and surface no longer return it.",
         input_schema = input::<RemoveRequest>(),
         output_schema = schema_for_output::<RemoveResult>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
@@ -192,12 +180,7 @@ true removes it. An unknown memoryId is a tool error 'not_found: ...'.",
 
     #[tool(
         name = "memory_surface",
-        description = "Before working on code, ask which memories matter: give the symbolIds (<= 500) and/or \
-fileRelPaths (<= 100) your task touches, optionally taskType (decision | bugfix | task_context) to keep one \
-type, and limit 1-50 (default 10). Returns memories linked to any of them, best first, ranked by score = \
-confidence x recencyFactor x overlapFactor, where recencyFactor = max(0.1, 0.5^(ageDays/30)) and overlapFactor = \
-(matched/queried + matched/linked)/2. Each carries score, factors, matchedSymbols and matchedFiles, and stale \
-(its linked files changed since it was stored: verify before trusting it).",
+        description = "Before working on code: memories linked to the symbolIds or fileRelPaths you touch, best first. Verify stale ones.",
         input_schema = input::<SurfaceRequest>(),
         output_schema = schema_for_output::<SurfaceResult>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -208,10 +191,7 @@ confidence x recencyFactor x overlapFactor, where recencyFactor = max(0.1, 0.5^(
 
     #[tool(
         name = "agent_feedback",
-        description = "After a task, record which symbols of a slice were useful (usefulSymbols, at least 1) and \
-which were expected but missing (missingSymbols), for offline tuning. Required: repoId, versionId, sliceHandle, \
-usefulSymbols; optional taskTags (<= 20), taskType (debug | review | implement | explain), taskText. Returns \
-feedbackId and symbolsRecorded (useful + missing).",
+        description = "After a task: which symbols of a slice were useful, and which were missing.",
         input_schema = input::<FeedbackRequest>(),
         output_schema = schema_for_output::<FeedbackResult>(),
         annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
@@ -222,9 +202,7 @@ feedbackId and symbolsRecorded (useful + missing).",
 
     #[tool(
         name = "agent_feedback_query",
-        description = "Read the feedback recorded for repoId, newest first: optional versionId, since (ISO time, \
-e.g. 2026-05-20T00:00:00Z) and limit 1-1000 (default 50). Returns {feedback, aggregatedStats{totalFeedback, \
-topUsefulSymbols, topMissingSymbols}, hasMore}; the stats cover every matching record, not only the page.",
+        description = "Feedback recorded for repoId, newest first, with the most useful and most missed symbols.",
         input_schema = input::<FeedbackQuery>(),
         output_schema = schema_for_output::<FeedbackQueryResult>(),
         annotations(read_only_hint = true, open_world_hint = false)

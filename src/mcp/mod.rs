@@ -19,6 +19,7 @@ mod memory_tools;
 mod progress;
 #[cfg(target_os = "linux")]
 pub mod real;
+mod schema;
 pub mod server;
 pub mod service;
 pub mod token;

@@ -102,6 +102,7 @@ fn to_request(req: &ExecuteRequest) -> sup::ExecuteRequest {
             output_mode: req.output_mode,
             max_response_lines: req.max_response_lines,
             query_terms: req.query_terms.clone().unwrap_or_default(),
+            inline_bytes: req.inline_bytes,
         },
         ..sup::ExecuteRequest::default()
     }
@@ -134,6 +135,7 @@ fn to_response(r: &sup::ExecuteResponse) -> Result<ExecuteResponse, ServiceError
     };
     out.error = r.error.clone();
     if let Some(o) = &r.outcome {
+        out.isolation = Some(o.guarantees.weaker().map_or_else(|| "full".to_string(), |w| format!("degraded: {w}")));
         out.backend = Some(o.backend.clone());
         out.usage = serde_json::to_value(&o.usage).ok();
         out.layers = serde_json::to_value(&o.layers).ok();
@@ -143,6 +145,8 @@ fn to_response(r: &sup::ExecuteResponse) -> Result<ExecuteResponse, ServiceError
     if let Some(v) = &r.output {
         out.output_lines = Some(v.output_lines);
         out.output_bytes = Some(v.output_bytes);
+        out.stdout = v.stdout.clone();
+        out.stderr = v.stderr.clone();
         out.stdout_summary = v.stdout_summary.clone();
         out.stderr_summary = v.stderr_summary.clone();
         out.excerpts = v.excerpts.as_ref().map(|xs| {
@@ -361,6 +365,13 @@ impl RuntimeService for SupervisorService {
             resp.status = ExecStatus::Killed;
         }
         Ok(resp)
+    }
+
+    fn sole_repo(&self) -> Option<String> {
+        match self.sup.config.repos.as_slice() {
+            [only] => Some(only.id.clone()),
+            _ => None,
+        }
     }
 
     async fn info(&self, repo_id: Option<&str>) -> Result<Info, ServiceError> {

@@ -25,9 +25,8 @@ use std::time::Duration;
 const INSTRUCTIONS: &str = "confine runs untrusted code in a hardened sandbox \
 (no network by default, read-only system, scrubbed environment, hard timeouts) under a policy that is \
 evaluated and audited on every call. Start with `info` to see the runtimes, limits and env allowlist. \
-Run code with `runtime_execute` in outputMode 'minimal' (the default): it returns status, exit code \
-and an artifactHandle but no output text; then read only what you need with `runtime_query_output` \
-(queryTerms such as ['error', 'FAIL']). Long jobs: background: true, then `runtime_jobs` and \
+Run code with `runtime_execute`: the answer has status, exit code, the output when it is small, and \
+an artifactHandle; read a longer output with `runtime_query_output` (queryTerms such as ['error', 'FAIL']). Long jobs: background: true, then `runtime_jobs` and \
 `runtime_kill`. `usage_stats` shows how many bytes the minimal+query pattern saved.";
 
 /// The MCP server: a thin adapter over a [`RuntimeService`].
@@ -46,6 +45,8 @@ pub struct ConfineServer {
 
 impl ConfineServer {
     pub fn new(service: Arc<dyn RuntimeService>) -> Self {
+        let mut tool_router = Self::runtime_tools() + Self::diagnostic_tools();
+        super::schema::lean_router(&mut tool_router);
         ConfineServer {
             service,
             usage: Arc::new(SessionUsage::default()),
@@ -53,14 +54,16 @@ impl ConfineServer {
             memory: None,
             over_http: false,
             // `with_memory` adds `Self::memory_tools()`.
-            tool_router: Self::runtime_tools() + Self::diagnostic_tools(),
+            tool_router,
         }
     }
 
     /// Offer the memory and feedback tools, backed by `memory`.
     pub fn with_memory(mut self, memory: Arc<crate::store::memory::MemoryService>) -> Self {
         if self.memory.is_none() {
-            self.tool_router.merge(Self::memory_tools());
+            let mut memory_tools = Self::memory_tools();
+            super::schema::lean_router(&mut memory_tools);
+            self.tool_router.merge(memory_tools);
         }
         self.memory = Some(memory);
         self
@@ -105,6 +108,25 @@ impl ConfineServer {
         }
     }
 
+    /// A job's answer: `resp` as structured content, and beside it a short
+    /// rendering for a reader (`ExecuteResponse::text`), not the JSON again.
+    pub(crate) fn job_answer(
+        &self,
+        tool: &str,
+        resp: &super::types::ExecuteResponse,
+        call: CallOutcome<'_>,
+    ) -> CallToolResult {
+        match serde_json::to_value(resp) {
+            Ok(v) => {
+                let mut result = CallToolResult::structured(v);
+                result.content = vec![ContentBlock::text(resp.text())];
+                result.is_error = Some(call.is_error);
+                self.count(tool, result, call)
+            }
+            Err(e) => self.error(tool, &ServiceError::Internal(format!("cannot encode the result: {e}"))),
+        }
+    }
+
     /// A tool error: one line, `status: message`, no structured content
     /// (so clients that validate outputSchema accept it).
     pub(crate) fn error(&self, tool: &str, e: &ServiceError) -> CallToolResult {
@@ -139,7 +161,45 @@ pub(crate) struct CallOutcome<'a> {
 /// error naming the field, never a protocol error (MCP wants input
 /// validation failures reported as tool results the model can read).
 pub(crate) fn parse_args<T: DeserializeOwned>(args: JsonObject) -> Result<T, ServiceError> {
-    serde_json::from_value(serde_json::Value::Object(args)).map_err(|e| ServiceError::Invalid(e.to_string()))
+    serde_path_to_error::deserialize(serde_json::Value::Object(args)).map_err(|e| {
+        let path = e.path().to_string();
+        let why = readable(&e.inner().to_string());
+        // serde's unknown-field message names the field already.
+        let named = path == "." || why.starts_with("unknown field");
+        ServiceError::Invalid(if named { why } else { format!("{path}: {why}") })
+    })
+}
+
+/// serde's message in a caller's words: `invalid type: string "5000",
+/// expected u64` is `expected an integer, got "5000"`.
+fn readable(msg: &str) -> String {
+    let Some(rest) = msg.strip_prefix("invalid type: ").or_else(|| msg.strip_prefix("invalid value: ")) else {
+        return msg.to_string();
+    };
+    let Some((got, expected)) = rest.rsplit_once(", expected ") else {
+        return msg.to_string();
+    };
+    let expected = match expected {
+        "u8" | "u16" | "u32" | "u64" | "usize" => "an integer, 0 or more",
+        "i8" | "i16" | "i32" | "i64" | "isize" => "an integer",
+        "f32" | "f64" => "a number",
+        "a sequence" => "a list",
+        "a map" => "an object",
+        "a boolean" => "true or false",
+        other => other,
+    };
+    // `string "5000"` → `"5000"`; `integer `5`` → `5`.
+    let got = got
+        .strip_prefix("string ")
+        .map(str::to_string)
+        .or_else(|| {
+            ["integer ", "floating point ", "boolean "]
+                .iter()
+                .find_map(|p| got.strip_prefix(p))
+                .map(|v| v.trim_matches('`').to_string())
+        })
+        .unwrap_or_else(|| got.to_string());
+    format!("expected {expected}, got {got}")
 }
 
 #[tool_handler(router = self.tool_router)]
@@ -152,5 +212,33 @@ impl ServerHandler for ConfineServer {
                     .with_description("Governed, sandboxed code execution for agents"),
             )
             .with_instructions(INSTRUCTIONS)
+    }
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_argument_names_its_field_and_what_was_expected() {
+        let args = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+        let e = parse_args::<super::super::types::ExecuteRequest>(args(serde_json::json!({
+            "runtime": "python", "code": "1", "timeoutMs": "5000"
+        })))
+        .unwrap_err();
+        assert_eq!(e.to_string(), "invalid: timeoutMs: expected an integer, 0 or more, got \"5000\"");
+        let e = parse_args::<super::super::types::ExecuteRequest>(args(serde_json::json!({
+            "runtime": "python", "args": "x"
+        })))
+        .unwrap_err();
+        assert_eq!(e.to_string(), "invalid: args: expected a list, got \"x\"");
+        let e = parse_args::<super::super::types::ExecuteRequest>(args(serde_json::json!({
+            "runtime": "python", "code": "1", "background": 1
+        })))
+        .unwrap_err();
+        assert_eq!(e.to_string(), "invalid: background: expected true or false, got 1");
+        let e = parse_args::<super::super::types::ExecuteRequest>(args(serde_json::json!({"runtme": "python"})))
+            .unwrap_err();
+        assert!(e.to_string().starts_with("invalid: unknown field `runtme`, expected one of"), "{e}");
     }
 }

@@ -54,6 +54,12 @@ pub trait RuntimeService: Send + Sync + 'static {
     /// limits, policy digest. `repo_id` narrows it to one workspace.
     async fn info(&self, repo_id: Option<&str>) -> Result<Info, ServiceError>;
 
+    /// The one repository configured, when there is exactly one: a call
+    /// may then leave `repoId` out. The default knows none.
+    fn sole_repo(&self) -> Option<String> {
+        None
+    }
+
     /// Hook for `usage_stats` with scope `history`/`both`: the usage that
     /// earlier sessions recorded. `Ok(None)` means "no history store".
     async fn usage_history(&self, _req: &UsageStatsRequest) -> Result<Option<UsageSnapshot>, ServiceError> {

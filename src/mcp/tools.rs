@@ -37,25 +37,27 @@ fn input<T: JsonSchema + 'static>() -> Arc<JsonObject> {
 impl ConfineServer {
     #[tool(
         name = "runtime_execute",
-        description = "Run code or a command in a hardened sandbox (no network, read-only system, scrubbed env, \
-hard timeout with process-tree kill) inside workspace repoId, under policy and audit. Give either `code` (inline \
-source for `runtime`) or `args` (arguments for the runtime's executable), not both. The default outputMode \
-'minimal' returns status, exitCode and an artifactHandle but no output text: check them, then read only what you \
-need with runtime_query_output. 'summary' adds head+tail of stdout and tail of stderr, 'intent' only the lines \
-matching queryTerms, 'digest' deduplicated error/warning lines. background: true returns a jobId at once \
-(follow with runtime_jobs, stop with runtime_kill). status: success|failure|timeout|oom|killed|cancelled|denied; \
-a denial is a tool error that still carries policyDecision.deniedReasons. Bad arguments are tool errors \
-'invalid: <reason>'.",
+        description = "Run `code`, or `args`, with `runtime` in a sandbox (no network, read-only system, timeout), under policy and audit. Returns status, exitCode, the output if under inlineBytes, and an artifactHandle for runtime_query_output.",
         input_schema = input::<ExecuteRequest>(),
         output_schema = schema_for_output::<ExecuteResponse>(),
         annotations(read_only_hint = false, destructive_hint = true, open_world_hint = false)
     )]
     async fn runtime_execute(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
         const TOOL: &str = "runtime_execute";
-        let req = match parse_args::<ExecuteRequest>(args).and_then(|r| r.validate().map(|()| r)) {
+        let parsed = parse_args::<ExecuteRequest>(args).and_then(|mut r| {
+            if r.repo_id.is_empty() {
+                r.repo_id = self
+                    .service
+                    .sole_repo()
+                    .ok_or_else(|| ServiceError::Invalid("repoId: name the workspace (`info` lists them)".into()))?;
+            }
+            r.validate().map(|()| r)
+        });
+        let req = match parsed {
             Ok(r) => r,
             Err(e) => return self.error(TOOL, &e),
         };
+        let verbose = req.verbose == Some(true);
         let caller = match self.caller(&ctx).and_then(|c| c.check_repo(&req.repo_id).map(|()| c)) {
             Ok(c) => c,
             Err(e) => return self.error(TOOL, &e),
@@ -83,7 +85,7 @@ a denial is a tool error that still carries policyDecision.deniedReasons. Bad ar
                 let raw = resp.output_bytes.unwrap_or(0);
                 let outcome =
                     CallOutcome { is_error: refused, raw_output_bytes: raw, status: Some(resp.status.as_str()) };
-                self.structured(TOOL, &resp, outcome)
+                self.job_answer(TOOL, &resp.clone().lean(verbose), outcome)
             }
             Err(e) => self.error(TOOL, &e),
         }
@@ -91,10 +93,7 @@ a denial is a tool error that still carries policyDecision.deniedReasons. Bad ar
 
     #[tool(
         name = "runtime_query_output",
-        description = "Search the stored output of an earlier runtime_execute (its artifactHandle): returns the \
-line windows matching any of queryTerms (case-insensitive) with contextLines of context, or the lines of \
-lineRange [start, end]. Use it after a 'minimal' execute to read only what matters, e.g. queryTerms \
-['error', 'FAIL', 'Traceback']. stream: stdout, stderr or both.",
+        description = "Read the stored output of a job (artifactHandle): the lines matching queryTerms, with context, or lineRange [start, end].",
         input_schema = input::<QueryOutputRequest>(),
         output_schema = schema_for_output::<QueryOutputResponse>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -117,9 +116,7 @@ lineRange [start, end]. Use it after a 'minimal' execute to read only what matte
 
     #[tool(
         name = "runtime_jobs",
-        description = "List recent jobs, newest first, with status, duration and artifactHandle. With jobId: that \
-job, and its stdout from byte `offset`; pass the returned output.nextOffset as the next offset to follow a \
-background job until output.complete is true.",
+        description = "Recent jobs. With jobId: that job and its stdout from offset (follow output.nextOffset until output.complete).",
         input_schema = input::<JobsRequest>(),
         output_schema = schema_for_output::<JobsResponse>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -138,8 +135,7 @@ background job until output.complete is true.",
 
     #[tool(
         name = "runtime_kill",
-        description = "Stop a running job by jobId (from a background runtime_execute or runtime_jobs): its whole \
-process tree is killed. Returns the final outcome: status killed, or the status it had already ended with.",
+        description = "Kill a running job's whole process tree (jobId of a background runtime_execute); returns its final outcome.",
         input_schema = input::<KillRequest>(),
         output_schema = schema_for_output::<ExecuteResponse>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
@@ -156,9 +152,9 @@ process tree is killed. Returns the final outcome: status killed, or the status 
             Err(e) => return self.error(TOOL, &e),
         };
         match self.service.kill(&req.job_id, &caller).await {
-            Ok(resp) => self.structured(
+            Ok(resp) => self.job_answer(
                 TOOL,
-                &resp,
+                &resp.clone().lean(false),
                 CallOutcome { status: Some(resp.status.as_str()), ..CallOutcome::default() },
             ),
             Err(e) => self.error(TOOL, &e),
@@ -170,11 +166,7 @@ process tree is killed. Returns the final outcome: status killed, or the status 
 impl ConfineServer {
     #[tool(
         name = "info",
-        description = "What this confine server offers: version, isolation backend and the layers it enforces, \
-what it guarantees (filesystem, network, syscalls, memory, cpu, pids, treeKill, envScrub: enforced, partial or none), \
-the runtimes available here, limits (timeoutMs range, output caps, env allowlist), the policy digest, and \
-warnings. Call it first to learn which runtimes and env keys you may use; repoId adds what is known of that \
-workspace (and staleMemories: how many of its memories have linked files that changed).",
+        description = "Call first: runtimes, limits, env allowlist, the isolation enforced here; with repoId, that workspace.",
         input_schema = input::<InfoRequest>(),
         output_schema = schema_for_output::<Info>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -201,10 +193,7 @@ workspace (and staleMemories: how many of its memories have linked files that ch
 
     #[tool(
         name = "usage_stats",
-        description = "Token economy of this server: per-tool call counts, raw output bytes the jobs produced, \
-bytes actually returned to the client, and the saving ratio (1 - returned/raw). scope: session (since this \
-server started), history (recorded by earlier sessions, when a store is configured) or both. persist: true \
-records this session's counters in the history now.",
+        description = "Output bytes the jobs produced against bytes returned to you, per tool.",
         input_schema = input::<UsageStatsRequest>(),
         output_schema = schema_for_output::<UsageStatsResponse>(),
         annotations(read_only_hint = true, open_world_hint = false)

@@ -25,13 +25,13 @@ pub enum UsageScope {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UsageStatsRequest {
-    /// session (since this server started), history (recorded by earlier sessions) or both (default).
+    /// session, history or both (default).
     #[serde(default)]
     pub scope: UsageScope,
-    /// Also record this session's counters in the history store now.
+    /// Record this session's counters in the history now.
     #[serde(default)]
     pub persist: Option<bool>,
-    /// history only: count from this Unix time in ms.
+    /// History from this Unix time in ms.
     #[serde(default)]
     pub since_ms: Option<u64>,
 }

@@ -22,6 +22,12 @@ use crate::store::artifacts::{ArtifactMeta, Artifacts, JobInfo, StreamName};
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_RESPONSE_LINES: u32 = 100;
+/// Output up to this many bytes (stdout and stderr together) is in the
+/// response itself, whatever the mode: a job that prints `42` needs one
+/// call, not a second one to read it.
+pub const DEFAULT_INLINE_BYTES: u32 = 1024;
+/// The most a caller may ask to have inline.
+pub const MAX_INLINE_BYTES: u32 = 64 * 1024;
 /// Output above this many bytes gets ranked sections in intent mode.
 pub const INTENT_SECTIONS_ABOVE: u64 = 5 * 1024;
 /// Intent mode without terms looks for failures.
@@ -38,6 +44,10 @@ pub struct RenderOptions {
     pub max_response_lines: Option<u32>,
     #[serde(default)]
     pub query_terms: Vec<String>,
+    /// Output up to this many bytes is inline (default
+    /// [`DEFAULT_INLINE_BYTES`], at most [`MAX_INLINE_BYTES`]; 0: never).
+    #[serde(default)]
+    pub inline_bytes: Option<u32>,
 }
 
 /// Whether a stream was cut at its stored cap, and its real size.
@@ -65,6 +75,12 @@ pub struct OutputView {
     pub output_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncation: Option<Truncation>,
+    /// The whole stdout, when the output fits in the inline cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    /// The whole stderr, likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdout_summary: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -140,6 +156,8 @@ pub fn render_input(input: &RenderInput, opts: &RenderOptions) -> Result<OutputV
         output_lines: om.total_lines + em.total_lines,
         output_bytes: om.total_bytes + em.total_bytes,
         truncation: (mode != OutputMode::Minimal || om.truncated || em.truncated).then_some(truncation),
+        stdout: None,
+        stderr: None,
         stdout_summary: None,
         stderr_summary: None,
         excerpts: None,
@@ -173,6 +191,23 @@ pub fn render_input(input: &RenderInput, opts: &RenderOptions) -> Result<OutputV
             }
         }
         OutputMode::Digest => view.digest = Some(digest(&input.full, n as usize)?),
+    }
+    let cap = u64::from(opts.inline_bytes.unwrap_or(DEFAULT_INLINE_BYTES).min(MAX_INLINE_BYTES));
+    let whole = !om.truncated && !em.truncated && input.ends.iter().all(|s| s.complete());
+    if view.output_bytes <= cap && whole {
+        for (slot, src) in [&mut view.stdout, &mut view.stderr].into_iter().zip(input.ends) {
+            let total = src.total_lines();
+            if total > 0 {
+                *slot = Some(join(&src.lines(1, total)?).join("\n"));
+            }
+        }
+        // The whole output is there: a summary of it would be a copy, and
+        // a small output has no gap to report.
+        view.stdout_summary = None;
+        view.stderr_summary = None;
+        if mode == OutputMode::Summary {
+            view.truncation = None;
+        }
     }
     if mode != OutputMode::Minimal && !out.complete() {
         view.notes.push("output was not stored: only its inline head and tail were read".into());

@@ -24,6 +24,7 @@ fn opts(mode: OutputMode, terms: &[&str]) -> RenderOptions {
         output_mode: mode,
         max_response_lines: None,
         query_terms: terms.iter().map(|t| t.to_string()).collect(),
+        inline_bytes: Some(0),
     }
 }
 

@@ -65,22 +65,21 @@ pub enum TaskType {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FeedbackRequest {
     pub repo_id: String,
-    /// The version (ledger or commit) the feedback applies to.
+    /// The version (a commit) it applies to.
     pub version_id: String,
-    /// The slice handle that was used.
+    /// The slice used.
     pub slice_handle: String,
-    /// Symbol ids that were useful during the task: at least 1, at most 1,000.
+    /// At least 1.
     pub useful_symbols: Vec<String>,
-    /// Symbol ids that were expected but absent from the slice (at most 1,000).
+    /// Expected but absent.
     #[serde(default)]
     pub missing_symbols: Vec<String>,
-    /// Tags describing the task (at most 20).
+    /// At most 20.
     #[serde(default)]
     pub task_tags: Vec<String>,
-    /// debug, review, implement or explain.
     #[serde(default)]
     pub task_type: Option<TaskType>,
-    /// What the task was (at most 10,000 characters).
+    /// What the task was.
     #[serde(default)]
     pub task_text: Option<String>,
 }
@@ -122,13 +121,14 @@ pub struct FeedbackRecord {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FeedbackQuery {
     pub repo_id: String,
-    /// Only feedback on this version.
+    /// Only this version.
     #[serde(default)]
     pub version_id: Option<String>,
-    /// 1–1,000, default 50; newest first.
+    /// Default 50.
     #[serde(default)]
+    #[schemars(range(min = 1, max = 1000))]
     pub limit: Option<u32>,
-    /// ISO 8601 / RFC 3339 time (e.g. 2026-05-20T00:00:00Z): only feedback recorded at or after it.
+    /// Only feedback since this time (2026-05-20T00:00:00Z).
     #[serde(default)]
     pub since: Option<String>,
 }

@@ -184,7 +184,9 @@ impl Planner<'_> {
             spec.files.push(JobFile { path: src.path.clone(), contents: src.contents.clone() });
         }
         let mut job_limits = limits.to_job_limits(self.config.sandbox.tmp_size_bytes);
-        job_limits.timeout_ms = Some(timeout.as_millis().max(1) as u64);
+        // Rounded up: what is left of a 30 s budget after a fraction of a
+        // millisecond of setup is 30000 ms, as asked, not 29999.
+        job_limits.timeout_ms = Some(timeout.as_micros().div_ceil(1000).max(1) as u64);
         spec.limits = job_limits;
         Ok(Placed { spec, fallback_tmp })
     }

@@ -13,6 +13,7 @@ Prints one `ok <scenario>` line per scenario; any failure raises (exit 1).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -39,7 +40,9 @@ async def list_tools(client: Client) -> None:
     check(TOOLS <= names, f"tools: {sorted(names)}")
     for t in tools:
         check(t.input_schema.get("type") == "object", f"{t.name} input schema: {t.input_schema}")
-        check(t.output_schema is not None, f"{t.name} has no output schema")
+        # Lean listing (src/mcp/schema.rs): no output schema, no non-standard formats.
+        check(t.output_schema is None, f"{t.name} has an output schema")
+        check('"format"' not in json.dumps(t.input_schema), f"{t.name} uses a format: {t.input_schema}")
     exec_tool = next(t for t in tools if t.name == "runtime_execute")
     props = exec_tool.input_schema["properties"]
     for p in ("repoId", "runtime", "code", "args", "timeoutMs", "queryTerms", "outputMode", "background"):
@@ -51,6 +54,9 @@ async def execute_and_query(client: Client) -> None:
     check(not r.is_error, f"execute failed: {text(r)}")
     out = r.structured_content
     check(out["status"] == "success" and out["exitCode"] == 0, f"execute: {out}")
+    # A small output is in the answer, and the text is a short rendering.
+    check(out.get("stdout") == "hi", f"inline output: {out}")
+    check(text(r).startswith("success exit=0 ") and text(r).endswith("\nhi"), f"text: {text(r)!r}")
     q = await client.call_tool(
         "runtime_query_output", {"artifactHandle": out["artifactHandle"], "queryTerms": ["hi"], "contextLines": 0}
     )
@@ -62,7 +68,7 @@ async def bad_calls(client: Client) -> None:
     cases = [
         ({"repoId": "d", "runtime": "shell", "code": "x", "timeoutMs": 5}, "invalid: timeoutMs must be between"),
         ({"repoId": "d", "runtime": "shell", "code": "x", "args": ["y"]}, "invalid: give either code or args"),
-        ({"runtime": "shell", "code": "x"}, "invalid: missing field `repoId`"),
+        ({"runtime": "shell", "code": "x"}, "invalid: repoId: name the workspace"),
         ({"repoId": "d", "runtime": "cobol", "code": "x"}, "invalid: unknown runtime"),
     ]
     for args, want in cases:

@@ -65,6 +65,13 @@ pub(super) fn respond(job: &Job, end: End) -> (ExecuteResponse, Buffers) {
     r.layers = Some(json!({"note": "fake service: nothing was isolated"}));
     r.output_lines = Some((out.stdout.lines().count() + out.stderr.lines().count()) as u64);
     r.output_bytes = Some((out.stdout.len() + out.stderr.len()) as u64);
+    // As the real service: a small output is in the answer itself.
+    let cap = req.inline_bytes.unwrap_or(crate::output::modes::DEFAULT_INLINE_BYTES) as usize;
+    if !out.truncated && out.stdout.len() + out.stderr.len() <= cap {
+        let trimmed = |s: &str| (!s.is_empty()).then(|| s.strip_suffix('\n').unwrap_or(s).to_string());
+        r.stdout = trimmed(&out.stdout);
+        r.stderr = trimmed(&out.stderr);
+    }
     let truncation = Truncation {
         stdout_truncated: out.truncated,
         stderr_truncated: out.truncated,

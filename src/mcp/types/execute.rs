@@ -9,50 +9,58 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExecuteRequest {
-    /// Workspace (repository) the job runs in, as registered in confine.toml.
+    /// The workspace; optional when only one is configured.
+    #[serde(default)]
     pub repo_id: String,
-    /// One of: node, typescript, python, shell, go, java, kotlin, rust, c, cpp, csharp, ruby, php, perl, r, elixir. `info` lists those available here.
+    /// python, node, shell, rust, go, … (`info` lists them).
     pub runtime: String,
-    /// Override the runtime's default executable (e.g. "bun" for node); must belong to the runtime.
+    /// Another executable of the runtime ("bun" for node).
     #[serde(default)]
     pub executable: Option<String>,
-    /// Arguments for the runtime's executable (args mode, e.g. ["-m", "pytest", "-q"]). Exclusive with `code`. At most 100.
+    /// Arguments of the runtime's executable; instead of `code`.
     #[serde(default)]
     #[schemars(length(max = 100))]
     pub args: Option<Vec<String>>,
-    /// Inline source, written to a temp file and run (code mode). Exclusive with `args`. At most 1 MiB.
+    /// Source to run (at most 1 MiB); instead of `args`.
     #[serde(default)]
     pub code: Option<String>,
-    /// Bytes fed to the job's standard input (at most 1 MiB). Default: empty.
+    /// The job's standard input (at most 1 MiB).
     #[serde(default)]
     pub stdin: Option<String>,
-    /// Working directory relative to the workspace root; must stay inside it. Default ".".
+    /// Working directory, relative to the workspace. Default ".".
     #[serde(default)]
     pub relative_cwd: Option<String>,
-    /// Hard wall-clock limit in ms (100–300000); the whole process tree is killed at the limit. Default: the configured one (30000).
+    /// Wall-clock limit in ms. Default 30000.
     #[serde(default)]
     #[schemars(range(min = 100, max = 300_000))]
     pub timeout_ms: Option<u64>,
-    /// Keywords whose matching output lines (with context) are returned as excerpts: a built-in grep. At most 10.
+    /// Words whose lines are returned as excerpts.
     #[serde(default)]
     #[schemars(length(max = 10))]
     pub query_terms: Option<Vec<String>>,
-    /// Most lines of output shown inline in summaries (10–1000). Default 100.
+    /// Most output lines in a summary. Default 100.
     #[serde(default)]
     #[schemars(range(min = 10, max = 1000))]
     pub max_response_lines: Option<u32>,
-    /// Keep the full output as an artifact for runtime_query_output. Default true.
+    /// Keep the output for runtime_query_output. Default true.
     #[serde(default)]
     pub persist_output: Option<bool>,
-    /// minimal (default, ~50 tokens: status, counts, artifactHandle), summary (head+tail of stdout, tail of stderr, excerpts), intent (excerpts for queryTerms only), digest (deduplicated error/warning lines with counts).
+    /// minimal, summary (head and tail), intent (excerpts for queryTerms) or digest (error and warning lines).
     #[serde(default)]
     pub output_mode: OutputMode,
-    /// Start the job and return at once with a jobId; follow it with runtime_jobs, stop it with runtime_kill.
+    /// Return a jobId at once; follow with runtime_jobs.
     #[serde(default)]
     pub background: Option<bool>,
-    /// Extra environment variables; only keys on the configured allowlist are accepted (see `info`). The job never sees the server's environment.
+    /// Environment variables; keys of `info`'s allowlist only.
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
+    /// Output up to this size is in the answer. Default 1024.
+    #[serde(default)]
+    #[schemars(range(max = 65_536))]
+    pub inline_bytes: Option<u32>,
+    /// Add layers, guarantees, limits, usage and the policy decision.
+    #[serde(default)]
+    pub verbose: Option<bool>,
 }
 
 impl ExecuteRequest {
@@ -114,26 +122,44 @@ impl ExecuteRequest {
     }
 }
 
-/// Result of `runtime_execute` and `runtime_kill` (the outcome of docs/design.md, plus the output of the chosen mode).
+/// Result of `runtime_execute` and `runtime_kill`: lean unless `verbose`
+/// (what `info` says of every job, layers, guarantees, limits, is not
+/// repeated on every call; `isolation` says in one word whether this job
+/// had all of it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecuteResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_id: Option<String>,
     pub status: ExecStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// Number of the signal that ended the job, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
     pub duration_ms: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub queued_ms: u64,
     /// Pass to runtime_query_output to search the full output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact_handle: Option<String>,
+    /// "full", or "degraded: partial: memory, cpu" naming what was not
+    /// enforced (`info` and `verbose` say how).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
+    /// A denial's reasons; with `verbose`, every decision and its audit hash.
+    #[serde(default, skip_serializing_if = "PolicyDecision::is_plain_allow")]
     pub policy_decision: PolicyDecision,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_lines: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_bytes: Option<u64>,
+    /// The whole stdout, when the output fits in `inlineBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    /// The whole stderr, likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
     /// summary mode: head and tail of stdout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdout_summary: Option<String>,
@@ -179,9 +205,12 @@ impl ExecuteResponse {
             duration_ms: 0,
             queued_ms: 0,
             artifact_handle: None,
+            isolation: None,
             policy_decision: PolicyDecision::default(),
             output_lines: None,
             output_bytes: None,
+            stdout: None,
+            stderr: None,
             stdout_summary: None,
             stderr_summary: None,
             excerpts: None,
@@ -194,5 +223,89 @@ impl ExecuteResponse {
             limits: None,
             error: None,
         }
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl ExecuteResponse {
+    /// Drop what `info` already says of every job (backend, usage,
+    /// layers, guarantees, limits), an allowing policy decision, and a
+    /// finished job's id, unless the caller asked for them.
+    pub fn lean(mut self, verbose: bool) -> Self {
+        if !verbose {
+            self.backend = None;
+            self.usage = None;
+            self.layers = None;
+            self.guarantees = None;
+            self.limits = None;
+            self.policy_decision.audit_hash = None;
+            // A finished job is known by its artifactHandle; a running
+            // one by its jobId (runtime_jobs, runtime_kill).
+            if self.status != ExecStatus::Running {
+                self.job_id = None;
+            }
+        }
+        self
+    }
+
+    /// The text content beside the structured one: a short rendering for
+    /// a reader, not a second copy of the JSON. `success exit=0 26ms`,
+    /// then the output.
+    pub fn text(&self) -> String {
+        let mut head = self.status.as_str().to_string();
+        if let Some(c) = self.exit_code {
+            head.push_str(&format!(" exit={c}"));
+        }
+        if let Some(s) = self.signal {
+            head.push_str(&format!(" signal={s}"));
+        }
+        head.push_str(&format!(" {}ms", self.duration_ms));
+        if let Some(j) = &self.job_id {
+            if self.status == ExecStatus::Running {
+                head.push_str(&format!(" jobId={j}"));
+            }
+        }
+        if let Some(h) = &self.artifact_handle {
+            head.push_str(&format!(" artifact={h}"));
+        }
+        if let (Some(b), None, None) = (self.output_bytes, &self.stdout, &self.stderr) {
+            if b > 0 {
+                head.push_str(&format!(" output={b}B/{}lines", self.output_lines.unwrap_or(0)));
+            }
+        }
+        if let Some(i) = self.isolation.as_deref().filter(|i| *i != "full") {
+            head.push_str(&format!(" isolation={i}"));
+        }
+        let mut parts = vec![head];
+        if !self.policy_decision.denied_reasons.is_empty() {
+            parts.push(format!("denied: {}", self.policy_decision.denied_reasons.join("; ")));
+        }
+        if let Some(e) = &self.error {
+            parts.push(format!("error: {e}"));
+        }
+        for (label, text) in [
+            ("", &self.stdout),
+            ("stdout:\n", &self.stdout_summary),
+            ("stderr:\n", &self.stderr),
+            ("stderr:\n", &self.stderr_summary),
+        ] {
+            if let Some(t) = text.as_deref().filter(|t| !t.is_empty()) {
+                parts.push(format!("{label}{t}"));
+            }
+        }
+        for x in self.excerpts.iter().flatten() {
+            let stream = match x.source {
+                Stream::Stdout => "stdout",
+                Stream::Stderr => "stderr",
+            };
+            parts.push(format!("{stream} lines {}-{}:\n{}", x.line_start, x.line_end, x.content));
+        }
+        if let Some(d) = &self.digest {
+            parts.push(serde_json::to_string(d).unwrap_or_default());
+        }
+        parts.join("\n")
     }
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InfoRequest {
-    /// Also report on this workspace.
+    /// Describe this workspace too.
     #[serde(default)]
     pub repo_id: Option<String>,
 }

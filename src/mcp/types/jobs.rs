@@ -7,24 +7,24 @@ use super::*;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QueryOutputRequest {
-    /// Handle from runtime_execute (artifactHandle).
+    /// runtime_execute's artifactHandle.
     pub artifact_handle: String,
-    /// Keywords to find (case-insensitive; a line matches if it contains any). At most 10. Required unless lineRange is given.
+    /// A line matches if it contains any, in any case.
     #[serde(default)]
     #[schemars(length(max = 10))]
     pub query_terms: Vec<String>,
-    /// Most excerpt windows returned (1–100). Default 10.
+    /// Most windows returned. Default 10.
     #[serde(default)]
     #[schemars(range(min = 1, max = 100))]
     pub max_excerpts: Option<u32>,
-    /// Lines of context around each match (0–20). Default 3.
+    /// Lines of context. Default 3.
     #[serde(default)]
     #[schemars(range(min = 0, max = 20))]
     pub context_lines: Option<u32>,
-    /// stdout, stderr or both (default).
+    /// Default both.
     #[serde(default)]
     pub stream: Option<StreamSelect>,
-    /// [start, end]: return these lines (1-based, inclusive, at most 1000) instead of, or besides, matches.
+    /// [start, end], 1-based: these lines (at most 1000).
     #[serde(default)]
     pub line_range: Option<[u64; 2]>,
 }
@@ -75,10 +75,10 @@ pub struct QueryOutputResponse {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JobsRequest {
-    /// One job: its state, and its stdout from `offset`. Omit to list recent jobs.
+    /// That job only, with its stdout from `offset`.
     #[serde(default)]
     pub job_id: Option<String>,
-    /// Byte offset into the job's stdout to read from (pass the previous nextOffset to follow a background job). Default 0.
+    /// The previous answer's output.nextOffset. Default 0.
     #[serde(default)]
     pub offset: Option<u64>,
 }
@@ -125,6 +125,6 @@ pub struct JobsResponse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KillRequest {
-    /// jobId of a background job (from runtime_execute or runtime_jobs).
+    /// A background job's jobId.
     pub job_id: String,
 }

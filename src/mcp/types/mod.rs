@@ -127,6 +127,13 @@ pub struct PolicyDecision {
     #[serde(default)]
     pub denied_reasons: Vec<String>,
 }
+
+impl PolicyDecision {
+    /// An allowing decision with nothing to show: left out of a lean answer.
+    pub fn is_plain_allow(&self) -> bool {
+        self.allowed && self.audit_hash.is_none() && self.denied_reasons.is_empty()
+    }
+}
 pub(crate) fn invalid(msg: impl Into<String>) -> ServiceError {
     ServiceError::Invalid(msg.into())
 }

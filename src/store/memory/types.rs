@@ -101,29 +101,26 @@ pub struct Memory {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StoreRequest {
-    /// Repository identifier (a [[repos]] id of confine.toml).
     pub repo_id: String,
-    /// decision, bugfix or task_context.
     #[serde(rename = "type")]
     pub memory_type: MemoryType,
-    /// Short, scannable title: 1–120 characters, one line.
+    /// One line, 1–120 characters.
     pub title: String,
-    /// The memory itself: the why, not only the what. 1–50,000 characters.
+    /// The why, not only the what (at most 50,000 characters).
     pub content: String,
-    /// Categorisation tags, at most 20.
+    /// At most 20.
     #[serde(default)]
     pub tags: Vec<String>,
-    /// 0–1: 0.9 for verified facts, 0.7 for hypotheses. Default 0.5.
+    /// 0.9 verified, 0.7 a hypothesis. Default 0.5.
     #[serde(default)]
     pub confidence: Option<f64>,
-    /// Symbols this memory is about, at most 100.
+    /// At most 100.
     #[serde(default)]
     pub symbol_ids: Vec<String>,
-    /// Files this memory is about, relative to the repository root, at most 100. Each must exist
-    /// inside the repository; its SHA-256 is recorded so later edits flag the memory stale.
+    /// Files it concerns (at most 100): edits make it stale.
     #[serde(default)]
     pub file_rel_paths: Vec<String>,
-    /// Update this existing memory instead of creating one (upsert).
+    /// Update this memory instead.
     #[serde(default)]
     pub memory_id: Option<String>,
 }
@@ -155,26 +152,25 @@ pub enum SortBy {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QueryRequest {
     pub repo_id: String,
-    /// Full-text search over title and content (words, ranked by BM25; not a substring match). At most 1,000
-    /// characters.
+    /// Words to find in title and content (ranked; not substrings).
     #[serde(default)]
     pub query: Option<String>,
-    /// Only these types.
     #[serde(default)]
     pub types: Vec<MemoryType>,
-    /// Only memories with at least one of these tags (at most 20).
+    /// Any of these tags.
     #[serde(default)]
     pub tags: Vec<String>,
-    /// Only memories linked to at least one of these symbols (at most 100).
+    /// Any of these symbols.
     #[serde(default)]
     pub symbol_ids: Vec<String>,
-    /// Only stale memories (linked files changed or vanished); re-checks the file hashes first.
+    /// Only those whose files changed.
     #[serde(default)]
     pub stale_only: Option<bool>,
-    /// 1–100, default 20.
+    /// Default 20.
     #[serde(default)]
+    #[schemars(range(min = 1, max = 100))]
     pub limit: Option<u32>,
-    /// recency or confidence. Default: relevance when `query` is given, else recency.
+    /// Default: relevance with a query, else recency.
     #[serde(default)]
     pub sort_by: Option<SortBy>,
 }
@@ -194,7 +190,7 @@ pub struct QueryResult {
 pub struct RemoveRequest {
     pub repo_id: String,
     pub memory_id: String,
-    /// Also delete `.confine-memory/<memoryId>.md` (else it is kept, marked `deleted: true`).
+    /// Delete its mirror file too.
     #[serde(default)]
     pub delete_file: Option<bool>,
 }
@@ -213,17 +209,18 @@ pub struct RemoveResult {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SurfaceRequest {
     pub repo_id: String,
-    /// Symbols you are working on (at most 500).
+    /// At most 500.
     #[serde(default)]
     pub symbol_ids: Vec<String>,
-    /// Files you are working on, relative to the repository root (at most 100).
+    /// Relative to the repository (at most 100).
     #[serde(default)]
     pub file_rel_paths: Vec<String>,
-    /// Only memories of this type: decision, bugfix or task_context.
+    /// Only this type.
     #[serde(default)]
     pub task_type: Option<MemoryType>,
-    /// 1–50, default 10.
+    /// Default 10.
     #[serde(default)]
+    #[schemars(range(min = 1, max = 50))]
     pub limit: Option<u32>,
 }
 

@@ -1,0 +1,129 @@
+//! What an MCP session pays in bytes (issue 29), on the wire: `confine
+//! serve` over stdio, spoken to in raw JSON-RPC lines, so the sizes are
+//! the bytes a client reads. They are deterministic, so they are asserted:
+//! `tools/list` at most 10,000 bytes; `runtime_execute` of `print(6*7)`
+//! at most 400 in `minimal` (with the `42` in it) and 600 in `summary`.
+#![cfg(target_os = "linux")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+struct Server {
+    child: std::process::Child,
+    out: BufReader<std::process::ChildStdout>,
+    next: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        for p in [dir.path(), repo.as_path()] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let config = dir.path().join("confine.toml");
+        std::fs::write(&config, exec_config(&dir.path().join("store"), "demo", &repo)).unwrap();
+        let mut child = Command::new(bin())
+            .arg("--config")
+            .arg(&config)
+            .arg("serve")
+            .env("XDG_DATA_HOME", dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut s = Server { child, out, next: 1, _dir: dir };
+        s.rpc("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "1"}}));
+        s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        s
+    }
+
+    fn send(&mut self, v: &Value) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{v}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The response line to one request, as the client reads it.
+    fn rpc(&mut self, method: &str, params: Value) -> String {
+        let id = self.next;
+        self.next += 1;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let mut line = String::new();
+            assert!(self.out.read_line(&mut line).unwrap() > 0, "the server closed its output");
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["id"] == id {
+                return line.trim_end().to_string();
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn tools_list_is_at_most_10_000_bytes_and_schemas_are_plain() {
+    let mut s = Server::start();
+    let line = s.rpc("tools/list", json!({}));
+    assert!(line.len() <= 10_000, "tools/list is {} bytes", line.len());
+    let v: Value = serde_json::from_str(&line).unwrap();
+    let tools = v["result"]["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 12, "the memory tools are listed too: {}", tools.len());
+    for t in tools {
+        let schema = t["inputSchema"].to_string();
+        for word in ["\"format\"", "\"$ref\"", "\"$defs\"", "\"$schema\""] {
+            assert!(!schema.contains(word), "{}: {word} in {schema}", t["name"]);
+        }
+        assert!(t.get("outputSchema").is_none(), "{}", t["name"]);
+    }
+    eprintln!("tools/list: {} bytes", line.len());
+}
+
+#[test]
+fn a_small_job_answers_in_a_few_hundred_bytes_with_its_output() {
+    if !sandbox_available() {
+        return;
+    }
+    let mut s = Server::start();
+    for (mode, max) in [("minimal", 400), ("summary", 600)] {
+        let line = s.rpc(
+            "tools/call",
+            json!({"name": "runtime_execute", "arguments": {"repoId": "demo", "runtime": "python", "code": "print(6*7)", "outputMode": mode}}),
+        );
+        let v: Value = serde_json::from_str(&line).unwrap();
+        let r = &v["result"];
+        assert_eq!(r["isError"], false, "{line}");
+        assert_eq!(r["structuredContent"]["stdout"], "42", "{line}");
+        assert_eq!(r["structuredContent"]["isolation"], "full", "{line}");
+        assert!(r["content"][0]["text"].as_str().unwrap().ends_with("\n42"), "{line}");
+        assert!(line.len() <= max, "{mode}: {} bytes: {line}", line.len());
+        eprintln!("{mode}: {} bytes", line.len());
+    }
+    // What `info` says of every job is there when asked for.
+    let line = s.rpc(
+        "tools/call",
+        json!({"name": "runtime_execute", "arguments": {"runtime": "python", "code": "print(1)", "verbose": true}}),
+    );
+    let v: Value = serde_json::from_str(&line).unwrap();
+    let out = &v["result"]["structuredContent"];
+    for k in ["layers", "guarantees", "limits", "usage", "policyDecision"] {
+        assert!(out.get(k).is_some(), "verbose lacks {k}: {out}");
+    }
+    assert_eq!(out["limits"]["timeoutMs"], 30000, "a timeout is reported as asked: {out}");
+}
