@@ -34,6 +34,16 @@ fn root_checkout() -> tempfile::TempDir {
     dir
 }
 
+/// Wait up to 5 s for a job to make `path` (it says it started).
+fn wait_for_file(path: &Path) {
+    for _ in 0..500 {
+        if path.exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 fn status(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
@@ -109,12 +119,7 @@ fn the_job_on_an_idmapped_workspace_is_not_host_root() {
         .spawn()
         .unwrap();
     let ready = ws.path().join("ready");
-    for _ in 0..500 {
-        if ready.exists() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_for_file(&ready);
     assert!(ready.exists(), "the job never started");
     let cli = child.id();
     let jobs: Vec<u32> = host_pids_with(&tok).into_iter().filter(|&p| p != cli).collect();
@@ -382,12 +387,7 @@ fn user_root_inside_is_not_host_root() {
         .spawn()
         .unwrap();
     let ready = ws.path().join("ready");
-    for _ in 0..500 {
-        if ready.exists() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_for_file(&ready);
     let cli = child.id();
     let host_uids: Vec<String> = host_pids_with(&tok)
         .into_iter()
