@@ -261,3 +261,30 @@ fn inspector_cli_lists_tools() {
         ["info", "runtime_execute", "runtime_jobs", "runtime_kill", "runtime_query_output", "usage_stats"]
     );
 }
+
+/// The Inspector CLI calls `runtime_execute` and prints nothing on stderr:
+/// no "unknown format" warnings (the schemas have no `format`s), and the
+/// answer carries the job's output.
+#[test]
+fn inspector_cli_calls_runtime_execute_without_warnings() {
+    let (_dir, config) = test_config();
+    let mut cmd = Command::new("npx");
+    cmd.args(["-y", INSPECTOR, "--cli", exe(), "--method", "tools/call", "--tool-name", "runtime_execute"])
+        .args(["--tool-arg", "repoId=demo", "--tool-arg", "runtime=shell", "--tool-arg", "code=echo 42"])
+        .arg("--")
+        .arg("--config")
+        .arg(&config)
+        .arg("serve");
+    let ran = match run_for(&mut cmd, Duration::from_secs(240)) {
+        Ok(r) => r,
+        Err(e) => return eprintln!("SKIP: MCP Inspector: {e}"),
+    };
+    if !ran.status.is_some_and(|s| s.success()) {
+        let why = ran.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("timed out");
+        return eprintln!("SKIP: MCP Inspector ({INSPECTOR}) did not run: {why}");
+    }
+    let answer: serde_json::Value = serde_json::from_str(&ran.stdout).expect("inspector printed JSON");
+    assert_eq!(answer["structuredContent"]["stdout"], "42", "{answer}");
+    assert!(!ran.stderr.contains("unknown format"), "{}", ran.stderr);
+    assert!(ran.stderr.trim().is_empty(), "the Inspector warned: {}", ran.stderr);
+}
