@@ -39,6 +39,17 @@ impl std::str::FromStr for EnvArg {
 /// refused: a file someone else wrote would choose which of this
 /// process's variables the job gets.
 pub fn read_env_file(path: &std::path::Path) -> Result<Vec<EnvArg>, String> {
+    // Its directories too: a `config -> /root/secrets` link a job left in
+    // a workspace must not lead root's read elsewhere.
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let real = std::fs::canonicalize(parent).map_err(|e| format!("--env-file {}: {e}", path.display()))?;
+    if crate::safe_fs::through_symlink(parent, &real) {
+        return Err(format!(
+            "--env-file {}: its directory is reached through a symbolic link; give its real path, {}",
+            path.display(),
+            real.join(path.file_name().unwrap_or_default()).display()
+        ));
+    }
     let text = crate::safe_fs::read_regular_string(path, 1 << 20)
         .map_err(|e| format!("--env-file {}: {e}", path.display()))?;
     parse_env_file(&text).map_err(|(line, why)| format!("--env-file {}, line {line}: {why}", path.display()))
@@ -151,6 +162,13 @@ mod tests {
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         assert!(read_env_file(&fifo).is_err());
         assert_eq!(read_env_file(&secret).unwrap()[0].value.as_deref(), Some("hunter2"));
+        // Nor through a linked directory (red-team finding R7).
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join(".env"), "TOKEN=hunter2\n").unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("config")).unwrap();
+        let e = read_env_file(&dir.path().join("config/.env")).unwrap_err();
+        assert!(e.contains("symbolic link") && !e.contains("TOKEN=hunter2"), "{e}");
     }
 
     #[test]

@@ -63,7 +63,21 @@ fn split(path: &Path) -> Result<(&Path, &OsStr), SafeFsError> {
 /// symbolic link: its absolute, lexically normalised form differs from
 /// the real path. (A `..` after a link counts too: conservative.)
 pub fn through_symlink(given: &Path, canonical: &Path) -> bool {
-    let Ok(abs) = std::path::absolute(given) else { return true };
+    // A relative path starts from the directory the user is in by the
+    // path they took (the shell's $PWD, when it names this very
+    // directory), not from its real path: `cd ws/sub && --workspace .`
+    // went through `sub` if `sub` is a link.
+    let abs = if given.is_absolute() {
+        given.to_path_buf()
+    } else {
+        match logical_cwd() {
+            Some(cwd) => cwd.join(given),
+            None => match std::path::absolute(given) {
+                Ok(a) => a,
+                Err(_) => return true,
+            },
+        }
+    };
     let mut norm = PathBuf::new();
     for c in abs.components() {
         match c {
@@ -75,6 +89,26 @@ pub fn through_symlink(given: &Path, canonical: &Path) -> bool {
         }
     }
     norm != canonical
+}
+
+/// `$PWD` when it is absolute and names the current directory (same
+/// device and inode), as a shell keeps it: the path the user took.
+#[cfg(not(unix))]
+fn logical_cwd() -> Option<PathBuf> {
+    None
+}
+
+/// `$PWD` when it is absolute and names the current directory (same
+/// device and inode), as a shell keeps it: the path the user took.
+#[cfg(unix)]
+fn logical_cwd() -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let pwd = PathBuf::from(std::env::var_os("PWD")?);
+    if !pwd.is_absolute() {
+        return None;
+    }
+    let (a, b) = (std::fs::metadata(&pwd).ok()?, std::fs::metadata(".").ok()?);
+    (a.dev() == b.dev() && a.ino() == b.ino()).then_some(pwd)
 }
 
 /// Read `path` whole, at most `max` bytes, never following a symlink at

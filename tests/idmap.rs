@@ -651,3 +651,55 @@ fn a_repository_the_job_makes_is_not_root_s_after_it() {
         sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw", "--protect", "n/b/c/d/.git"], "echo ran");
     assert_eq!(stdout(&out), "ran\n", "{}", stderr(&out));
 }
+
+/// The second hostile review's ways around the first fixes: a `.git` made
+/// at the top of a workspace that had none (R1), read-write binds, which
+/// have no protection of their own (R2), and `--workspace .` from a
+/// directory reached through a link (R6).
+#[test]
+fn second_review_repositories_in_new_places_and_a_linked_cwd() {
+    if !root_sandbox() {
+        return;
+    }
+    let git_status_refused = |dir: &Path| {
+        let out = Command::new("git").current_dir(dir).arg("status").env("GIT_CONFIG_NOSYSTEM", "1").output().unwrap();
+        !out.status.success() && stderr(&out).contains("dubious ownership")
+    };
+    let plant = "git init -q . && git config core.fsmonitor 'id > /dev/null; echo' && echo made";
+    // R1: no .git at the start; the job makes one at the top.
+    let ws = root_checkout();
+    let (out, _) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], plant);
+    assert_eq!(stdout(&out), "made\n", "{}", stderr(&out));
+    assert_eq!(owner(&ws.path().join(".git")), (65534, 65534));
+    assert!(git_status_refused(ws.path()));
+
+    // R2: a read-write bind holding a repository is refused; one without
+    // is swept like the workspace.
+    let repo = root_checkout();
+    assert!(Command::new("git").current_dir(repo.path()).args(["init", "-q", "."]).status().unwrap().success());
+    let spec = format!("{}:/proj", repo.path().display());
+    let (out, _) = sh_status(&["--bind", &spec], "echo ran");
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("it holds a repository, .git, that is not protected"), "{}", stderr(&out));
+    let plain = root_checkout();
+    let spec = format!("{}:/proj", plain.path().display());
+    let (out, _) = sh_status(&["--bind", &spec], &format!("cd /proj && {plant}"));
+    assert_eq!(stdout(&out), "made\n", "{}", stderr(&out));
+    assert_eq!(owner(&plain.path().join(".git")), (65534, 65534));
+
+    // R6: `cd ws/sub` where sub is a link, then `--workspace .`.
+    let outer = root_checkout();
+    let victim = root_checkout();
+    let link = outer.path().join("sub");
+    std::os::unix::fs::symlink(victim.path(), &link).unwrap();
+    let out = Command::new(bin())
+        .args(["run", "--workspace", ".", "--rw", "--", "/bin/sh", "-c", "echo x >> a; echo ran"])
+        .current_dir(&link)
+        .env("PWD", &link)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(victim.path().join("a")).unwrap(), "the repo's file\n");
+}

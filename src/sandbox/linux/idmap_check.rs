@@ -165,7 +165,8 @@ fn walk(
             // hooks or config, which root's git would then run.
             return Err(format!(
                 "it holds a repository, {}, that is not protected (its hooks and config would be the job's to \
-                 write, and root's git trusts them): add --protect {} or --no-protect",
+                 write, and root's git trusts them): in the workspace, add --protect {} (or --no-protect); \
+                 a bind has no protection: bind it read-only",
                 path.display(),
                 path.display()
             ));

@@ -178,7 +178,7 @@ fn sweeps_for(init: &InitSpec) -> Vec<idmap_check::Sweep> {
     let mut out = Vec::new();
     for op in &init.mounts {
         let MountOp::Bind { src, dst, rw: true, idmap: Some(_), .. } = op else { continue };
-        let skip: Vec<std::path::PathBuf> = init
+        let protected: Vec<std::path::PathBuf> = init
             .mounts
             .iter()
             .filter_map(|o| match o {
@@ -186,7 +186,11 @@ fn sweeps_for(init: &InitSpec) -> Vec<idmap_check::Sweep> {
                 _ => None,
             })
             .collect();
-        if skip.is_empty() {
+        // The workspace with --no-protect: the job may plant hooks in its
+        // repository anyway, so there is nothing to sweep for. A bind has
+        // no protection of its own: it is always swept (and refused with
+        // a repository in it: `mounts::open_sources`).
+        if dst == std::path::Path::new("/workspace") && protected.is_empty() {
             continue;
         }
         let rel = src.strip_prefix("/").unwrap_or(src);
@@ -199,6 +203,14 @@ fn sweeps_for(init: &InitSpec) -> Vec<idmap_check::Sweep> {
         };
         let resolve = libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
         if let Ok(dir) = sys::openat2(&root, rel, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC, resolve) {
+            // Only what is there now is mounted read-only: a protected
+            // `.git` that does not exist yet is the job's to make, and is
+            // swept like any other.
+            let beneath = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+            let skip = protected
+                .into_iter()
+                .filter(|p| sys::openat2(&dir, p, libc::O_PATH | libc::O_CLOEXEC, beneath).is_ok())
+                .collect();
             out.push(idmap_check::Sweep { dir, skip });
         }
     }

@@ -257,10 +257,11 @@ pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp], job: (u32, u32), rootles
                         _ => None,
                     })
                     .collect();
-                // Protection asked for (the default with --rw): every
-                // repository in the tree must be protected, and those the
-                // job makes are disowned after it (`idmap_check`).
-                let guard = !skip.is_empty();
+                // Protection asked for (the default with --rw), or a bind,
+                // which has none: every repository in the tree must be
+                // protected, and those the job makes are disowned after it
+                // (`idmap_check`).
+                let guard = !skip.is_empty() || dst.as_path() != Path::new("/workspace");
                 match idmaps.tree(src, *owner, *rw, &skip, guard) {
                     Ok(tree) => Some(Source::Tree(tree)),
                     Err(why) => {
