@@ -703,3 +703,33 @@ fn second_review_repositories_in_new_places_and_a_linked_cwd() {
     assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(victim.path().join("a")).unwrap(), "the repo's file\n");
 }
+
+/// Bare repositories (R3): git finds one by its contents from below, with
+/// no `.git` name. One already in a read-write tree refuses the idmap;
+/// one the job makes is handed to its ids after it.
+#[test]
+fn bare_repositories_are_refused_or_disowned() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = root_checkout();
+    assert!(Command::new("git")
+        .args(["init", "-q", "--bare"])
+        .arg(ws.path().join("mirror.git"))
+        .status()
+        .unwrap()
+        .success());
+    let (out, _) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], "echo ran");
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("it holds a bare repository, mirror.git"), "{}", stderr(&out));
+
+    let ws = root_checkout();
+    std::fs::create_dir(ws.path().join("src")).unwrap();
+    let script = "cd /workspace/src && git init -q --bare . && git config core.fsmonitor 'id; echo' && echo made";
+    let (out, _) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], script);
+    assert_eq!(stdout(&out), "made\n", "{}", stderr(&out));
+    assert_eq!(owner(&ws.path().join("src")), (65534, 65534), "the job's bare repository is still root's");
+    let status =
+        Command::new("git").current_dir(ws.path().join("src")).args(["rev-parse", "--git-dir"]).output().unwrap();
+    assert!(!status.status.success() && stderr(&status).contains("dubious ownership"), "{}", stderr(&status));
+}

@@ -124,6 +124,13 @@ impl Sweep {
             let dirfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
             if let Ok(sub) = openat(dirfd, name, flags, Mode::empty()) {
+                // A bare repository (no `.git` name: git finds it by its
+                // contents from below) is the job's too: its directory
+                // goes to the job's ids, as a `.git` does.
+                if path.file_name() != Some(std::ffi::OsStr::new(".git")) && is_repository(&sub) {
+                    let _ = nix::unistd::fchown(&sub, Some(job.0.into()), Some(job.1.into()));
+                    handed.push(path.clone());
+                }
                 self.sweep(sub, &path, job, depth + 1, handed);
             }
         }
@@ -226,9 +233,30 @@ fn walk(
             Err(nix::errno::Errno::ENOENT) => continue,
             Err(e) => return Err(format!("cannot check {}: {e}", path.display())),
         };
+        if guard_repos && is_repository(&sub) {
+            return Err(format!(
+                "it holds a bare repository, {} (git finds it from below; the job could write its hooks and \
+                 config, and root's git trusts them): move it out, or bind the tree read-only",
+                path.display()
+            ));
+        }
         walk(sub, &path, owner, skip, guard_repos, depth + 1, seen)?;
     }
     Ok(())
+}
+
+/// Whether the directory `dir` is a repository to git by its contents, as
+/// git's `is_git_directory` decides: a `HEAD` (file or link), and
+/// `objects` and `refs` directories.
+fn is_repository(dir: &OwnedFd) -> bool {
+    let kind = |name: &str| {
+        fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|st| SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()))
+    };
+    matches!(kind("HEAD"), Some(k) if k == SFlag::S_IFREG || k == SFlag::S_IFLNK)
+        && kind("objects") == Some(SFlag::S_IFDIR)
+        && kind("refs") == Some(SFlag::S_IFDIR)
 }
 
 /// `getxattrat(2)` (Linux 6.13): the number is the same on every
