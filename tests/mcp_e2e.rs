@@ -241,18 +241,31 @@ fn sigterm_stops_both_transports() {
     }
 }
 
-#[test]
-fn inspector_cli_lists_tools() {
+/// `npx -y INSPECTOR --cli ARGS…`, or `None` (having said SKIP) when the
+/// Inspector can't be run here.
+fn inspector(args: &[&std::ffi::OsStr]) -> Option<Ran> {
     let mut cmd = Command::new("npx");
-    cmd.args(["-y", INSPECTOR, "--cli", exe(), "serve", "--method", "tools/list"]);
+    cmd.args(["-y", INSPECTOR, "--cli"]).args(args);
     let ran = match run_for(&mut cmd, Duration::from_secs(240)) {
         Ok(r) => r,
-        Err(e) => return eprintln!("SKIP: MCP Inspector: {e}"),
+        Err(e) => {
+            eprintln!("SKIP: MCP Inspector: {e}");
+            return None;
+        }
     };
     if !ran.status.is_some_and(|s| s.success()) {
         let why = ran.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("timed out");
-        return eprintln!("SKIP: MCP Inspector ({INSPECTOR}) did not run: {why}");
+        eprintln!("SKIP: MCP Inspector ({INSPECTOR}) did not run: {why}");
+        return None;
     }
+    Some(ran)
+}
+
+#[test]
+fn inspector_cli_lists_tools() {
+    let args: Vec<&std::ffi::OsStr> =
+        [exe(), "serve", "--method", "tools/list"].into_iter().map(std::ffi::OsStr::new).collect();
+    let Some(ran) = inspector(&args) else { return };
     let listed: serde_json::Value = serde_json::from_str(&ran.stdout).expect("inspector printed JSON");
     let mut names: Vec<&str> = listed["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
     names.sort_unstable();
@@ -268,21 +281,15 @@ fn inspector_cli_lists_tools() {
 #[test]
 fn inspector_cli_calls_runtime_execute_without_warnings() {
     let (_dir, config) = test_config();
-    let mut cmd = Command::new("npx");
-    cmd.args(["-y", INSPECTOR, "--cli", exe(), "--method", "tools/call", "--tool-name", "runtime_execute"])
-        .args(["--tool-arg", "repoId=demo", "--tool-arg", "runtime=shell", "--tool-arg", "code=echo 42"])
-        .arg("--")
-        .arg("--config")
-        .arg(&config)
-        .arg("serve");
-    let ran = match run_for(&mut cmd, Duration::from_secs(240)) {
-        Ok(r) => r,
-        Err(e) => return eprintln!("SKIP: MCP Inspector: {e}"),
-    };
-    if !ran.status.is_some_and(|s| s.success()) {
-        let why = ran.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("timed out");
-        return eprintln!("SKIP: MCP Inspector ({INSPECTOR}) did not run: {why}");
-    }
+    let mut args: Vec<&std::ffi::OsStr> = [exe(), "--method", "tools/call", "--tool-name", "runtime_execute"]
+        .into_iter()
+        .chain(["--tool-arg", "repoId=demo", "--tool-arg", "runtime=shell", "--tool-arg", "code=echo 42", "--"])
+        .chain(["--config"])
+        .map(std::ffi::OsStr::new)
+        .collect();
+    args.push(config.as_os_str());
+    args.push(std::ffi::OsStr::new("serve"));
+    let Some(ran) = inspector(&args) else { return };
     let answer: serde_json::Value = serde_json::from_str(&ran.stdout).expect("inspector printed JSON");
     assert_eq!(answer["structuredContent"]["stdout"], "42", "{answer}");
     assert!(!ran.stderr.contains("unknown format"), "{}", ran.stderr);

@@ -281,16 +281,9 @@ pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Resul
     if let Some(size) = args.tmp_size {
         spec.limits.tmp_size_bytes = size;
     }
-    for b in &args.ro_bind {
-        let bind = parse_bind(b, false)?;
-        let given = b.split_once(':').map_or(b.as_str(), |(src, _)| src);
-        if crate::safe_fs::through_symlink(std::path::Path::new(given), &bind.source) {
-            spec.through_symlink.push(bind.source.clone());
-        }
-        spec.binds.push(bind);
-    }
-    for b in &args.bind {
-        let bind = parse_bind(b, true)?;
+    let binds = args.ro_bind.iter().map(|b| (b, false)).chain(args.bind.iter().map(|b| (b, true)));
+    for (b, writable) in binds {
+        let bind = parse_bind(b, writable)?;
         let given = b.split_once(':').map_or(b.as_str(), |(src, _)| src);
         if crate::safe_fs::through_symlink(std::path::Path::new(given), &bind.source) {
             spec.through_symlink.push(bind.source.clone());

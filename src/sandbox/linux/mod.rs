@@ -172,20 +172,20 @@ fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) -> Vec<Stri
 /// idmapped (another owner's), whose repositories are protected. Opened
 /// now, before the job runs, from `/` without following any link.
 fn sweeps_for(init: &InitSpec) -> Vec<idmap_check::Sweep> {
-    if init.rootless {
+    // Most jobs have no read-write idmap candidate: nothing is opened for them.
+    let candidate = |op: &MountOp| matches!(op, MountOp::Bind { rw: true, idmap: Some(_), .. });
+    if init.rootless || !init.mounts.iter().any(candidate) {
         return Vec::new();
     }
+    let Ok(root) =
+        nix::fcntl::open("/", nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
+    else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     for op in &init.mounts {
         let MountOp::Bind { src, dst, rw: true, idmap: Some(_), .. } = op else { continue };
-        let protected: Vec<std::path::PathBuf> = init
-            .mounts
-            .iter()
-            .filter_map(|o| match o {
-                MountOp::Protect { base, path } if base == dst => Some(path.clone()),
-                _ => None,
-            })
-            .collect();
+        let protected = mounts::protected_under(&init.mounts, dst);
         // The workspace with --no-protect: the job may plant hooks in its
         // repository anyway, so there is nothing to sweep for. A bind has
         // no protection of its own: it is always swept (and refused with
@@ -194,13 +194,6 @@ fn sweeps_for(init: &InitSpec) -> Vec<idmap_check::Sweep> {
             continue;
         }
         let rel = src.strip_prefix("/").unwrap_or(src);
-        let Ok(root) = nix::fcntl::open(
-            "/",
-            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        ) else {
-            continue;
-        };
         let resolve = libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
         if let Ok(dir) = sys::openat2(&root, rel, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC, resolve) {
             // Only what is there now is mounted read-only: a protected

@@ -250,13 +250,7 @@ pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp], job: (u32, u32), rootles
             MountOp::Bind { src, dst, rw, idmap: Some(owner), .. } if !rootless => {
                 // What is protected is mounted read-only over the tree:
                 // nothing there can be written, so it needn't be checked.
-                let skip: Vec<PathBuf> = ops
-                    .iter()
-                    .filter_map(|o| match o {
-                        MountOp::Protect { base, path } if base == dst => Some(path.clone()),
-                        _ => None,
-                    })
-                    .collect();
+                let skip = protected_under(ops, dst);
                 // Protection asked for (the default with --rw), or a bind,
                 // which has none: every repository in the tree must be
                 // protected, and those the job makes are disowned after it
@@ -308,6 +302,16 @@ pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp], job: (u32, u32), rootles
         out.push(source);
     }
     Ok(Opened { sources: out, not_idmapped })
+}
+
+/// The paths protected inside the bind at `dst` (relative to it).
+pub fn protected_under(ops: &[MountOp], dst: &Path) -> Vec<PathBuf> {
+    ops.iter()
+        .filter_map(|o| match o {
+            MountOp::Protect { base, path } if base == dst => Some(path.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What [`open_sources`] opened: a source for each op, and the binds not
