@@ -733,3 +733,70 @@ fn bare_repositories_are_refused_or_disowned() {
         Command::new("git").current_dir(ws.path().join("src")).args(["rev-parse", "--git-dir"]).output().unwrap();
     assert!(!status.status.success() && stderr(&status).contains("dubious ownership"), "{}", stderr(&status));
 }
+
+/// R4: a repository nested deeper than any bound a walk might keep (here
+/// 300 and 1,500 directories) is handed to the job's ids like any other.
+#[test]
+fn a_repository_made_deeper_than_any_bound_is_still_disowned() {
+    if !root_sandbox() {
+        return;
+    }
+    for depth in [300usize, 1500] {
+        let ws = root_checkout();
+        // Then a second branch beside the deep one, after it in the walk:
+        // going back up past every level must still reach it.
+        let script = format!(
+            "i=0; while [ $i -lt {depth} ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; mkdir .git; \
+             cd /workspace && mkdir -p z/y && mkdir z/y/.git && echo made"
+        );
+        let (out, _) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], &script);
+        assert_eq!(stdout(&out), "made\n", "{}", stderr(&out));
+        let deep: std::path::PathBuf = std::iter::repeat_n("d", depth).chain([".git"]).collect();
+        assert_eq!(owner(&ws.path().join(&deep)), (65534, 65534), "depth {depth}: the deep .git is still root's");
+        assert_eq!(owner(&ws.path().join("z/y/.git")), (65534, 65534), "depth {depth}: the later .git is root's");
+    }
+}
+
+/// R5: when the supervisor is killed (SIGKILL, no chance to sweep) while
+/// its job has made a repository, the next confine to start hands it to
+/// the job's ids, from the record written before the job ran.
+#[test]
+fn a_repository_made_before_the_supervisor_was_killed_is_disowned_by_the_next_start() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = root_checkout();
+    let started = ws.path().join("started");
+    let mut cli = Command::new(bin())
+        .args(["run", "--workspace", ws.path().to_str().unwrap(), "--rw", "--", "/bin/sh", "-c"])
+        .arg("mkdir -p sub/.git && touch started && sleep 60")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_file(&started);
+    assert!(started.exists(), "the job did not start");
+    assert_eq!(owner(&ws.path().join("sub/.git")), (0, 0), "a running job's files land as the owner's");
+    cli.kill().unwrap();
+    cli.wait().unwrap();
+    // Any later start sweeps what the dead supervisor could not, once the
+    // job's processes are gone (they die with it, a moment later).
+    let mut swept = false;
+    for _ in 0..50 {
+        let out = run(&["--", "/bin/true"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        if owner(&ws.path().join("sub/.git")) == (65534, 65534) {
+            swept = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(swept, "the .git made before the crash is still root's");
+    let records = std::fs::read_dir("/var/lib/confine/sweeps").unwrap();
+    let ours: Vec<_> = records
+        .flatten()
+        .filter(|e| std::fs::read_to_string(e.path()).is_ok_and(|s| s.contains(ws.path().to_str().unwrap())))
+        .collect();
+    assert!(ours.is_empty(), "the record outlived its sweep: {:?}", ours.iter().map(|e| e.path()).collect::<Vec<_>>());
+}

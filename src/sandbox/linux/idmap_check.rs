@@ -25,11 +25,11 @@
 //! there would run the job's command. Git refused the same repository
 //! when the job's files were its own uid's. So, with protection on, a
 //! repository the protection did not reach refuses the idmap, and after
-//! the job, when every process of it is gone, the supervisor's
-//! [`Sweep::disown_new_repositories`] hands every `.git` outside the
-//! protected paths (one the job made) to the job's host ids: git refuses
-//! it again ("dubious ownership"). Paths that are protected (mounted read-only over the tree) are
-//! not walked: nothing is written there. A tree of more than
+//! the job, when every process of it is gone, the supervisor hands every
+//! `.git` outside the protected paths (one the job made) to the job's
+//! host ids ([`super::sweep`]): git refuses it again ("dubious
+//! ownership"). Paths that are protected (mounted read-only over the
+//! tree) are not walked: nothing is written there. A tree of more than
 //! [`MAX_ENTRIES`] entries is refused rather than walked for ever.
 
 use nix::fcntl::{openat, AtFlags, OFlag};
@@ -53,88 +53,6 @@ pub fn check(dir: &OwnedFd, owner: (u32, u32), skip: &[PathBuf], guard_repos: bo
         .map_err(|e| format!("cannot read the tree to check it: {e}"))?;
     let mut seen = 0u64;
     walk(top, Path::new(""), owner, skip, guard_repos, 0, &mut seen)
-}
-
-/// A read-write tree to sweep once its job is over: every repository in
-/// it was protected before the job ([`check`] refused any other), so
-/// every `.git` outside `skip` afterwards is one the job made.
-pub struct Sweep {
-    /// The source, opened before the job started.
-    pub dir: OwnedFd,
-    /// Protected paths (mounted read-only: the job made nothing there).
-    pub skip: Vec<PathBuf>,
-}
-
-impl Sweep {
-    /// Give every `.git` the job made to `job` (its host uid and gid),
-    /// never following a link. Directories are found from their entries'
-    /// types, so only directories are listed and only unknown types
-    /// stat'ed. Returns the paths handed over.
-    pub fn disown_new_repositories(&self, job: (u32, u32)) -> Vec<PathBuf> {
-        let mut handed = Vec::new();
-        if let Ok(top) = openat(&self.dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-        {
-            self.sweep(top, Path::new(""), job, 0, &mut handed);
-        }
-        handed
-    }
-
-    fn sweep(&self, dir: OwnedFd, rel: &Path, job: (u32, u32), depth: usize, handed: &mut Vec<PathBuf>) {
-        if depth > MAX_DEPTH {
-            return;
-        }
-        let Ok(mut listing) = nix::dir::Dir::from_fd(dir) else { return };
-        let fd = listing.as_raw_fd();
-        let mut subdirs = Vec::new();
-        for entry in listing.iter().flatten() {
-            let name = entry.file_name();
-            let bytes = name.to_bytes();
-            if bytes == b"." || bytes == b".." {
-                continue;
-            }
-            let path = rel.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes));
-            if self.skip.iter().any(|s| s == &path) {
-                continue;
-            }
-            // SAFETY: `fd` is `listing`'s open directory, alive here.
-            let dirfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            if bytes == b".git" {
-                let _ = nix::unistd::fchownat(
-                    dirfd,
-                    name,
-                    Some(job.0.into()),
-                    Some(job.1.into()),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                );
-                handed.push(path.clone());
-            }
-            let is_dir = match entry.file_type() {
-                Some(nix::dir::Type::Directory) => true,
-                Some(_) => false,
-                None => fstatat(dirfd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-                    .is_ok_and(|st| st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFDIR.bits()),
-            };
-            if is_dir {
-                subdirs.push(path);
-            }
-        }
-        for path in subdirs {
-            let name = path.file_name().unwrap_or_default();
-            // SAFETY: as above.
-            let dirfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-            if let Ok(sub) = openat(dirfd, name, flags, Mode::empty()) {
-                // A bare repository (no `.git` name: git finds it by its
-                // contents from below) is the job's too: its directory
-                // goes to the job's ids, as a `.git` does.
-                if path.file_name() != Some(std::ffi::OsStr::new(".git")) && is_repository(&sub) {
-                    let _ = nix::unistd::fchown(&sub, Some(job.0.into()), Some(job.1.into()));
-                    handed.push(path.clone());
-                }
-                self.sweep(sub, &path, job, depth + 1, handed);
-            }
-        }
-    }
 }
 
 fn walk(
@@ -248,7 +166,7 @@ fn walk(
 /// Whether the directory `dir` is a repository to git by its contents, as
 /// git's `is_git_directory` decides: a `HEAD` (file or link), and
 /// `objects` and `refs` directories.
-fn is_repository(dir: &OwnedFd) -> bool {
+pub(super) fn is_repository(dir: &OwnedFd) -> bool {
     let kind = |name: &str| {
         fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .ok()

@@ -20,6 +20,7 @@ pub mod rlimits;
 pub mod seccomp;
 mod stage_process;
 pub mod supervise;
+pub mod sweep;
 pub mod sys;
 
 use crate::job::{JobSpec, Layers, Network, Outcome, Status, Usage};
@@ -37,12 +38,13 @@ pub struct RunningJob {
     started: Instant,
     base_layers: Layers,
     spec: JobSpec,
-    /// Read-write idmap candidates with their repositories protected, to
-    /// sweep for repositories the job made (`idmap_check`).
-    sweeps: Vec<idmap_check::Sweep>,
-    /// Last field: dropped after `child`, so its Drop kills and removes a
-    /// tree whose init stage was already told to die.
+    /// Dropped after `child`, so its Drop kills and removes a tree whose
+    /// init stage was already told to die.
     cgroup: Option<cgroup::JobCgroup>,
+    /// Last field: the sweep for repositories the job made in read-write
+    /// idmapped trees (`sweep`), done after its tree is killed; on drop,
+    /// after `cgroup`'s.
+    sweeps: sweep::Pending,
 }
 
 /// Which ids the job has, inside and on the host: as root, those of
@@ -171,7 +173,7 @@ fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) -> Vec<Stri
 /// The trees to sweep after the job: read-write binds that may be
 /// idmapped (another owner's), whose repositories are protected. Opened
 /// now, before the job runs, from `/` without following any link.
-fn sweeps_for(init: &InitSpec) -> Vec<idmap_check::Sweep> {
+fn sweeps_for(init: &InitSpec) -> Vec<sweep::Sweep> {
     // Most jobs have no read-write idmap candidate: nothing is opened for them.
     let candidate = |op: &MountOp| matches!(op, MountOp::Bind { rw: true, idmap: Some(_), .. });
     if init.rootless || !init.mounts.iter().any(candidate) {
@@ -204,10 +206,24 @@ fn sweeps_for(init: &InitSpec) -> Vec<idmap_check::Sweep> {
                 .into_iter()
                 .filter(|p| sys::openat2(&dir, p, libc::O_PATH | libc::O_CLOEXEC, beneath).is_ok())
                 .collect();
-            out.push(idmap_check::Sweep { dir, skip });
+            out.push(sweep::Sweep { dir, src: src.clone(), skip });
         }
     }
     out
+}
+
+/// Sweep, once per process, what crashed supervisors left unswept
+/// (`sweep::sweep_stale`); after `cgroup::supervisor` removed their jobs.
+async fn sweep_stale_once() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    if let Ok(n) = tokio::task::spawn_blocking(sweep::sweep_stale).await {
+        if n > 0 {
+            tracing::info!(records = n, "swept the trees of crashed supervisors' jobs");
+        }
+    }
 }
 
 /// A dedicated owner uid for a job's user namespace, drawn at random from
@@ -345,6 +361,22 @@ impl InitStage {
             }
         };
         tracing::debug!(cgroup = cgroup.is_some(), "job cgroup ready");
+        if !init.rootless {
+            sweep_stale_once().await;
+        }
+        // Recorded before the job runs, so that a supervisor killed before
+        // its sweep leaves the sweep to the next one.
+        let procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
+        let cgroup_dirs: Vec<_> = procs.iter().filter_map(|p| p.parent().map(std::path::Path::to_path_buf)).collect();
+        let stage_pid = child.id().unwrap_or(0);
+        let sweeps = match sweep::record(&job_id, sweeps, (init.uid.outside, init.gid.outside), stage_pid, &cgroup_dirs)
+        {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = child.kill().await;
+                return Err(SandboxError::Unavailable(e));
+            }
+        };
         init.rlimits = limit_rlimits(&spec.limits, cgroup.is_some());
         init.cgroup_procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
         adjust(&mut init);

@@ -159,12 +159,7 @@ impl RunningJob {
         // Nothing of the job runs any more: the repositories it made in a
         // read-write idmapped tree are handed to its host ids, where git
         // distrusts them as it did before idmaps (`idmap_check`).
-        let job_ids = (self.base_layers.host_uid, self.base_layers.host_gid);
-        for s in &self.sweeps {
-            for repo in s.disown_new_repositories(job_ids) {
-                tracing::info!(repo = %repo.display(), "a repository the job made was handed to its host ids");
-            }
-        }
+        self.sweeps.finish();
         let mut outcome = self.outcome(status, &buf, killed);
         self.account(&mut outcome, ending);
         let removal = self.cgroup.take().map(|cg| {

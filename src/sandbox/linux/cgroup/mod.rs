@@ -179,6 +179,11 @@ impl Owner {
         Owner { pid, start: start_time(pid).unwrap_or(0) }
     }
 
+    /// The process `pid` as it is now (start 0: no such process).
+    pub fn of(pid: u32) -> Owner {
+        Owner { pid, start: start_time(pid).unwrap_or(0) }
+    }
+
     pub fn dir_name(&self, job_id: &str) -> String {
         format!("{job_id}.{}.{}", self.pid, self.start)
     }

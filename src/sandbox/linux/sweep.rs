@@ -1,0 +1,480 @@
+//! After a job with a read-write idmapped tree: the repositories it made
+//! there are handed to its host ids, and a durable record makes sure that
+//! happens even when the supervisor dies first.
+//!
+//! Through the idmap, what the job creates lands as the tree's owner
+//! (root, on a CI runner's checkout), and root's git trusts a root-owned
+//! repository: a `.git` the job made, with `core.fsmonitor` set, would run
+//! the job's command at root's next `git status` there. [`idmap_check`]
+//! refused every repository the protection did not reach before the job,
+//! so every `.git` (and every bare repository) found outside the protected
+//! paths afterwards is one the job made. [`Sweep::disown_new_repositories`]
+//! walks the tree from the fd opened before the job, never following a
+//! link, with no depth bound: only a bounded number of directory fds is
+//! held, and a directory whose fd was let go is reached again through the
+//! `..` of its child, checked to be the same inode.
+//!
+//! [`record`] writes what to sweep to [`RECORD_DIR`] before the job runs
+//! (synced, as root, mode 0700); the record goes once the sweep is done.
+//! A supervisor killed before that (`SIGKILL`, a crash, a power cut)
+//! leaves it, and the next confine to start a job sweeps it
+//! ([`sweep_stale`]) once the dead supervisor's job is certainly gone: its
+//! init stage dead and its cgroups removed.
+//!
+//! [`idmap_check`]: super::idmap_check
+
+use super::cgroup::Owner;
+use crate::dirfd::Dir;
+use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Where the records of sweeps not yet done are kept (root's, 0700).
+pub const RECORD_DIR: &str = "/var/lib/confine/sweeps";
+
+/// How many directory fds a walk holds at most; deeper directories are
+/// reached again through `..` when the walk comes back to them.
+const HELD_FDS: usize = 32;
+
+/// The largest record read back.
+const MAX_RECORD: u64 = 1 << 20;
+
+/// A read-write tree to sweep once its job is over.
+pub struct Sweep {
+    /// The source, opened before the job started.
+    pub dir: OwnedFd,
+    /// Its path on the host (for the record: a later supervisor opens it
+    /// again, and checks it is the same directory).
+    pub src: PathBuf,
+    /// Protected paths (mounted read-only: the job made nothing there).
+    pub skip: Vec<PathBuf>,
+}
+
+/// One directory on the walk's way down.
+struct Frame {
+    /// Let go of when the walk is more than [`HELD_FDS`] deeper.
+    dir: Option<nix::dir::Dir>,
+    dev: u64,
+    ino: u64,
+    /// Its subdirectories not walked yet.
+    pending: Vec<OsString>,
+}
+
+impl Sweep {
+    /// Give every repository the job made to `job` (its host uid and
+    /// gid), never following a link. Returns the paths handed over, or
+    /// why the walk could not finish (what it handed before stays handed).
+    pub fn disown_new_repositories(&self, job: (u32, u32)) -> Result<Vec<PathBuf>, String> {
+        let top = openat(&self.dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(|e| format!("cannot open the tree to sweep it: {e}"))?;
+        let mut rel = PathBuf::new();
+        let mut handed = Vec::new();
+        let mut stack = vec![self.enter(top, &rel, job, &mut handed)?];
+        while let Some(frame) = stack.last_mut() {
+            let Some(name) = frame.pending.pop() else {
+                let done = stack.pop();
+                rel.pop();
+                if let (Some(done), Some(parent)) = (done, stack.last_mut()) {
+                    if parent.dir.is_none() {
+                        parent.dir = Some(parent_of(&done, parent, &rel)?);
+                    }
+                }
+                continue;
+            };
+            let Some(at) = frame.dir.as_ref() else {
+                return Err(format!("lost the directory {}", shown(&rel)));
+            };
+            let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let sub = match openat(at, name.as_os_str(), flags, Mode::empty()) {
+                Ok(sub) => sub,
+                // Gone, or no longer a directory: nothing to walk there.
+                Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR | nix::errno::Errno::ELOOP) => continue,
+                Err(e) => return Err(format!("cannot open {}: {e}", rel.join(&name).display())),
+            };
+            rel.push(&name);
+            // A bare repository (no `.git` name: git finds it by its
+            // contents from below) is the job's too: its directory goes
+            // to the job's ids, as a `.git` does.
+            if name != ".git" && super::idmap_check::is_repository(&sub) {
+                let _ = nix::unistd::fchown(&sub, Some(job.0.into()), Some(job.1.into()));
+                handed.push(rel.clone());
+            }
+            let child = self.enter(sub, &rel, job, &mut handed)?;
+            stack.push(child);
+            // The top frame (the tree itself) is never let go of: the
+            // walk's way back up ends there.
+            if stack.len() > HELD_FDS + 1 {
+                let i = stack.len() - 1 - HELD_FDS;
+                if i > 0 {
+                    stack[i].dir = None;
+                }
+            }
+        }
+        Ok(handed)
+    }
+
+    /// List the directory `dir` (at `rel`): hand its `.git` over, and
+    /// collect its subdirectories, skipping protected paths.
+    fn enter(&self, dir: OwnedFd, rel: &Path, job: (u32, u32), handed: &mut Vec<PathBuf>) -> Result<Frame, String> {
+        let st = fstat(&dir).map_err(|e| format!("cannot read {}: {e}", shown(rel)))?;
+        let mut listing = nix::dir::Dir::from_fd(dir).map_err(|e| format!("cannot list {}: {e}", shown(rel)))?;
+        let fd = listing.as_raw_fd();
+        let mut pending = Vec::new();
+        for entry in listing.iter() {
+            let entry = entry.map_err(|e| format!("cannot list {}: {e}", shown(rel)))?;
+            let name = entry.file_name();
+            let bytes = name.to_bytes();
+            if bytes == b"." || bytes == b".." {
+                continue;
+            }
+            let os = OsStr::from_bytes(bytes);
+            if !self.skip.is_empty() && self.skip.iter().any(|s| s == &rel.join(os)) {
+                continue;
+            }
+            // SAFETY: `fd` is `listing`'s open directory, alive here.
+            let dirfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            if bytes == b".git" {
+                let _ = nix::unistd::fchownat(
+                    dirfd,
+                    name,
+                    Some(job.0.into()),
+                    Some(job.1.into()),
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                );
+                handed.push(rel.join(os));
+            }
+            let is_dir = match entry.file_type() {
+                Some(nix::dir::Type::Directory) => true,
+                Some(_) => false,
+                None => fstatat(dirfd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFDIR.bits()),
+            };
+            if is_dir {
+                pending.push(os.to_os_string());
+            }
+        }
+        // Walked in name order (popped from the end).
+        pending.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(Frame { dir: Some(listing), dev: st.st_dev, ino: st.st_ino, pending })
+    }
+}
+
+/// The directory of `parent` again, as `..` of its child `done`: it must
+/// be the same inode, or the tree changed under the walk (a concurrent
+/// rename), and the walk stops rather than go on somewhere else.
+fn parent_of(done: &Frame, parent: &Frame, rel: &Path) -> Result<nix::dir::Dir, String> {
+    let lost = || format!("lost the way back to {} (the tree changed during the sweep)", shown(rel));
+    let child = done.dir.as_ref().ok_or_else(lost)?;
+    let up = openat(child, "..", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| format!("cannot reopen {}: {e}", shown(rel)))?;
+    let st = fstat(&up).map_err(|e| format!("cannot reopen {}: {e}", shown(rel)))?;
+    if (st.st_dev, st.st_ino) != (parent.dev, parent.ino) {
+        return Err(lost());
+    }
+    nix::dir::Dir::from_fd(up).map_err(|e| format!("cannot reopen {}: {e}", shown(rel)))
+}
+
+fn shown(rel: &Path) -> String {
+    if rel.as_os_str().is_empty() {
+        "the tree's top".into()
+    } else {
+        rel.display().to_string()
+    }
+}
+
+/// What a record keeps of a process: enough to tell it from a later one
+/// with the same pid.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Proc {
+    pid: u32,
+    start: u64,
+}
+
+impl Proc {
+    fn alive(&self) -> bool {
+        Owner { pid: self.pid, start: self.start }.alive()
+    }
+}
+
+/// One tree of a record. Paths are bytes: a host path need not be UTF-8.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Tree {
+    src: Vec<u8>,
+    dev: u64,
+    ino: u64,
+    skip: Vec<Vec<u8>>,
+}
+
+/// A sweep still owed, as written before the job ran.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Record {
+    /// The supervisor, and the job's init stage (the job dies with it).
+    owner: Proc,
+    stage: Proc,
+    /// The job's cgroup directories: a crashed supervisor's are killed
+    /// and removed by the next one to start; until then, the job may run.
+    cgroups: Vec<Vec<u8>>,
+    uid: u32,
+    gid: u32,
+    trees: Vec<Tree>,
+}
+
+/// The sweeps a job owes, and its record: [`Pending::finish`] after the
+/// job's tree is killed, or on drop (a job dropped before its end: its
+/// cgroup, dropped first, killed the tree).
+pub struct Pending {
+    sweeps: Vec<Sweep>,
+    job: (u32, u32),
+    record: Option<(Dir, OsString)>,
+}
+
+impl Pending {
+    /// Nothing to sweep.
+    pub fn none() -> Pending {
+        Pending { sweeps: Vec::new(), job: (0, 0), record: None }
+    }
+
+    /// Sweep now (every process of the job is gone), then drop the record
+    /// if every tree was swept whole.
+    pub fn finish(&mut self) {
+        let mut whole = true;
+        for s in std::mem::take(&mut self.sweeps) {
+            match s.disown_new_repositories(self.job) {
+                Ok(handed) => {
+                    for repo in handed {
+                        tracing::info!(repo = %repo.display(), "a repository the job made was handed to its host ids");
+                    }
+                }
+                Err(e) => {
+                    whole = false;
+                    tracing::warn!(tree = %s.src.display(), error = %e, "the sweep for the job's repositories stopped");
+                }
+            }
+        }
+        if let Some((dir, name)) = self.record.take() {
+            if whole {
+                let _ = dir.unlink(&name).and_then(|()| dir.sync());
+            }
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.sweeps.is_empty() {
+            self.finish();
+        }
+    }
+}
+
+/// Write the record of `sweeps` (durably: synced file and directory)
+/// before the job runs. `stage`: the init stage's pid; `cgroups`: the
+/// job's cgroup directories. No sweeps: nothing is written.
+pub fn record(
+    job_id: &str,
+    sweeps: Vec<Sweep>,
+    job: (u32, u32),
+    stage: u32,
+    cgroups: &[PathBuf],
+) -> Result<Pending, String> {
+    if sweeps.is_empty() {
+        return Ok(Pending::none());
+    }
+    let mut trees = Vec::new();
+    for s in &sweeps {
+        let st = fstat(s.dir.as_fd()).map_err(|e| format!("{}: {e}", s.src.display()))?;
+        trees.push(Tree {
+            src: s.src.as_os_str().as_bytes().to_vec(),
+            dev: st.st_dev,
+            ino: st.st_ino,
+            skip: s.skip.iter().map(|p| p.as_os_str().as_bytes().to_vec()).collect(),
+        });
+    }
+    let me = Owner::current();
+    let stage = Owner::of(stage);
+    let rec = Record {
+        owner: Proc { pid: me.pid, start: me.start },
+        stage: Proc { pid: stage.pid, start: stage.start },
+        cgroups: cgroups.iter().map(|p| p.as_os_str().as_bytes().to_vec()).collect(),
+        uid: job.0,
+        gid: job.1,
+        trees,
+    };
+    let fail = |e: std::io::Error| {
+        format!(
+            "cannot record the sweep this job's read-write workspace needs in {RECORD_DIR}: {e} (make {RECORD_DIR} \
+             writable by root, or run with --ro)"
+        )
+    };
+    let dir = record_dir(true).map_err(fail)?.ok_or_else(|| fail(std::io::ErrorKind::NotFound.into()))?;
+    let bytes = serde_json::to_vec(&rec).map_err(|e| fail(std::io::Error::other(e)))?;
+    let name = OsString::from(format!("{job_id}.json"));
+    let tmp = OsString::from(format!(".{job_id}.tmp"));
+    let written = (|| {
+        use std::io::Write;
+        let mut f = dir.create_new(&tmp, 0o600)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        dir.rename(&tmp, &name)?;
+        dir.sync()
+    })();
+    if let Err(e) = written {
+        let _ = dir.unlink(&tmp);
+        return Err(fail(e));
+    }
+    Ok(Pending { sweeps, job, record: Some((dir, name)) })
+}
+
+/// [`RECORD_DIR`], made (0700) when `create`; `None` when it is not there.
+fn record_dir(create: bool) -> std::io::Result<Option<Dir>> {
+    let mut dir = Dir::open(Path::new("/var/lib"))?;
+    for part in ["confine", "sweeps"] {
+        if create {
+            dir.mkdir(OsStr::new(part), 0o700)?;
+        }
+        dir = match dir.dir(Path::new(part)) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+    }
+    let st = dir.stat()?;
+    if st.uid != 0 || st.mode & 0o022 != 0 {
+        return Err(std::io::Error::other(format!("{RECORD_DIR} is not root's alone")));
+    }
+    Ok(Some(dir))
+}
+
+/// Sweep the trees of supervisors that died before their sweep, once
+/// their jobs are gone. Call after the crashed supervisors' cgroups were
+/// killed and removed ([`super::cgroup::supervisor`]). Returns how many
+/// records were done.
+pub fn sweep_stale() -> usize {
+    let dir = match record_dir(false) {
+        Ok(Some(dir)) => dir,
+        Ok(None) => return 0,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the records of sweeps owed");
+            return 0;
+        }
+    };
+    let Ok(names) = dir.names() else { return 0 };
+    let mut done = 0;
+    for name in names {
+        if name.as_bytes().starts_with(b".") || !name.as_bytes().ends_with(b".json") {
+            continue;
+        }
+        let Ok(Some(read)) = dir.read_regular(Path::new(&name), MAX_RECORD) else { continue };
+        let Ok(rec) = serde_json::from_slice::<Record>(&read.bytes) else {
+            tracing::warn!(record = %Path::new(&name).display(), "an unreadable sweep record is left alone");
+            continue;
+        };
+        let cgroup_left = rec.cgroups.iter().any(|c| Path::new(OsStr::from_bytes(c)).exists());
+        if rec.owner.alive() || rec.stage.alive() || cgroup_left {
+            continue;
+        }
+        let mut whole = true;
+        for tree in &rec.trees {
+            match reopen(tree) {
+                Ok(Some(sweep)) => match sweep.disown_new_repositories((rec.uid, rec.gid)) {
+                    Ok(handed) => {
+                        for repo in handed {
+                            tracing::info!(
+                                tree = %sweep.src.display(), repo = %repo.display(),
+                                "a repository a crashed supervisor's job made was handed to its host ids"
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        whole = false;
+                        tracing::warn!(tree = %sweep.src.display(), error = %e, "the sweep of a crashed job's tree stopped");
+                    }
+                },
+                // The tree is gone, or another is at its path now.
+                Ok(None) => {}
+                Err(e) => {
+                    whole = false;
+                    tracing::warn!(error = %e, "cannot sweep a crashed job's tree");
+                }
+            }
+        }
+        if whole && dir.unlink(&name).and_then(|()| dir.sync()).is_ok() {
+            done += 1;
+        }
+    }
+    done
+}
+
+/// A record's tree opened again from `/`, with no link on the way; `None`
+/// when nothing, or another directory, is at its path now.
+fn reopen(tree: &Tree) -> Result<Option<Sweep>, String> {
+    let src = PathBuf::from(OsStr::from_bytes(&tree.src));
+    let root = nix::fcntl::open("/", OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty()).map_err(|e| e.to_string())?;
+    let rel = src.strip_prefix("/").unwrap_or(&src);
+    let resolve = libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
+    let dir = match super::sys::openat2(&root, rel, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC, resolve) {
+        Ok(dir) => dir,
+        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR | nix::errno::Errno::ELOOP) => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", src.display())),
+    };
+    let st = fstat(dir.as_fd()).map_err(|e| format!("{}: {e}", src.display()))?;
+    if (st.st_dev, st.st_ino) != (tree.dev, tree.ino) {
+        return Ok(None);
+    }
+    let skip = tree.skip.iter().map(|p| PathBuf::from(OsStr::from_bytes(p))).collect();
+    Ok(Some(Sweep { dir, src, skip }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn open_dir(p: &Path) -> OwnedFd {
+        nix::fcntl::open(p, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).unwrap()
+    }
+
+    fn frame(p: &Path) -> Frame {
+        let fd = open_dir(p);
+        let st = fstat(&fd).unwrap();
+        Frame { dir: Some(nix::dir::Dir::from_fd(fd).unwrap()), dev: st.st_dev, ino: st.st_ino, pending: Vec::new() }
+    }
+
+    /// A directory moved out from under the walk (a rename while it was
+    /// deeper than the fds it holds) stops it: `..` now leads elsewhere.
+    #[test]
+    fn the_way_back_up_must_be_the_same_directory() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("a/b")).unwrap();
+        std::fs::create_dir(t.path().join("elsewhere")).unwrap();
+        let mut parent = frame(&t.path().join("a"));
+        let child = frame(&t.path().join("a/b"));
+        parent.dir = None;
+        assert!(parent_of(&child, &parent, Path::new("a")).is_ok());
+        std::fs::rename(t.path().join("a/b"), t.path().join("elsewhere/b")).unwrap();
+        let e = parent_of(&child, &parent, Path::new("a")).err().unwrap();
+        assert!(e.contains("the tree changed during the sweep"), "{e}");
+    }
+
+    /// Deeper than the fds the walk holds, with `.git`s on the way down,
+    /// at the bottom and after it; a protected one is left alone.
+    #[test]
+    fn the_walk_reaches_every_depth_and_skips_protected_paths() {
+        let t = tempfile::tempdir().unwrap();
+        let deep: PathBuf = std::iter::repeat_n("d", HELD_FDS * 3).collect();
+        std::fs::create_dir_all(t.path().join(&deep).join(".git")).unwrap();
+        std::fs::create_dir_all(t.path().join("d/d/.git")).unwrap();
+        std::fs::create_dir_all(t.path().join("z/.git")).unwrap();
+        std::fs::create_dir_all(t.path().join(".git")).unwrap();
+        let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        let sweep = Sweep { dir: open_dir(t.path()), src: t.path().into(), skip: vec![PathBuf::from(".git")] };
+        let mut handed = sweep.disown_new_repositories(me).unwrap();
+        handed.sort();
+        let mut want = vec![deep.join(".git"), PathBuf::from("d/d/.git"), PathBuf::from("z/.git")];
+        want.sort();
+        assert_eq!(handed, want);
+    }
+}
