@@ -34,6 +34,8 @@ struct BackgroundJob {
     mirror: Mirror,
     /// The final response, once the job ended.
     done: watch::Receiver<Option<ExecuteResponse>>,
+    /// Ended by `runtime_kill`: listed as killed, as the kill answered.
+    killed: bool,
 }
 
 /// The supervisor behind MCP.
@@ -213,6 +215,7 @@ impl RuntimeService for SupervisorService {
             cancel: cancel.clone(),
             mirror: mirror.clone(),
             done: rx,
+            killed: false,
         })?;
 
         let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel::<sup::Progress>();
@@ -317,7 +320,10 @@ impl RuntimeService for SupervisorService {
         let mut jobs = self.jobs.lock().map_err(internal)?;
         for job in jobs.values_mut().filter(|j| caller.owns(&j.owner)) {
             if let Some(done) = job.done.borrow().clone() {
-                job.summary.status = done.status;
+                job.summary.status = match done.status {
+                    ExecStatus::Cancelled if job.killed => ExecStatus::Killed,
+                    other => other,
+                };
                 job.summary.exit_code = done.exit_code;
                 job.summary.duration_ms = done.duration_ms;
                 job.summary.artifact_handle = done.artifact_handle.clone();
@@ -343,18 +349,24 @@ impl RuntimeService for SupervisorService {
                 complete: job.summary.status != ExecStatus::Running,
             });
         }
-        let mut list: Vec<JobSummary> =
-            jobs.values().filter(|j| caller.owns(&j.owner)).map(|j| j.summary.clone()).collect();
+        // With a jobId, that job only.
+        let mut list: Vec<JobSummary> = jobs
+            .iter()
+            .filter(|(id, j)| caller.owns(&j.owner) && req.job_id.as_ref().is_none_or(|want| want == *id))
+            .map(|(_, j)| j.summary.clone())
+            .collect();
         list.sort_by_key(|j| std::cmp::Reverse(j.started_at_ms));
         Ok(JobsResponse { jobs: list, output })
     }
 
     async fn kill(&self, job_id: &str, caller: &Caller) -> Result<ExecuteResponse, ServiceError> {
         let mut done = {
-            let jobs = self.jobs.lock().map_err(internal)?;
-            let job = jobs.get(job_id).filter(|j| caller.owns(&j.owner)).ok_or_else(|| {
+            let mut jobs = self.jobs.lock().map_err(internal)?;
+            let job = jobs.get_mut(job_id).filter(|j| caller.owns(&j.owner)).ok_or_else(|| {
                 ServiceError::NotFound(format!("job '{job_id}' not found (list jobs with runtime_jobs)"))
             })?;
+            // A job that had already ended keeps its own status.
+            job.killed = job.done.borrow().is_none();
             job.cancel.cancel();
             job.done.clone()
         };

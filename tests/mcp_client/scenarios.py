@@ -93,8 +93,18 @@ async def background_then_kill(client: Client) -> None:
     jobs = await client.call_tool("runtime_jobs", {"jobId": job})
     check(jobs.structured_content["jobs"][0]["status"] == "running", f"jobs: {jobs.structured_content}")
     check(jobs.structured_content["output"]["text"] == "up\n", f"jobs output: {jobs.structured_content}")
+    # Another job: `runtime_jobs {jobId}` lists the one asked for only.
+    other = await client.call_tool("runtime_execute", {"repoId": "d", "runtime": "shell", "code": "true", "background": True})
+    jobs = await client.call_tool("runtime_jobs", {"jobId": job})
+    listed = [j["jobId"] for j in jobs.structured_content["jobs"]]
+    check(listed == [job], f"runtime_jobs {{jobId}} listed {listed}, not only {job} (other: {other.structured_content})")
     k = await client.call_tool("runtime_kill", {"jobId": job})
     check(k.structured_content["status"] == "killed", f"kill: {k.structured_content}")
+    # A kill is no failure of the sandbox: no internal error in the answer.
+    check("error" not in k.structured_content, f"kill answer carries an error: {k.structured_content}")
+    # runtime_jobs agrees with the kill's answer.
+    jobs = await client.call_tool("runtime_jobs", {"jobId": job})
+    check(jobs.structured_content["jobs"][0]["status"] == "killed", f"jobs after kill: {jobs.structured_content}")
 
 
 async def cancelled_status_count(client: Client) -> int:

@@ -601,8 +601,9 @@ impl RunningJob {
     }
 
     /// The outcome, from the init stage's exit `status` and its reports
-    /// (`buf`). `killed`: we killed the tree, so an init stage that died
-    /// without a report is no failure of the sandbox.
+    /// (`buf`). `killed`: we signalled or killed the tree (a kill, a
+    /// cancellation, a timeout), so an init stage that died without a
+    /// report is no failure of the sandbox.
     fn outcome(&self, status: std::io::Result<std::process::ExitStatus>, buf: &[u8], killed: bool) -> Outcome {
         let duration_ms = self.started.elapsed().as_millis() as u64;
         let reports: Vec<Report> = buf
@@ -669,7 +670,10 @@ impl RunningJob {
             }
         }
         if !exited && killed {
-            outcome.signal = Some(libc::SIGKILL);
+            // Ended by us (a kill, a cancellation, a timeout): the signal
+            // that ended the init stage, which took the job with it.
+            use std::os::unix::process::ExitStatusExt;
+            outcome.signal = status.as_ref().ok().and_then(|s| s.signal()).or(Some(libc::SIGKILL));
         } else if !exited {
             // The init stage failed before the job could run (or was killed).
             match status {

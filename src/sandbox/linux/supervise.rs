@@ -160,7 +160,7 @@ impl RunningJob {
         // read-write idmapped tree are handed to its host ids, where git
         // distrusts them as it did before idmaps (`idmap_check`).
         self.sweeps.finish();
-        let mut outcome = self.outcome(status, &buf, killed);
+        let mut outcome = self.outcome(status, &buf, killed || ending.is_some());
         self.account(&mut outcome, ending);
         let removal = self.cgroup.take().map(|cg| {
             tokio::task::spawn_blocking(move || {
