@@ -127,3 +127,34 @@ fn a_small_job_answers_in_a_few_hundred_bytes_with_its_output() {
     }
     assert_eq!(out["limits"]["timeoutMs"], 30000, "a timeout is reported as asked: {out}");
 }
+
+/// The limits the schema documents are the ones enforced: `stdin` up to
+/// 512 KiB (the default `limits.max_stdin_bytes`), `code` up to 1 MiB,
+/// and `info` says both.
+#[test]
+fn documented_input_limits_are_the_enforced_ones() {
+    if !sandbox_available() {
+        return;
+    }
+    let mut s = Server::start();
+    let v: Value = serde_json::from_str(&s.rpc("tools/list", json!({}))).unwrap();
+    let exec = v["result"]["tools"].as_array().unwrap().iter().find(|t| t["name"] == "runtime_execute").unwrap();
+    let props = &exec["inputSchema"]["properties"];
+    assert!(props["stdin"]["description"].as_str().unwrap().contains("512 KiB"), "{}", props["stdin"]);
+    assert!(props["code"]["description"].as_str().unwrap().contains("1 MiB"), "{}", props["code"]);
+    let v: Value = serde_json::from_str(&s.rpc("tools/call", json!({"name": "info", "arguments": {}}))).unwrap();
+    let limits = &v["result"]["structuredContent"]["limits"];
+    assert_eq!((limits["maxStdinBytes"].as_u64(), limits["maxCodeBytes"].as_u64()), (Some(512 << 10), Some(1 << 20)));
+    let call = |s: &mut Server, n: usize| {
+        let line = s.rpc(
+            "tools/call",
+            json!({"name": "runtime_execute", "arguments": {"runtime": "shell", "code": "wc -c", "stdin": "x".repeat(n)}}),
+        );
+        serde_json::from_str::<Value>(&line).unwrap()["result"].clone()
+    };
+    let r = call(&mut s, 512 << 10);
+    assert_eq!(r["structuredContent"]["stdout"], "524288", "{r}");
+    let r = call(&mut s, (512 << 10) + 1);
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(r["content"][0]["text"].as_str().unwrap().contains("limits.max_stdin_bytes"), "{r}");
+}

@@ -473,6 +473,7 @@ impl RuntimeService for SupervisorService {
                 max_response_lines: 1000,
                 max_query_terms: 10,
                 max_code_bytes: cfg.limits.max_code_bytes,
+                max_stdin_bytes: cfg.limits.max_stdin_bytes,
                 env_allowlist: cfg.sandbox.env_allowlist.clone(),
             },
             policy_digest: Some(self.sup.policy_digest().to_string()),

@@ -303,6 +303,7 @@ impl RuntimeService for FakeService {
                 max_response_lines: RESPONSE_LINES_RANGE.1,
                 max_query_terms: MAX_QUERY_TERMS as u32,
                 max_code_bytes: MAX_CODE_BYTES as u64,
+                max_stdin_bytes: MAX_CODE_BYTES as u64 / 2,
                 env_allowlist: ENV_ALLOW.iter().map(|s| s.to_string()).collect(),
             },
             policy_digest: Some(hex::encode(Sha256::digest(b"fake-policy"))),

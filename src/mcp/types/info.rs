@@ -45,6 +45,7 @@ pub struct InfoLimits {
     pub max_response_lines: u32,
     pub max_query_terms: u32,
     pub max_code_bytes: u64,
+    pub max_stdin_bytes: u64,
     pub env_allowlist: Vec<String>,
 }
 
