@@ -139,9 +139,9 @@ pub struct SurfaceArgs {
     /// A file the task touches, relative to the repository root (repeatable).
     #[arg(long = "file", value_name = "PATH")]
     pub files: Vec<String>,
-    /// Only memories of this type: decision, bugfix or task_context.
-    #[arg(long, value_name = "TYPE")]
-    pub task_type: Option<String>,
+    /// Only memories of this type: decision, bugfix or task_context (repeatable).
+    #[arg(long = "type", value_name = "TYPE")]
+    pub types: Vec<String>,
     /// 1–50.
     #[arg(long, default_value_t = 10)]
     pub limit: u32,
@@ -367,7 +367,7 @@ fn surface_cmd(cfg: &Config, svc: &MemoryService, a: SurfaceArgs) -> Result<i32,
         repo_id: repo_id(cfg, &a.repo)?,
         symbol_ids: a.symbols,
         file_rel_paths: a.files,
-        task_type: a.task_type.as_deref().map(memory_type).transpose()?,
+        types: a.types.iter().map(|t| memory_type(t)).collect::<Result<_, _>>()?,
         limit: Some(a.limit),
     };
     let r = svc.surface(&req)?;

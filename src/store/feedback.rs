@@ -1,6 +1,6 @@
-//! Agent feedback (the SDL-MCP `agent_feedback` tools): after a task, which
-//! symbols of a slice were useful and which were missing, kept for offline
-//! tuning. This module owns the `feedback` sled tree (key `repoId \0`
+//! Agent feedback (after the SDL-MCP `agent_feedback` tools): after a task,
+//! which of the handles confine returned helped (an `artifactHandle`, a
+//! `jobId`, a `memoryId`) and what was missing, kept for offline tuning. This module owns the `feedback` sled tree (key `repoId \0`
 //! big-endian sequence, so one repository's records are one range, oldest
 //! first) and the aggregation a query returns. Records are append-only:
 //! nothing here edits or removes one.
@@ -15,9 +15,11 @@ use std::collections::HashMap;
 pub const FEEDBACK_TREE: &str = "feedback";
 /// The sequence counter of the records.
 const SEQ_KEY: &[u8] = b"seq";
-/// Most symbols in `usefulSymbols` or `missingSymbols`.
+/// Most entries in `usefulHandles`, `missing` or `ids`.
 pub const MAX_SYMBOLS: usize = 1000;
-/// Longest symbol id, handle or version, in characters.
+/// The handles confine returns: artifacts, jobs, memories.
+pub const HANDLE_PREFIXES: [&str; 3] = ["run-", "job-", "mem_"];
+/// Longest handle or id, in characters.
 pub const MAX_ID_CHARS: usize = 512;
 /// Most `taskTags`.
 pub const MAX_TASK_TAGS: usize = 20;
@@ -25,7 +27,7 @@ pub const MAX_TASK_TAGS: usize = 20;
 pub const MAX_TASK_TEXT_CHARS: usize = 10_000;
 /// `limit` of a query: range and default.
 pub const QUERY_LIMIT: (u32, u32, u32) = (1, 1000, 50);
-/// How many symbols each top list of the aggregated stats holds.
+/// How many entries each top list of the aggregated stats holds.
 pub const TOP_SYMBOLS: usize = 10;
 
 /// Errors of the feedback store.
@@ -50,7 +52,8 @@ fn invalid(msg: impl Into<String>) -> FeedbackError {
     FeedbackError::Invalid(msg.into())
 }
 
-/// The kind of task the feedback is about.
+/// The kind of task the feedback is about (the only `taskType` of the
+/// tools: `memory_surface` filters by memory `types`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskType {
@@ -65,15 +68,14 @@ pub enum TaskType {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FeedbackRequest {
     pub repo_id: String,
-    /// The version (a commit) it applies to.
-    pub version_id: String,
-    /// The slice used.
-    pub slice_handle: String,
-    /// At least 1.
-    pub useful_symbols: Vec<String>,
-    /// Expected but absent.
+    /// artifactHandle, jobId or memoryId values that helped (at least 1).
+    pub useful_handles: Vec<String>,
+    /// What was missing (free-form).
     #[serde(default)]
-    pub missing_symbols: Vec<String>,
+    pub missing: Vec<String>,
+    /// Your own ids (a commit, an issue).
+    #[serde(default)]
+    pub ids: Vec<String>,
     /// At most 20.
     #[serde(default)]
     pub task_tags: Vec<String>,
@@ -91,21 +93,23 @@ pub struct FeedbackResult {
     pub ok: bool,
     pub feedback_id: String,
     pub repo_id: String,
-    pub version_id: String,
-    /// useful + missing symbols recorded.
-    pub symbols_recorded: usize,
+    /// Useful handles and missing entries recorded.
+    pub recorded: usize,
 }
 
-/// One stored feedback record.
+/// One stored feedback record. Records of the first format (symbols of a
+/// slice, a version) read back with their symbols as handles.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FeedbackRecord {
     pub feedback_id: String,
     pub repo_id: String,
-    pub version_id: String,
-    pub slice_handle: String,
-    pub useful_symbols: Vec<String>,
-    pub missing_symbols: Vec<String>,
+    #[serde(alias = "usefulSymbols")]
+    pub useful_handles: Vec<String>,
+    #[serde(default, alias = "missingSymbols")]
+    pub missing: Vec<String>,
+    #[serde(default)]
+    pub ids: Vec<String>,
     pub task_tags: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_type: Option<TaskType>,
@@ -121,9 +125,9 @@ pub struct FeedbackRecord {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FeedbackQuery {
     pub repo_id: String,
-    /// Only this version.
+    /// Only records naming this handle or id.
     #[serde(default)]
-    pub version_id: Option<String>,
+    pub handle: Option<String>,
     /// Default 50.
     #[serde(default)]
     #[schemars(range(min = 1, max = 1000))]
@@ -133,11 +137,11 @@ pub struct FeedbackQuery {
     pub since: Option<String>,
 }
 
-/// A symbol and how many matching records named it.
+/// A handle (or a missing entry) and how many matching records named it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct SymbolCount {
-    pub symbol_id: String,
+pub struct Count {
+    pub name: String,
     pub count: usize,
 }
 
@@ -146,10 +150,10 @@ pub struct SymbolCount {
 #[serde(rename_all = "camelCase")]
 pub struct AggregatedStats {
     pub total_feedback: usize,
-    /// The 10 most often useful symbols, most first.
-    pub top_useful_symbols: Vec<SymbolCount>,
-    /// The 10 most often missing symbols, most first.
-    pub top_missing_symbols: Vec<SymbolCount>,
+    /// The 10 most often useful handles, most first.
+    pub top_useful: Vec<Count>,
+    /// The 10 most often missing entries, most first.
+    pub top_missing: Vec<Count>,
 }
 
 /// Result of `agent_feedback_query`.
@@ -200,9 +204,9 @@ fn id_field(name: &str, value: &str) -> Result<(), FeedbackError> {
     Ok(())
 }
 
-fn symbol_list(name: &str, list: &[String], min: usize, max: usize) -> Result<(), FeedbackError> {
+fn id_list(name: &str, list: &[String], min: usize, max: usize, what: &str) -> Result<(), FeedbackError> {
     if list.len() < min {
-        return Err(invalid(format!("{name} needs at least {min} symbol id (the symbols that helped)")));
+        return Err(invalid(format!("{name} needs at least {min} {what}")));
     }
     if list.len() > max {
         return Err(invalid(format!("at most {max} {name} (got {})", list.len())));
@@ -216,11 +220,17 @@ fn symbol_list(name: &str, list: &[String], min: usize, max: usize) -> Result<()
 impl FeedbackStore for FeedbackDb {
     fn record(&self, req: &FeedbackRequest) -> Result<FeedbackResult, FeedbackError> {
         id_field("repoId", &req.repo_id)?;
-        id_field("versionId", &req.version_id)?;
-        id_field("sliceHandle", &req.slice_handle)?;
-        symbol_list("usefulSymbols", &req.useful_symbols, 1, MAX_SYMBOLS)?;
-        symbol_list("missingSymbols", &req.missing_symbols, 0, MAX_SYMBOLS)?;
-        symbol_list("taskTags", &req.task_tags, 0, MAX_TASK_TAGS)?;
+        let what = "handle confine returned that helped (an artifactHandle, jobId or memoryId)";
+        id_list("usefulHandles", &req.useful_handles, 1, MAX_SYMBOLS, what)?;
+        if let Some(h) = req.useful_handles.iter().find(|h| !HANDLE_PREFIXES.iter().any(|p| h.starts_with(p))) {
+            return Err(invalid(format!(
+                "usefulHandles: '{h}' is not a handle confine returned (an artifactHandle run-…, a jobId job-… or a \
+                 memoryId mem_…); put your own ids in ids"
+            )));
+        }
+        id_list("missing", &req.missing, 0, MAX_SYMBOLS, "entry")?;
+        id_list("ids", &req.ids, 0, MAX_SYMBOLS, "id")?;
+        id_list("taskTags", &req.task_tags, 0, MAX_TASK_TAGS, "tag")?;
         if let Some(text) = &req.task_text {
             let n = text.chars().count();
             if n > MAX_TASK_TEXT_CHARS {
@@ -236,10 +246,9 @@ impl FeedbackStore for FeedbackDb {
         let record = FeedbackRecord {
             feedback_id: format!("fb_{created_ms:x}_{seq}"),
             repo_id: req.repo_id.clone(),
-            version_id: req.version_id.clone(),
-            slice_handle: req.slice_handle.clone(),
-            useful_symbols: req.useful_symbols.clone(),
-            missing_symbols: req.missing_symbols.clone(),
+            useful_handles: req.useful_handles.clone(),
+            missing: req.missing.clone(),
+            ids: req.ids.clone(),
             task_tags: req.task_tags.clone(),
             task_type: req.task_type,
             task_text: req.task_text.clone(),
@@ -255,15 +264,14 @@ impl FeedbackStore for FeedbackDb {
             ok: true,
             feedback_id: record.feedback_id,
             repo_id: record.repo_id,
-            version_id: record.version_id,
-            symbols_recorded: req.useful_symbols.len() + req.missing_symbols.len(),
+            recorded: req.useful_handles.len() + req.missing.len(),
         })
     }
 
     fn query(&self, q: &FeedbackQuery) -> Result<FeedbackQueryResult, FeedbackError> {
         id_field("repoId", &q.repo_id)?;
-        if let Some(v) = &q.version_id {
-            id_field("versionId", v)?;
+        if let Some(h) = &q.handle {
+            id_field("handle", h)?;
         }
         let (min, max, default) = QUERY_LIMIT;
         let limit = match q.limit {
@@ -289,31 +297,30 @@ impl FeedbackStore for FeedbackDb {
                 // Keys are in time order: everything further back is older.
                 break;
             }
-            if q.version_id.as_ref().is_some_and(|v| *v != r.version_id) {
+            if q.handle.as_ref().is_some_and(|h| !r.useful_handles.contains(h) && !r.ids.contains(h)) {
                 continue;
             }
             stats.total_feedback += 1;
-            for s in &r.useful_symbols {
+            for s in &r.useful_handles {
                 *useful.entry(s.clone()).or_default() += 1;
             }
-            for s in &r.missing_symbols {
+            for s in &r.missing {
                 *missing.entry(s.clone()).or_default() += 1;
             }
             if feedback.len() < limit {
                 feedback.push(r);
             }
         }
-        stats.top_useful_symbols = top(useful);
-        stats.top_missing_symbols = top(missing);
+        stats.top_useful = top(useful);
+        stats.top_missing = top(missing);
         let has_more = stats.total_feedback > feedback.len();
         Ok(FeedbackQueryResult { repo_id: q.repo_id.clone(), feedback, aggregated_stats: stats, has_more })
     }
 }
 
-fn top(counts: HashMap<String, usize>) -> Vec<SymbolCount> {
-    let mut v: Vec<SymbolCount> =
-        counts.into_iter().map(|(symbol_id, count)| SymbolCount { symbol_id, count }).collect();
-    v.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.symbol_id.cmp(&b.symbol_id)));
+fn top(counts: HashMap<String, usize>) -> Vec<Count> {
+    let mut v: Vec<Count> = counts.into_iter().map(|(name, count)| Count { name, count }).collect();
+    v.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.name.cmp(&b.name)));
     v.truncate(TOP_SYMBOLS);
     v
 }
@@ -322,13 +329,12 @@ fn top(counts: HashMap<String, usize>) -> Vec<SymbolCount> {
 mod tests {
     use super::*;
 
-    fn req(version: &str, useful: &[&str], missing: &[&str]) -> FeedbackRequest {
+    fn req(id: &str, useful: &[&str], missing: &[&str]) -> FeedbackRequest {
         FeedbackRequest {
             repo_id: "demo".into(),
-            version_id: version.into(),
-            slice_handle: "h_1".into(),
-            useful_symbols: useful.iter().map(|s| s.to_string()).collect(),
-            missing_symbols: missing.iter().map(|s| s.to_string()).collect(),
+            useful_handles: useful.iter().map(|s| s.to_string()).collect(),
+            missing: missing.iter().map(|s| s.to_string()).collect(),
+            ids: vec![id.to_string()],
             task_tags: vec!["auth".into()],
             task_type: Some(TaskType::Debug),
             task_text: Some("traced the timeout".into()),
@@ -344,31 +350,50 @@ mod tests {
     #[test]
     fn records_and_aggregates() {
         let (_d, db) = db();
-        let r = db.record(&req("v1", &["a", "b"], &["c"])).unwrap();
-        assert_eq!(r.symbols_recorded, 3);
+        let r = db.record(&req("v1", &["run-a", "job-b"], &["the test log"])).unwrap();
+        assert_eq!(r.recorded, 3);
         assert!(r.feedback_id.starts_with("fb_"));
-        db.record(&req("v1", &["a"], &["c", "d"])).unwrap();
-        db.record(&req("v2", &["b"], &[])).unwrap();
+        db.record(&req("v1", &["run-a"], &["the test log", "d"])).unwrap();
+        db.record(&req("v2", &["job-b"], &[])).unwrap();
         let q = db.query(&FeedbackQuery { repo_id: "demo".into(), limit: Some(2), ..Default::default() }).unwrap();
         assert_eq!(q.feedback.len(), 2);
         assert!(q.has_more);
-        assert_eq!(q.feedback[0].version_id, "v2", "newest first");
+        assert_eq!(q.feedback[0].ids, ["v2"], "newest first");
         assert_eq!(q.aggregated_stats.total_feedback, 3);
         let top: Vec<(&str, usize)> =
-            q.aggregated_stats.top_useful_symbols.iter().map(|s| (s.symbol_id.as_str(), s.count)).collect();
-        assert_eq!(top, [("a", 2), ("b", 2)]);
-        assert_eq!(q.aggregated_stats.top_missing_symbols[0], SymbolCount { symbol_id: "c".into(), count: 2 });
-        let v1 = FeedbackQuery { repo_id: "demo".into(), version_id: Some("v1".into()), ..Default::default() };
+            q.aggregated_stats.top_useful.iter().map(|s| (s.name.as_str(), s.count)).collect();
+        assert_eq!(top, [("job-b", 2), ("run-a", 2)]);
+        assert_eq!(q.aggregated_stats.top_missing[0], Count { name: "the test log".into(), count: 2 });
+        let v1 = FeedbackQuery { repo_id: "demo".into(), handle: Some("v1".into()), ..Default::default() };
         let q = db.query(&v1).unwrap();
         assert_eq!((q.feedback.len(), q.has_more), (2, false));
+        let a = FeedbackQuery { repo_id: "demo".into(), handle: Some("run-a".into()), ..Default::default() };
+        assert_eq!(db.query(&a).unwrap().feedback.len(), 2);
         let other = db.query(&FeedbackQuery { repo_id: "other".into(), ..Default::default() }).unwrap();
         assert_eq!(other.aggregated_stats.total_feedback, 0);
+    }
+
+    /// Records of the first format (symbols of a slice, a version) still
+    /// read, their symbols as handles.
+    #[test]
+    fn first_format_records_read_back() {
+        let (_d, db) = db();
+        let old = r#"{"feedbackId":"fb_1_1","repoId":"demo","versionId":"v1","sliceHandle":"h_1",
+            "usefulSymbols":["a"],"missingSymbols":["c"],"taskTags":[],"createdAt":"2026-05-20T00:00:00.000Z"}"#;
+        let mut key = FeedbackDb::prefix("demo");
+        key.extend_from_slice(&1u64.to_be_bytes());
+        db.tree.insert(key, old.as_bytes()).unwrap();
+        let q = db.query(&FeedbackQuery { repo_id: "demo".into(), ..Default::default() }).unwrap();
+        assert_eq!(
+            (q.feedback[0].useful_handles.clone(), q.feedback[0].missing.clone()),
+            (vec!["a".into()], vec!["c".into()])
+        );
     }
 
     #[test]
     fn since_filters_by_time() {
         let (_d, db) = db();
-        db.record(&req("v1", &["a"], &[])).unwrap();
+        db.record(&req("v1", &["run-a"], &[])).unwrap();
         let future = FeedbackQuery { repo_id: "demo".into(), since: Some("2999-01-01".into()), ..Default::default() };
         assert_eq!(db.query(&future).unwrap().feedback.len(), 0);
         let past =
@@ -380,11 +405,12 @@ mod tests {
     fn bad_input_is_refused_and_nothing_is_written() {
         let (_d, db) = db();
         let cases: Vec<(FeedbackRequest, &str)> = vec![
-            (req("v1", &[], &[]), "usefulSymbols needs at least 1"),
-            (req("", &["a"], &[]), "versionId must be"),
-            (FeedbackRequest { task_tags: vec!["t".into(); 21], ..req("v", &["a"], &[]) }, "at most 20 taskTags"),
+            (req("v1", &[], &[]), "usefulHandles needs at least 1 handle confine returned"),
+            (req("v1", &["h_1"], &[]), "usefulHandles: 'h_1' is not a handle confine returned"),
+            (req("", &["run-a"], &[]), "each of ids must be"),
+            (FeedbackRequest { task_tags: vec!["t".into(); 21], ..req("v", &["mem_a"], &[]) }, "at most 20 taskTags"),
             (
-                FeedbackRequest { task_text: Some("x".repeat(10_001)), ..req("v", &["a"], &[]) },
+                FeedbackRequest { task_text: Some("x".repeat(10_001)), ..req("v", &["job-a"], &[]) },
                 "taskText is 10001 characters",
             ),
         ];

@@ -154,27 +154,35 @@ async def bad_input(client: Client) -> None:
 
 
 async def feedback(client: Client) -> None:
+    # Feedback names what confine returned: here a memory it stored.
+    mem = ok(
+        await client.call_tool(
+            "memory_store",
+            {"repoId": REPO, "type": "bugfix", "title": "Token expiry", "content": "The refresh was not awaited."},
+        )
+    )["memoryId"]
     r = ok(
         await client.call_tool(
             "agent_feedback",
             {
                 "repoId": REPO,
-                "versionId": "v1",
-                "sliceHandle": "h_abc",
-                "usefulSymbols": ["a", "b"],
-                "missingSymbols": ["c"],
+                "usefulHandles": [mem],
+                "missing": ["the auth service's log"],
+                "ids": ["v1"],
                 "taskType": "debug",
                 "taskText": "traced auth timeout to token expiry logic",
             },
         )
     )
-    check(r["symbolsRecorded"] == 3 and r["feedbackId"], f"feedback: {r}")
-    q = ok(await client.call_tool("agent_feedback_query", {"repoId": REPO, "versionId": "v1", "limit": 10}))
+    check(r["recorded"] == 2 and r["feedbackId"], f"feedback: {r}")
+    q = ok(await client.call_tool("agent_feedback_query", {"repoId": REPO, "handle": "v1", "limit": 10}))
     stats = q["aggregatedStats"]
     check(stats["totalFeedback"] == 1 and not q["hasMore"], f"feedback query: {q}")
-    check(stats["topUsefulSymbols"] == [{"symbolId": "a", "count": 1}, {"symbolId": "b", "count": 1}], f"{stats}")
-    r = await client.call_tool("agent_feedback", {"repoId": REPO, "versionId": "v", "sliceHandle": "h", "usefulSymbols": []})
-    check(r.is_error and text(r).startswith("invalid: usefulSymbols needs at least 1"), f"empty useful: {text(r)}")
+    check(stats["topUseful"] == [{"name": mem, "count": 1}], f"{stats}")
+    r = await client.call_tool("agent_feedback", {"repoId": REPO, "usefulHandles": []})
+    check(r.is_error and text(r).startswith("invalid: usefulHandles needs at least 1"), f"empty useful: {text(r)}")
+    r = await client.call_tool("agent_feedback", {"repoId": REPO, "usefulHandles": ["h_abc"]})
+    check(r.is_error and "is not a handle confine returned" in text(r), f"foreign handle: {text(r)}")
 
 
 SCENARIOS = [list_memory_tools, store_query_surface_remove, upsert, stale_and_info, bad_input, feedback]

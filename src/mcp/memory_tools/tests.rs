@@ -77,9 +77,7 @@ async fn memory_tools_are_listed_only_with_a_memory_service() {
     }
     let fb = tools.iter().find(|t| t.name == "agent_feedback").unwrap();
     let required = fb.input_schema["required"].as_array().unwrap();
-    for p in ["repoId", "versionId", "sliceHandle", "usefulSymbols"] {
-        assert!(required.contains(&json!(p)), "agent_feedback requires {p}");
-    }
+    assert_eq!(required, &vec![json!("repoId"), json!("usefulHandles")], "agent_feedback requires");
 }
 
 #[tokio::test]
@@ -131,16 +129,16 @@ async fn feedback_round_trip() {
         &h,
         "agent_feedback",
         json!({
-            "repoId": "demo", "versionId": "v1", "sliceHandle": "h_1",
-            "usefulSymbols": ["a", "b"], "missingSymbols": ["c"], "taskType": "debug"
+            "repoId": "demo", "usefulHandles": ["run-demo-1-ab", "job-1-cd"], "missing": ["c"],
+            "ids": ["v1"], "taskType": "debug"
         }),
     )
     .await;
-    assert_eq!(ok(&r)["symbolsRecorded"], 3);
+    assert_eq!(ok(&r)["recorded"], 3);
     let q = call(&h, "agent_feedback_query", json!({"repoId": "demo", "limit": 10})).await;
     let out = ok(&q);
     assert_eq!(out["aggregatedStats"]["totalFeedback"], 1);
-    assert_eq!(out["aggregatedStats"]["topMissingSymbols"][0], json!({"symbolId": "c", "count": 1}));
+    assert_eq!(out["aggregatedStats"]["topMissing"][0], json!({"name": "c", "count": 1}));
     assert_eq!(out["hasMore"], false);
     assert_eq!(out["feedback"][0]["taskType"], "debug");
 }
@@ -170,11 +168,7 @@ async fn bad_input_is_a_one_line_tool_error() {
         ("memory_remove", json!({"repoId": "demo", "memoryId": "mem_nope"}), "not_found: unknown memoryId"),
         ("memory_query", json!({"repoId": "demo", "limit": 0}), "invalid: limit must be 1–100 (got 0)"),
         ("memory_surface", json!({"repoId": "demo"}), "invalid: give symbolIds and/or fileRelPaths"),
-        (
-            "agent_feedback",
-            json!({"repoId": "demo", "versionId": "v", "sliceHandle": "h", "usefulSymbols": []}),
-            "invalid: usefulSymbols needs at least 1",
-        ),
+        ("agent_feedback", json!({"repoId": "demo", "usefulHandles": []}), "invalid: usefulHandles needs at least 1"),
         ("agent_feedback_query", json!({"repoId": "demo", "limit": 1001}), "invalid: limit must be 1–1000"),
     ];
     for (tool, args, want) in cases {

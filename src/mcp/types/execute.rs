@@ -21,10 +21,10 @@ pub struct ExecuteRequest {
     #[serde(default)]
     #[schemars(length(max = 100))]
     pub args: Option<Vec<String>>,
-    /// Source to run (at most 1 MiB by default: info's limits); instead of `args`.
+    /// Source to run (1 MiB by default); instead of `args`.
     #[serde(default)]
     pub code: Option<String>,
-    /// The job's standard input (at most 512 KiB by default: info's limits).
+    /// Standard input (512 KiB by default).
     #[serde(default)]
     pub stdin: Option<String>,
     /// Working directory, relative to the workspace. Default ".".

@@ -63,7 +63,7 @@ impl MemoryDb {
         self.check(repo)?;
         let now = now_ms();
         let ranked = self.with_index(&repo.id, |ix| {
-            let metas = ix.metas().filter(|m| req.task_type.is_none() || req.task_type == Some(m.memory_type));
+            let metas = ix.metas().filter(|m| req.types.is_empty() || req.types.contains(&m.memory_type));
             rank(metas, &symbols, &files, now, limit)
         })?;
         let mut memories = Vec::with_capacity(ranked.len());

@@ -252,7 +252,7 @@ fn surface_ranks_by_confidence_and_overlap() {
         repo_id: "demo".into(),
         symbol_ids: vec!["A".into(), "B".into()],
         file_rel_paths: vec!["src/auth.rs".into()],
-        task_type: None,
+        types: Vec::new(),
         limit: None,
     };
     let got = f.db.surface(&f.repo, &s).unwrap().memories;
@@ -266,7 +266,7 @@ fn surface_ranks_by_confidence_and_overlap() {
     assert!(got
         .iter()
         .all(|m| (m.score - m.factors.confidence * m.factors.recency_factor * m.factors.overlap_factor).abs() < 1e-12));
-    let bugfix_only = SurfaceRequest { task_type: Some(MemoryType::Bugfix), limit: Some(2), ..s.clone() };
+    let bugfix_only = SurfaceRequest { types: vec![MemoryType::Bugfix], limit: Some(2), ..s.clone() };
     let order: Vec<String> =
         f.db.surface(&f.repo, &bugfix_only).unwrap().memories.into_iter().map(|m| m.memory.memory_id).collect();
     assert_eq!(order, [exact, file_only]);

@@ -215,9 +215,9 @@ pub struct SurfaceRequest {
     /// Relative to the repository (at most 100).
     #[serde(default)]
     pub file_rel_paths: Vec<String>,
-    /// Only this type.
+    /// Only these types.
     #[serde(default)]
-    pub task_type: Option<MemoryType>,
+    pub types: Vec<MemoryType>,
     /// Default 10.
     #[serde(default)]
     #[schemars(range(min = 1, max = 50))]
