@@ -127,9 +127,14 @@ const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","param
 
 /// Status line and headers of a raw HTTP/1.1 POST to /mcp.
 fn post(addr: SocketAddr, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    request(addr, "POST", headers, body)
+}
+
+/// Status line and headers of a raw HTTP/1.1 request to /mcp.
+fn request(addr: SocketAddr, method: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = String::from("POST /mcp HTTP/1.1\r\n");
+    let mut req = format!("{method} /mcp HTTP/1.1\r\n");
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
         req.push_str(&format!("Host: {addr}\r\n"));
     }
@@ -173,6 +178,29 @@ fn python_sdk_over_http() {
         run_scenarios(&py, &["http", &server.url(), "--token", "e2e-token", "--mode", mode]);
     }
     eprintln!("server log:\n{}", server.log.lock().unwrap());
+}
+
+/// A session opened with `Host: localhost:PORT` (what a client given
+/// `http://localhost:PORT/mcp` sends to a loopback bind), closed with a
+/// DELETE that answers 204 (the SDK warns on rmcp's 202); the closed
+/// session is gone.
+#[test]
+fn http_localhost_is_accepted_and_delete_answers_204() {
+    let server = HttpServer::start(Some("s3cret"));
+    let a = server.addr;
+    let host = format!("localhost:{}", a.port());
+    let auth = ("Authorization", "Bearer s3cret");
+    let (status, head) = post(a, &[auth, ("Host", &host)], INITIALIZE);
+    assert_eq!(status, 200, "{head}");
+    let sid = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id")))
+        .map(|(_, v)| v.trim().to_string())
+        .expect("no session id");
+    let (status, head) = request(a, "DELETE", &[auth, ("Host", &host), ("Mcp-Session-Id", &sid)], "");
+    assert_eq!(status, 204, "{head}");
+    let (status, head) = request(a, "DELETE", &[auth, ("Mcp-Session-Id", &sid)], "");
+    assert_eq!(status, 404, "a deleted session answers no more: {head}");
 }
 
 #[test]

@@ -154,7 +154,12 @@ async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Respon
             // tool handlers: they read the caller there.
             let mut req = req;
             req.extensions_mut().insert(caller);
-            let resp = next.run(req).await;
+            let mut resp = next.run(req).await;
+            // rmcp answers a closed session 202; clients (the Python SDK)
+            // expect 200 or 204 and warn otherwise.
+            if deleting && resp.status() == axum::http::StatusCode::ACCEPTED {
+                *resp.status_mut() = axum::http::StatusCode::NO_CONTENT;
+            }
             if let Ok(mut sessions) = gate.sessions.lock() {
                 match (&session, resp.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())) {
                     // A session was opened by this request. Sessions a client
