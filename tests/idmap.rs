@@ -800,3 +800,52 @@ fn a_repository_made_before_the_supervisor_was_killed_is_disowned_by_the_next_st
         .collect();
     assert!(ours.is_empty(), "the record outlived its sweep: {:?}", ours.iter().map(|e| e.path()).collect::<Vec<_>>());
 }
+
+/// The third review's ways to a repository root's git trusts (F1–F3).
+#[test]
+fn third_review_repositories_git_finds_by_a_head_and_shared_directories() {
+    if !root_sandbox() {
+        return;
+    }
+    let fsmonitor = "printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = .\\n\\tfsmonitor = \"id; echo\"\\n' > config";
+    // F1: a bare repository whose objects and refs are links (git follows them).
+    let ws = root_checkout();
+    std::fs::create_dir(ws.path().join("src")).unwrap();
+    let script = format!(
+        "cd /workspace/src && mkdir .o .r && ln -s .o objects && ln -s .r refs && echo 'ref: refs/heads/main' > HEAD \
+         && {fsmonitor} && echo made"
+    );
+    let (out, _) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], &script);
+    assert_eq!(stdout(&out), "made\n", "{}", stderr(&out));
+    assert_eq!(owner(&ws.path().join("src")), (65534, 65534), "F1: the linked bare repository is still root's");
+
+    // F2a: the workspace's top made a repository.
+    let ws = root_checkout();
+    let script = format!("mkdir objects refs && echo 'ref: refs/heads/main' > HEAD && {fsmonitor} && echo made");
+    let (out, _) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], &script);
+    assert_eq!(stdout(&out), "made\n", "{}", stderr(&out));
+    assert_eq!(owner(ws.path()), (65534, 65534), "F2a: the workspace made a repository and is still root's");
+
+    // F2b: a bind that is a bare repository is refused a read-write idmap.
+    let bare = tempfile::tempdir().unwrap();
+    assert!(Command::new("git").args(["init", "-q", "--bare"]).arg(bare.path()).status().unwrap().success());
+    let spec = format!("{}:/repo", bare.path().display());
+    let (out, _) = sh_status(&["--bind", &spec], "echo ran");
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("it is a repository itself"), "{}", stderr(&out));
+
+    // F3: a root-owned directory the job made writable to others (where
+    // any local user could finish a repository) is root's alone after it.
+    let ws = root_checkout();
+    std::fs::create_dir(ws.path().join("src")).unwrap();
+    let (out, _) = sh_status(
+        &["--workspace", ws.path().to_str().unwrap(), "--rw"],
+        "chmod 0777 /workspace/src && mkdir -m 1777 /workspace/tmp && chmod 0777 /workspace/tmp && echo made",
+    );
+    assert_eq!(stdout(&out), "made\n", "{}", stderr(&out));
+    for d in ["src", "tmp"] {
+        let mode = std::fs::metadata(ws.path().join(d)).unwrap().mode() & 0o7777;
+        assert_eq!(mode & 0o022, 0, "F3: {d} is still writable by others ({mode:o})");
+        assert_eq!(owner(&ws.path().join(d)), (0, 0));
+    }
+}

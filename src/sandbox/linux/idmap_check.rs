@@ -51,6 +51,11 @@ const MAX_DEPTH: usize = 256;
 pub fn check(dir: &OwnedFd, owner: (u32, u32), skip: &[PathBuf], guard_repos: bool) -> Result<(), String> {
     let top = openat(dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
         .map_err(|e| format!("cannot read the tree to check it: {e}"))?;
+    if guard_repos && is_repository(&top) {
+        return Err("it is a repository itself (it has a HEAD: git finds it from below, and the job could write \
+                    its hooks and config, which root's git trusts): bind it read-only"
+            .into());
+    }
     let mut seen = 0u64;
     walk(top, Path::new(""), owner, skip, guard_repos, 0, &mut seen)
 }
@@ -153,8 +158,8 @@ fn walk(
         };
         if guard_repos && is_repository(&sub) {
             return Err(format!(
-                "it holds a bare repository, {} (git finds it from below; the job could write its hooks and \
-                 config, and root's git trusts them): move it out, or bind the tree read-only",
+                "it holds a bare repository, {} (a directory with a HEAD: git finds it from below; the job could \
+                 write its hooks and config, and root's git trusts them): move it out, or bind the tree read-only",
                 path.display()
             ));
         }
@@ -163,18 +168,13 @@ fn walk(
     Ok(())
 }
 
-/// Whether the directory `dir` is a repository to git by its contents, as
-/// git's `is_git_directory` decides: a `HEAD` (file or link), and
-/// `objects` and `refs` directories.
+/// Whether git could take the directory `dir` for a repository by its
+/// contents: it has an entry named `HEAD`, of any kind. Git's own test
+/// (`is_git_directory`) also wants `objects` and `refs`, following links,
+/// or found through a `commondir` file; those can be links, or be made
+/// later by whoever can write there, so `HEAD` alone decides.
 pub(super) fn is_repository(dir: &OwnedFd) -> bool {
-    let kind = |name: &str| {
-        fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-            .ok()
-            .map(|st| SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()))
-    };
-    matches!(kind("HEAD"), Some(k) if k == SFlag::S_IFREG || k == SFlag::S_IFLNK)
-        && kind("objects") == Some(SFlag::S_IFDIR)
-        && kind("refs") == Some(SFlag::S_IFDIR)
+    fstatat(dir, "HEAD", AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
 }
 
 /// `getxattrat(2)` (Linux 6.13): the number is the same on every

@@ -177,7 +177,15 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     });
     let ready = joined
         .and_then(|()| namespaces::write_id_maps(pid1, spec.uid, spec.gid, spec.rootless))
-        .and_then(|()| mounts::open_sources(pid, &spec.mounts, (spec.uid.outside, spec.gid.outside), spec.rootless))
+        .and_then(|()| {
+            mounts::open_sources(
+                pid,
+                &spec.mounts,
+                (spec.uid.outside, spec.gid.outside),
+                spec.rootless,
+                &spec.sweep_inodes,
+            )
+        })
         .and_then(|opened| {
             let mut not_idmapped = opened.not_idmapped;
             not_idmapped.extend(spec.idmap_refused.iter().cloned());

@@ -128,6 +128,7 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
         tty: spec.tty,
         userns_owner: (!rootless).then(userns_owner),
         idmap_refused,
+        sweep_inodes: Vec::new(),
     }
 }
 
@@ -173,7 +174,7 @@ fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) -> Vec<Stri
 /// The trees to sweep after the job: read-write binds that may be
 /// idmapped (another owner's), whose repositories are protected. Opened
 /// now, before the job runs, from `/` without following any link.
-fn sweeps_for(init: &InitSpec) -> Vec<sweep::Sweep> {
+fn sweeps_for(init: &mut InitSpec) -> Vec<sweep::Sweep> {
     // Most jobs have no read-write idmap candidate: nothing is opened for them.
     let candidate = |op: &MountOp| matches!(op, MountOp::Bind { rw: true, idmap: Some(_), .. });
     if init.rootless || !init.mounts.iter().any(candidate) {
@@ -185,6 +186,7 @@ fn sweeps_for(init: &InitSpec) -> Vec<sweep::Sweep> {
         return Vec::new();
     };
     let mut out = Vec::new();
+    let mut inodes = Vec::new();
     for op in &init.mounts {
         let MountOp::Bind { src, dst, rw: true, idmap: Some(_), .. } = op else { continue };
         let protected = mounts::protected_under(&init.mounts, dst);
@@ -206,18 +208,27 @@ fn sweeps_for(init: &InitSpec) -> Vec<sweep::Sweep> {
                 .into_iter()
                 .filter(|p| sys::openat2(&dir, p, libc::O_PATH | libc::O_CLOEXEC, beneath).is_ok())
                 .collect();
-            out.push(sweep::Sweep { dir, src: src.clone(), skip });
+            if let Ok(st) = nix::sys::stat::fstat(&dir) {
+                inodes.push((dst.clone(), st.st_dev, st.st_ino));
+                out.push(sweep::Sweep { dir, src: src.clone(), skip });
+            }
         }
     }
+    init.sweep_inodes = inodes;
     out
 }
 
-/// Sweep, once per process, what crashed supervisors left unswept
-/// (`sweep::sweep_stale`); after `cgroup::supervisor` removed their jobs.
+/// Sweep what crashed supervisors left unswept (`sweep::sweep_stale`),
+/// after `cgroup::supervisor` removed their jobs: at a process's first
+/// job, and in a long-lived one (`serve`) again at a job a minute later.
 async fn sweep_stale_once() {
-    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if DONE.swap(true, std::sync::atomic::Ordering::SeqCst) {
-        return;
+    static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    {
+        let Ok(mut last) = LAST.lock() else { return };
+        if last.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(60)) {
+            return;
+        }
+        *last = Some(Instant::now());
     }
     if let Ok(n) = tokio::task::spawn_blocking(sweep::sweep_stale).await {
         if n > 0 {
@@ -340,7 +351,7 @@ impl InitStage {
         let job_id = new_job_id();
         let mut init = init_spec(spec);
         init.seccomp = seccomp_name.map(str::to_string);
-        let sweeps = sweeps_for(&init);
+        let sweeps = sweeps_for(&mut init);
         // The cgroups are made while the init stage loads (its dynamic loader
         // alone takes about as long), and before it has the spec: it can't
         // create a process before it has joined them. On an error here the

@@ -238,7 +238,13 @@ pub enum Source {
 /// `open_tree` copies only mounts of the caller's namespace), and the copy
 /// is idmapped: only host root may, as the file system's superblock
 /// belongs to the host. `job` is the job's host (uid, gid).
-pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp], job: (u32, u32), rootless: bool) -> Result<Opened, SysError> {
+pub fn open_sources(
+    pid1: libc::pid_t,
+    ops: &[MountOp],
+    job: (u32, u32),
+    rootless: bool,
+    sweep_inodes: &[(PathBuf, u64, u64)],
+) -> Result<Opened, SysError> {
     let proc_root = PathBuf::from(format!("/proc/{pid1}/root"));
     let root = open(proc_root.as_path(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
         .map_err(|e| SysError::path("open pid 1's root", &proc_root, e))?;
@@ -256,7 +262,8 @@ pub fn open_sources(pid1: libc::pid_t, ops: &[MountOp], job: (u32, u32), rootles
                 // protected, and those the job makes are disowned after it
                 // (`idmap_check`).
                 let guard = !skip.is_empty() || dst.as_path() != Path::new("/workspace");
-                match idmaps.tree(src, *owner, *rw, &skip, guard) {
+                let swept = sweep_inodes.iter().find(|(d, ..)| d == dst).map(|(_, dev, ino)| (*dev, *ino));
+                match idmaps.tree(src, *owner, *rw, &skip, guard, swept) {
                     Ok(tree) => Some(Source::Tree(tree)),
                     Err(why) => {
                         not_idmapped.push(format!("{}: {why}", dst.display()));
@@ -342,6 +349,7 @@ impl Idmaps {
         rw: bool,
         skip: &[PathBuf],
         guard: bool,
+        swept: Option<(u64, u64)>,
     ) -> Result<OwnedFd, String> {
         let errno = |what: &str, e: nix::errno::Errno| format!("{what} failed: {e}");
         if self.own_root.is_none() {
@@ -355,6 +363,14 @@ impl Idmaps {
         let fd = sys::openat2(root, rel, libc::O_PATH | libc::O_CLOEXEC, resolve)
             .map_err(|e| errno("opening the source", e))?;
         let st = nix::sys::stat::fstat(&fd).map_err(|e| errno("stat", e))?;
+        // The supervisor sweeps the directory it opened: one swapped in at
+        // the path since would be written and never swept.
+        if swept.is_some_and(|inode| inode != (st.st_dev, st.st_ino)) {
+            return Err("it is not the directory the supervisor opened a moment ago (its path was replaced)".into());
+        }
+        if rw && guard && swept.is_none() {
+            return Err("the supervisor could not open it to sweep after the job".into());
+        }
         // Changed owner since the plan: map what is there now.
         let owner = if (st.st_uid, st.st_gid) == owner { owner } else { (st.st_uid, st.st_gid) };
         if owner == self.job {

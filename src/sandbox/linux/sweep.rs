@@ -39,8 +39,9 @@ pub const RECORD_DIR: &str = "/var/lib/confine/sweeps";
 /// reached again through `..` when the walk comes back to them.
 const HELD_FDS: usize = 32;
 
-/// The largest record read back.
-const MAX_RECORD: u64 = 1 << 20;
+/// The largest record written and read back (a tree with thousands of
+/// protected repositories stays far below it).
+const MAX_RECORD: u64 = 16 << 20;
 
 /// A read-write tree to sweep once its job is over.
 pub struct Sweep {
@@ -72,6 +73,11 @@ impl Sweep {
             .map_err(|e| format!("cannot open the tree to sweep it: {e}"))?;
         let mut rel = PathBuf::new();
         let mut handed = Vec::new();
+        // The tree itself made a repository (a HEAD at its top).
+        if super::idmap_check::is_repository(&top) {
+            let _ = nix::unistd::fchown(&top, Some(job.0.into()), Some(job.1.into()));
+            handed.push(PathBuf::from("."));
+        }
         let mut stack = vec![self.enter(top, &rel, job, &mut handed)?];
         while let Some(frame) = stack.last_mut() {
             let Some(name) = frame.pending.pop() else {
@@ -120,6 +126,19 @@ impl Sweep {
     /// collect its subdirectories, skipping protected paths.
     fn enter(&self, dir: OwnedFd, rel: &Path, job: (u32, u32), handed: &mut Vec<PathBuf>) -> Result<Frame, String> {
         let st = fstat(&dir).map_err(|e| format!("cannot read {}: {e}", shown(rel)))?;
+        // A root-owned directory the job made writable to others would let
+        // any local user finish a repository there that root's git trusts
+        // (git checks the directory's owner only): writable by root alone.
+        let shared = libc::S_IWGRP | libc::S_IWOTH;
+        if st.st_uid == 0 && st.st_mode & shared != 0 {
+            let mode = Mode::from_bits_truncate((st.st_mode & 0o7777 & !shared) as _);
+            match nix::sys::stat::fchmod(&dir, mode) {
+                Ok(()) => {
+                    tracing::info!(dir = %shown(rel), "a root-owned directory writable by others was made root's alone")
+                }
+                Err(e) => return Err(format!("cannot make {} writable by root alone: {e}", shown(rel))),
+            }
+        }
         let mut listing = nix::dir::Dir::from_fd(dir).map_err(|e| format!("cannot list {}: {e}", shown(rel)))?;
         let fd = listing.as_raw_fd();
         let mut pending = Vec::new();
@@ -205,6 +224,10 @@ struct Tree {
     src: Vec<u8>,
     dev: u64,
     ino: u64,
+    /// Birth time (s, ns), where the file system keeps one: an inode
+    /// number reused by a new directory at the same path is not the tree.
+    #[serde(default)]
+    btime: Option<(i64, u32)>,
     skip: Vec<Vec<u8>>,
 }
 
@@ -290,6 +313,7 @@ pub fn record(
             src: s.src.as_os_str().as_bytes().to_vec(),
             dev: st.st_dev,
             ino: st.st_ino,
+            btime: birth_time(&s.dir),
             skip: s.skip.iter().map(|p| p.as_os_str().as_bytes().to_vec()).collect(),
         });
     }
@@ -311,6 +335,12 @@ pub fn record(
     };
     let dir = record_dir(true).map_err(fail)?.ok_or_else(|| fail(std::io::ErrorKind::NotFound.into()))?;
     let bytes = serde_json::to_vec(&rec).map_err(|e| fail(std::io::Error::other(e)))?;
+    if bytes.len() as u64 > MAX_RECORD {
+        return Err(fail(std::io::Error::other(format!(
+            "the record would be {} bytes, more than the {MAX_RECORD} a later sweep reads (too many protected paths)",
+            bytes.len()
+        ))));
+    }
     let name = OsString::from(format!("{job_id}.json"));
     let tmp = OsString::from(format!(".{job_id}.tmp"));
     let written = (|| {
@@ -367,13 +397,25 @@ pub fn sweep_stale() -> usize {
         if name.as_bytes().starts_with(b".") || !name.as_bytes().ends_with(b".json") {
             continue;
         }
-        let Ok(Some(read)) = dir.read_regular(Path::new(&name), MAX_RECORD) else { continue };
-        let Ok(rec) = serde_json::from_slice::<Record>(&read.bytes) else {
-            tracing::warn!(record = %Path::new(&name).display(), "an unreadable sweep record is left alone");
-            continue;
+        let shown = Path::new(&name).display();
+        let rec = match dir.read_regular(Path::new(&name), MAX_RECORD) {
+            Ok(Some(read)) => match serde_json::from_slice::<Record>(&read.bytes) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    tracing::warn!(record = %shown, error = %e, "a sweep record can't be read: its tree is not swept");
+                    continue;
+                }
+            },
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(record = %shown, error = %e, "a sweep record can't be read: its tree is not swept");
+                continue;
+            }
         };
-        let cgroup_left = rec.cgroups.iter().any(|c| Path::new(OsStr::from_bytes(c)).exists());
-        if rec.owner.alive() || rec.stage.alive() || cgroup_left {
+        if rec.owner.alive()
+            || rec.stage.alive()
+            || rec.cgroups.iter().any(|c| populated(Path::new(OsStr::from_bytes(c))))
+        {
             continue;
         }
         let mut whole = true;
@@ -408,6 +450,31 @@ pub fn sweep_stale() -> usize {
     done
 }
 
+/// Whether a dead supervisor's job cgroup still holds a process. Its
+/// processes die with their init stage; a cgroup a later supervisor can't
+/// remove (it ran under another parent) is gone enough once empty, and
+/// one that is not is killed (`cgroup.kill`, where the kernel has it).
+fn populated(dir: &Path) -> bool {
+    let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+        return false;
+    };
+    if procs.trim().is_empty() {
+        return false;
+    }
+    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    true
+}
+
+/// The directory's birth time, where the file system keeps one.
+fn birth_time(dir: &OwnedFd) -> Option<(i64, u32)> {
+    // SAFETY: an all-zero statx is a valid value for statx to overwrite.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` is an open fd, the path is an empty NUL-terminated
+    // string (AT_EMPTY_PATH: the fd itself), and `stx` is writable.
+    let r = unsafe { libc::statx(dir.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_BTIME, &mut stx) };
+    (r == 0 && stx.stx_mask & libc::STATX_BTIME != 0).then_some((stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec))
+}
+
 /// A record's tree opened again from `/`, with no link on the way; `None`
 /// when nothing, or another directory, is at its path now.
 fn reopen(tree: &Tree) -> Result<Option<Sweep>, String> {
@@ -421,7 +488,8 @@ fn reopen(tree: &Tree) -> Result<Option<Sweep>, String> {
         Err(e) => return Err(format!("{}: {e}", src.display())),
     };
     let st = fstat(dir.as_fd()).map_err(|e| format!("{}: {e}", src.display()))?;
-    if (st.st_dev, st.st_ino) != (tree.dev, tree.ino) {
+    let born = birth_time(&dir);
+    if (st.st_dev, st.st_ino) != (tree.dev, tree.ino) || (tree.btime.is_some() && born != tree.btime) {
         return Ok(None);
     }
     let skip = tree.skip.iter().map(|p| PathBuf::from(OsStr::from_bytes(p))).collect();
@@ -476,5 +544,30 @@ mod tests {
         let mut want = vec![deep.join(".git"), PathBuf::from("d/d/.git"), PathBuf::from("z/.git")];
         want.sort();
         assert_eq!(handed, want);
+    }
+
+    /// A dead supervisor's job cgroup counts while it holds a process,
+    /// not while its directory merely exists (F5: one under another
+    /// parent is never removed by a later supervisor).
+    #[test]
+    fn an_empty_cgroup_left_behind_does_not_hold_the_sweep() {
+        let t = tempfile::tempdir().unwrap();
+        assert!(!populated(&t.path().join("gone")));
+        std::fs::write(t.path().join("cgroup.procs"), "").unwrap();
+        assert!(!populated(t.path()));
+        std::fs::write(t.path().join("cgroup.procs"), "4242\n").unwrap();
+        assert!(populated(t.path()));
+    }
+
+    /// A record a later sweep could not read is refused before the job
+    /// runs (F4), not written and then skipped for ever.
+    #[test]
+    fn a_record_too_large_to_read_back_stops_the_job() {
+        let t = tempfile::tempdir().unwrap();
+        let name: String = "v".repeat(250);
+        let skip = (0..20_000).map(|i| PathBuf::from(format!("{name}{i}/.git"))).collect();
+        let sweep = Sweep { dir: open_dir(t.path()), src: t.path().into(), skip };
+        let e = record("job-test-big", vec![sweep], (65534, 65534), 0, &[]).err().unwrap();
+        assert!(e.contains("more than the 16777216 a later sweep reads"), "{e}");
     }
 }
