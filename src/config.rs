@@ -160,6 +160,12 @@ pub struct EvaluatorConfig {
 pub struct RepoConfig {
     pub id: String,
     pub root: PathBuf,
+    /// Mirror the repository's memories as `.confine-memory/<id>.md` in
+    /// its tree, for the team to commit and review (and read hand edits
+    /// back). Off: memories live in the store only, and nothing is written
+    /// into the repository.
+    #[serde(default)]
+    pub memory_files: bool,
 }
 
 /// `[mcp]`: what `confine serve --http` accepts.
@@ -439,7 +445,7 @@ impl Config {
             return r.id.clone();
         }
         self.repos.retain(|r| r.id != id);
-        self.repos.push(RepoConfig { id: id.to_string(), root: root.to_path_buf() });
+        self.repos.push(RepoConfig { id: id.to_string(), root: root.to_path_buf(), memory_files: false });
         id.to_string()
     }
 }

@@ -27,7 +27,7 @@ fn test_config() -> (tempfile::TempDir, PathBuf, PathBuf) {
     std::fs::write(repo.join("src/auth.rs"), "fn authenticate() {}\n").unwrap();
     let config = dir.path().join("confine.toml");
     let text = format!(
-        "[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
+        "[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\nmemory_files = true\n",
         dir.path().join("store").display(),
         repo.display()
     );

@@ -16,13 +16,18 @@ struct Env {
 
 impl Env {
     fn new() -> Env {
+        Env::with_files(true)
+    }
+
+    /// `memory_files` of the repository: its `.confine-memory/` mirror.
+    fn with_files(files: bool) -> Env {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("repo");
         std::fs::create_dir_all(root.join("src")).unwrap();
         std::fs::write(root.join("src/auth.rs"), "fn authenticate() {}\n").unwrap();
         let config = tmp.path().join("confine.toml");
         let toml = format!(
-            "[store]\npath = {:?}\n\n[[repos]]\nid = \"demo\"\nroot = {:?}\n",
+            "[store]\npath = {:?}\n\n[[repos]]\nid = \"demo\"\nroot = {:?}\nmemory_files = {files}\n",
             tmp.path().join("db").display().to_string(),
             root.display().to_string()
         );
@@ -195,4 +200,17 @@ fn bad_input_exits_1_with_a_clear_message_and_writes_nothing() {
     assert!(!env.root().join(".confine-memory").exists(), "no file written");
     assert_eq!(env.json(&["query", "--json"])["total"], 0, "nothing stored");
     assert_eq!(env.run(&["log"]).stdout.len(), 0, "nothing logged");
+}
+
+/// By default (no `memory_files` for the repository) a memory lives in the
+/// store only: the repository's git tree stays clean.
+#[test]
+fn by_default_memories_write_nothing_into_the_repository() {
+    let env = Env::with_files(false);
+    let stored = env.json(&["store", "--json", "--type", "decision", "--title", "Use sled", "--content", "One store."]);
+    let id = stored["memoryId"].as_str().unwrap().to_string();
+    assert!(!env.root().join(".confine-memory").exists(), "a mirror was written into the repository");
+    assert_eq!(env.json(&["query", "--json", "sled"])["total"], 1);
+    assert_eq!(env.json(&["rm", "--json", &id, "--delete-file"])["fileDeleted"], false);
+    assert!(!env.root().join(".confine-memory").exists());
 }

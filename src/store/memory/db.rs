@@ -242,9 +242,22 @@ impl MemoryDb {
         })
     }
 
-    /// Write a memory's `.md`, then commit; if the commit fails, put the
-    /// previous file back. Returns the record as committed.
-    fn write_through(&self, root: &Dir, mut record: Record, commit: Commit<'_>) -> Result<Record, MemoryError> {
+    /// Write a memory's `.md` (where the repository mirrors its memories),
+    /// then commit; if the commit fails, put the previous file back.
+    /// Returns the record as committed.
+    fn write_through(
+        &self,
+        root: &Dir,
+        files: bool,
+        mut record: Record,
+        commit: Commit<'_>,
+    ) -> Result<Record, MemoryError> {
+        if !files {
+            let commit = Commit { record: &record, ..commit };
+            self.commit(&[commit])?;
+            self.index(&record)?;
+            return Ok(record);
+        }
         let id = record.memory.memory_id.clone();
         let dir = markdown::ensure_dir(root, &record.memory.repo_id)?;
         let previous = markdown::read(&dir, &format!("{id}.md")).ok().flatten().map(|(bytes, _)| bytes);
@@ -347,7 +360,7 @@ impl MemoryStore for MemoryDb {
         };
         let commit = Commit { record: &record, old_addr, new_addr: Some(addr), op, detail: None };
         let created = op == "store";
-        let stored = self.write_through(&root, record.clone(), commit)?;
+        let stored = self.write_through(&root, repo.files, record.clone(), commit)?;
         Ok(StoreResult { ok: true, memory_id: stored.memory.memory_id, created, deduplicated: false })
     }
 
@@ -367,9 +380,9 @@ impl MemoryStore for MemoryDb {
         record.memory.deleted = true;
         record.memory.updated_at = format_ms(now);
         record.updated_ms = now;
-        if req.delete_file != Some(true) {
+        if req.delete_file != Some(true) || !repo.files {
             let commit = Commit { record: &record, old_addr, new_addr: None, op: "remove", detail: None };
-            self.write_through(&root, record.clone(), commit)?;
+            self.write_through(&root, repo.files, record.clone(), commit)?;
             return Ok(RemoveResult { ok: true, memory_id: id.clone(), file_deleted: false });
         }
         let dir = markdown::open_dir(&root, &repo.id)?;

@@ -20,7 +20,7 @@ use std::sync::Arc;
 pub struct MemoryService {
     memories: Arc<dyn MemoryStore>,
     feedback: Arc<dyn FeedbackStore>,
-    repos: BTreeMap<String, PathBuf>,
+    repos: BTreeMap<String, (PathBuf, bool)>,
 }
 
 impl MemoryService {
@@ -36,7 +36,7 @@ impl MemoryService {
 
     /// Any implementations of the two stores (tests, a remote service).
     pub fn new(memories: Arc<dyn MemoryStore>, feedback: Arc<dyn FeedbackStore>, repos: &[RepoConfig]) -> Self {
-        let repos = repos.iter().map(|r| (r.id.clone(), r.root.clone())).collect();
+        let repos = repos.iter().map(|r| (r.id.clone(), (r.root.clone(), r.memory_files))).collect();
         MemoryService { memories, feedback, repos }
     }
 
@@ -48,7 +48,7 @@ impl MemoryService {
     /// The repository a `repoId` names.
     pub fn repo(&self, id: &str) -> Result<RepoRef, MemoryError> {
         match self.repos.get(id) {
-            Some(root) => Ok(RepoRef { id: id.to_string(), root: root.clone() }),
+            Some((root, files)) => Ok(RepoRef { id: id.to_string(), root: root.clone(), files: *files }),
             None => Err(MemoryError::UnknownRepo {
                 id: super::validate::clip(id),
                 known: if self.repos.is_empty() { "none".into() } else { self.repo_ids().join(", ") },

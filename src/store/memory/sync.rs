@@ -44,6 +44,10 @@ impl MemoryDb {
     pub(crate) fn sync_repo(&self, repo: &RepoRef) -> Result<SyncReport, MemoryError> {
         let root = repo_root(repo)?;
         let mut report = SyncReport { repo_id: repo.id.clone(), ..SyncReport::default() };
+        // No mirror: nothing in the repository is the memories'.
+        if !repo.files {
+            return Ok(report);
+        }
         let _w = self.write_lock();
         let mut seen = HashSet::new();
         let mut changes = Vec::new();

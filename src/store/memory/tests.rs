@@ -57,7 +57,7 @@ pub(super) fn fixture() -> Fixture {
     std::fs::write(root.join("src/db.rs"), "fn open() {}\n").unwrap();
     let store = Store::open(&tmp.path().join("db")).unwrap();
     let db = MemoryDb::open(&store).unwrap();
-    Fixture { _tmp: tmp, store, db, repo: RepoRef { id: "demo".into(), root } }
+    Fixture { _tmp: tmp, store, db, repo: RepoRef { id: "demo".into(), root, files: true } }
 }
 
 pub(super) fn req(title: &str, content: &str) -> StoreRequest {
@@ -83,6 +83,31 @@ fn ops(f: &Fixture, id: &str) -> Vec<String> {
     let mut ops: Vec<String> = f.db.log("demo", Some(id), 100).unwrap().into_iter().map(|e| e.op).collect();
     ops.reverse();
     ops
+}
+
+/// Without `memory_files` (the default), the memory tools write nothing
+/// into the repository (its git tree stays clean) and read nothing from
+/// it: store, update, remove with deleteFile, and sync.
+#[test]
+fn without_memory_files_nothing_is_written_into_the_repository() {
+    let mut f = fixture();
+    f.repo.files = false;
+    let out = f.db.store(&f.repo, &req("Race", "not awaited")).unwrap();
+    let mut update = req("Race", "not awaited, twice");
+    update.memory_id = Some(out.memory_id.clone());
+    f.db.store(&f.repo, &update).unwrap();
+    assert!(!f.root().join(MEMORY_DIR).exists(), "a mirror was written");
+    assert_eq!(query(&f, Some("twice")).total, 1);
+    // A `.confine-memory` the repository has is not read.
+    std::fs::create_dir(f.root().join(MEMORY_DIR)).unwrap();
+    std::fs::write(f.root().join(MEMORY_DIR).join("mem_aaaaaaaaaaaaaaaaaaaaaaaa.md"), "---\nnot: parsed\n---\n")
+        .unwrap();
+    let report = f.db.sync(&f.repo).unwrap();
+    assert_eq!(report, SyncReport { repo_id: "demo".into(), ..SyncReport::default() });
+    let rm = RemoveRequest { repo_id: "demo".into(), memory_id: out.memory_id.clone(), delete_file: Some(true) };
+    assert!(!f.db.remove(&f.repo, &rm).unwrap().file_deleted);
+    assert_eq!(std::fs::read_dir(f.root().join(MEMORY_DIR)).unwrap().count(), 1, "the repository's file was touched");
+    assert_eq!(query(&f, Some("twice")).total, 0);
 }
 
 #[test]
@@ -290,7 +315,7 @@ fn the_index_is_rebuilt_from_sled_after_a_restart() {
 #[test]
 fn the_service_resolves_repositories() {
     let f = fixture();
-    let repos = [crate::config::RepoConfig { id: "demo".into(), root: f.repo.root.clone() }];
+    let repos = [crate::config::RepoConfig { id: "demo".into(), root: f.repo.root.clone(), memory_files: true }];
     let svc = MemoryService::open(&f.store, &repos).unwrap();
     assert!(svc.store(&req("via service", "works")).unwrap().created);
     let mut other = req("x", "y");

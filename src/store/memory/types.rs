@@ -67,6 +67,8 @@ impl MemoryType {
 pub struct RepoRef {
     pub id: String,
     pub root: PathBuf,
+    /// The `.confine-memory/` mirror is on (`memory_files` in confine.toml).
+    pub files: bool,
 }
 
 /// A memory as tools and the CLI show it.
