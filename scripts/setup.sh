@@ -11,6 +11,8 @@ for pkg in libseccomp-dev libc6-dev pkg-config gcc g++ make bubblewrap git perl;
 done
 # Runtimes the tests exercise: take the ones on PATH, install the rest.
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+# npm installs the MCP Inspector below (Debian's nodejs comes without it).
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 # A venv needs ensurepip; Debian's system python has it in python3-venv.
 if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
@@ -51,4 +53,13 @@ if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('mc
   echo "setup: installing the MCP Python SDK ($MCP_VERSION) in target/mcp-venv" >&2
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --disable-pip-version-check --quiet "mcp==$MCP_VERSION"
+fi
+
+# The MCP Inspector's CLI (npm), for the end-to-end tests, pinned, in a
+# prefix of our own.
+INSPECTOR_VERSION=0.15.0
+inspector="$(dirname "${BASH_SOURCE[0]}")/../target/mcp-inspector"
+if ! grep -q "\"version\": \"$INSPECTOR_VERSION\"" "$inspector/node_modules/@modelcontextprotocol/inspector/package.json" 2>/dev/null; then
+  echo "setup: installing the MCP Inspector ($INSPECTOR_VERSION) in target/mcp-inspector" >&2
+  npm install --prefix "$inspector" --no-audit --no-fund --loglevel=error "@modelcontextprotocol/inspector@$INSPECTOR_VERSION" >/dev/null
 fi

@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The MCP Python SDK release the scenarios are written against.
-const INSPECTOR: &str = "@modelcontextprotocol/inspector@0.15";
+/// The pinned Inspector (scripts/setup.sh installs it in target/mcp-inspector).
+const INSPECTOR: &str = "@modelcontextprotocol/inspector@0.15.0";
 
 fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_confine")
@@ -269,21 +270,31 @@ fn sigterm_stops_both_transports() {
     }
 }
 
-/// `npx -y INSPECTOR --cli ARGS…`, or `None` (having said SKIP) when the
-/// Inspector can't be run here.
+/// The Inspector's CLI with `ARGS…`: the copy scripts/setup.sh installed
+/// (`./dev test` runs it), else `npx -y INSPECTOR`; `None` (a skip, which
+/// is a failure under CONFINE_REQUIRE_ISOLATION=1) when it can't run.
 fn inspector(args: &[&std::ffi::OsStr]) -> Option<Ran> {
-    let mut cmd = Command::new("npx");
-    cmd.args(["-y", INSPECTOR, "--cli"]).args(args);
+    let installed = venv_dir().with_file_name("mcp-inspector").join("node_modules/.bin/mcp-inspector");
+    let mut cmd = if installed.exists() {
+        let mut c = Command::new(&installed);
+        c.arg("--cli");
+        c
+    } else {
+        let mut c = Command::new("npx");
+        c.args(["-y", INSPECTOR, "--cli"]);
+        c
+    };
+    cmd.args(args);
     let ran = match run_for(&mut cmd, Duration::from_secs(240)) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("SKIP: MCP Inspector: {e}");
+            skip(&format!("MCP Inspector: {e} (scripts/setup.sh installs it)"));
             return None;
         }
     };
     if !ran.status.is_some_and(|s| s.success()) {
         let why = ran.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("timed out");
-        eprintln!("SKIP: MCP Inspector ({INSPECTOR}) did not run: {why}");
+        skip(&format!("MCP Inspector ({INSPECTOR}) did not run: {why} (scripts/setup.sh installs it)"));
         return None;
     }
     Some(ran)
