@@ -21,6 +21,10 @@ struct Server {
 }
 
 impl Server {
+    fn repo(&self) -> std::path::PathBuf {
+        self._dir.path().join("repo")
+    }
+
     fn start() -> Server {
         let dir = tempfile::tempdir().unwrap();
         let repo = dir.path().join("repo");
@@ -157,4 +161,121 @@ fn documented_input_limits_are_the_enforced_ones() {
     let r = call(&mut s, (512 << 10) + 1);
     assert_eq!(r["isError"], true, "{r}");
     assert!(r["content"][0]["text"].as_str().unwrap().contains("limits.max_stdin_bytes"), "{r}");
+}
+
+/// The context economy on a real failing log (issue 29's benchmark): a
+/// small Python package whose real test runner (`unittest -v`, warnings
+/// on) fails 3 of 12,003 tests and prints a compile-time warning, 12,000+
+/// lines. An agent calls `runtime_execute` (minimal), then one
+/// `runtime_query_output` with the terms the answer suggests. Every
+/// failing line must come back, in at most 2% of the log's bytes, and the
+/// terms must name every distinct error class. The figures go to
+/// docs/benchmarks.md.
+#[test]
+fn a_failing_test_log_costs_two_percent_in_two_calls() {
+    if !sandbox_available() {
+        return;
+    }
+    let mut s = Server::start();
+    let repo = s.repo();
+    std::fs::create_dir_all(repo.join("calc")).unwrap();
+    std::fs::create_dir_all(repo.join("tests")).unwrap();
+    let calc = r#"import re
+
+
+def parse(s):
+    return int(re.match("\d+", s).group())
+
+
+def div(a, b):
+    return a / b
+
+
+def lookup(d, k):
+    return d[k]
+"#;
+    let tests = r#"import unittest
+from calc import parse, div, lookup
+
+
+class Passing(unittest.TestCase):
+    pass
+
+
+for i in range(12000):
+    setattr(Passing, f"test_case_{i:05d}", lambda self, i=i: self.assertEqual(i + 1 - 1, i))
+
+
+class Failing(unittest.TestCase):
+    def test_parse_negative(self):
+        self.assertEqual(parse("-3"), -3)
+
+    def test_div(self):
+        self.assertEqual(div(1, 0), 0)
+
+    def test_lookup(self):
+        self.assertEqual(lookup({"a": 1}, "a"), 2)
+"#;
+    std::fs::write(repo.join("calc/__init__.py"), calc).unwrap();
+    std::fs::write(repo.join("tests/__init__.py"), "").unwrap();
+    std::fs::write(repo.join("tests/test_calc.py"), tests).unwrap();
+    let cmd = "python3 -W default -m unittest -v tests.test_calc";
+    // The same run on the host, for the lines that tell the failure.
+    let host = Command::new("/bin/sh")
+        .args(["-c", cmd])
+        .current_dir(&repo)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    // Paths as the job sees them.
+    let raw = String::from_utf8_lossy(&host.stderr).replace(repo.to_str().unwrap(), "/workspace");
+    let failing: Vec<&str> = raw
+        .lines()
+        .filter(|l| {
+            l.ends_with("ERROR")
+                || l.ends_with("... FAIL")
+                || l.starts_with("ERROR: ")
+                || l.starts_with("FAIL: ")
+                || l.starts_with("FAILED (")
+                || l.contains("Error: ")
+                || l.contains("Warning: ")
+        })
+        .collect();
+    assert!(failing.len() >= 10, "the package did not fail as planted ({failing:?}):\n{raw}");
+
+    let first = s.rpc(
+        "tools/call",
+        json!({"name": "runtime_execute", "arguments": {"runtime": "shell", "code": cmd, "outputMode": "minimal"}}),
+    );
+    let v: Value = serde_json::from_str(&first).unwrap();
+    let out = &v["result"]["structuredContent"];
+    assert_eq!(out["status"], "failure", "{first}");
+    let log_bytes = out["outputBytes"].as_u64().unwrap();
+    assert!(out["outputLines"].as_u64().unwrap() > 12_000, "{first}");
+    let terms: Vec<String> =
+        out["suggestedTerms"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    for class in ["AttributeError", "ZeroDivisionError", "AssertionError", "DeprecationWarning"] {
+        assert!(terms.iter().any(|t| t == class), "the terms miss {class}: {terms:?}");
+    }
+    let second = s.rpc(
+        "tools/call",
+        json!({"name": "runtime_query_output", "arguments": {
+            "artifactHandle": out["artifactHandle"], "queryTerms": terms, "maxExcerpts": 20, "contextLines": 3}}),
+    );
+    let v: Value = serde_json::from_str(&second).unwrap();
+    let excerpts: String = v["result"]["structuredContent"]["excerpts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["content"].as_str().unwrap().to_string() + "\n")
+        .collect();
+    let missed: Vec<&&str> = failing.iter().filter(|l| !excerpts.contains(**l)).collect();
+    assert!(missed.is_empty(), "failing lines not retrieved: {missed:?}");
+    let received = first.len() + second.len();
+    let pct = 100.0 * received as f64 / log_bytes as f64;
+    eprintln!(
+        "failing log: {log_bytes} bytes, {} lines, {} failing lines; received {} + {} = {received} bytes ({pct:.2}%) in 2 calls; terms {terms:?}",
+        out["outputLines"], failing.len(), first.len(), second.len()
+    );
+    assert!(pct <= 2.0, "{received} bytes received for a {log_bytes}-byte log ({pct:.2}%)");
 }

@@ -28,7 +28,15 @@ pub struct Digest {
     pub lines: Vec<String>,
     pub error_lines: u64,
     pub warning_lines: u64,
+    /// The word each distinct error and warning line was found by
+    /// (`AssertionError`, `FAILED`, `error[E0308]`), errors first, at most
+    /// 10: `runtime_query_output`'s queryTerms for their lines in context.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub terms: Vec<String>,
 }
+
+/// The most terms a digest offers (`runtime_query_output` takes 10).
+const MAX_TERMS: usize = 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Severity {
@@ -38,6 +46,8 @@ enum Severity {
 
 struct Group {
     severity: Severity,
+    /// The word around the hit that classified the line.
+    term: String,
     source: StreamName,
     first: u64,
     text: String,
@@ -53,10 +63,11 @@ fn searcher() -> Option<Searcher> {
         .build()
 }
 
-/// The severity of a lowercased line. A hit right after `0 ` or `no ` is a
-/// count of nothing (`0 failed`, `no errors`) and doesn't count.
-fn classify(lower: &[u8], words: &Option<Searcher>) -> Option<Severity> {
-    let mut best = None;
+/// The severity of a lowercased line, and where its hits of that severity
+/// start. A hit right after `0 ` or `no ` is a count of nothing (`0
+/// failed`, `no errors`) and doesn't count.
+fn classify(lower: &[u8], words: &Option<Searcher>) -> Option<(Severity, Vec<usize>)> {
+    let mut best: Option<(Severity, Vec<usize>)> = None;
     let mut hits: Vec<(usize, usize)> = Vec::new();
     match words {
         Some(s) => hits.extend(s.find_iter(lower).map(|m| (m.start(), m.pattern().as_usize()))),
@@ -72,9 +83,42 @@ fn classify(lower: &[u8], words: &Option<Searcher>) -> Option<Severity> {
             continue;
         }
         let sev = if pattern < ERROR_WORDS.len() { Severity::Error } else { Severity::Warning };
-        best = Some(best.map_or(sev, |b: Severity| b.min(sev)));
+        match &mut best {
+            Some((b, ats)) if *b == sev => ats.push(at),
+            Some((b, _)) if *b < sev => {}
+            _ => best = Some((sev, vec![at])),
+        }
     }
     best
+}
+
+/// The word that tells the line's kind, among the words around its hits:
+/// one in capitals (`FAIL`, `ERROR`) first, then one that ends with its
+/// hit (`AssertionError`, `DeprecationWarning`), then the first; a name
+/// that merely starts with one (`Failing`, `test_error_paths`) last.
+fn term_of(text: &[u8], hits: &[usize]) -> String {
+    let rank = |w: &str| {
+        let letters = || w.chars().filter(char::is_ascii_alphabetic);
+        if letters().count() > 1 && letters().all(|c| c.is_ascii_uppercase()) {
+            0
+        } else if ERROR_WORDS.iter().chain(WARNING_WORDS).any(|k| w.to_ascii_lowercase().ends_with(k)) {
+            1
+        } else {
+            2
+        }
+    };
+    let words: Vec<String> = hits.iter().map(|&at| word_at(text, at)).collect();
+    words.iter().enumerate().min_by_key(|(i, w)| (rank(w), *i)).map(|(_, w)| w.clone()).unwrap_or_default()
+}
+
+/// The word of `text` around byte `at`: letters, digits, `_` and the
+/// brackets of a code such as `error[E0308]`.
+fn word_at(text: &[u8], at: usize) -> String {
+    let inside = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'[' | b']');
+    let at = at.min(text.len());
+    let start = text[..at].iter().rposition(|&b| !inside(b)).map_or(0, |i| i + 1);
+    let end = text[at..].iter().position(|&b| !inside(b)).map_or(text.len(), |i| at + i);
+    String::from_utf8_lossy(&text[start..end]).into_owned()
 }
 
 /// Trimmed; digit runs not glued to a letter become `#`.
@@ -117,7 +161,7 @@ pub fn digest(sources: &[&dyn LineSource], max_lines: usize) -> Result<Digest, O
         src.scan(&mut |l| {
             lower.clear();
             lower.extend(l.text.iter().map(u8::to_ascii_lowercase));
-            let Some(severity) = classify(&lower, &words) else { return true };
+            let Some((severity, hits)) = classify(&lower, &words) else { return true };
             match severity {
                 Severity::Error => errors += 1,
                 Severity::Warning => warnings += 1,
@@ -128,7 +172,8 @@ pub fn digest(sources: &[&dyn LineSource], max_lines: usize) -> Result<Digest, O
             } else if groups.len() < MAX_DISTINCT {
                 index.insert(k, groups.len());
                 let text = cap_line(l.text.trim_ascii(), l.cut);
-                groups.push(Group { severity, source: src.stream(), first: l.no, text, count: 1 });
+                let term = term_of(&l.text, &hits);
+                groups.push(Group { severity, term, source: src.stream(), first: l.no, text, count: 1 });
             }
             true
         })?;
@@ -144,6 +189,12 @@ pub fn digest(sources: &[&dyn LineSource], max_lines: usize) -> Result<Digest, O
         distinct(Severity::Warning)
     ));
     groups.sort_by_key(|g| g.severity);
+    let mut terms: Vec<String> = Vec::new();
+    for g in &groups {
+        if terms.len() < MAX_TERMS && !g.term.is_empty() && !terms.iter().any(|t| t.eq_ignore_ascii_case(&g.term)) {
+            terms.push(g.term.clone());
+        }
+    }
     let lines = groups
         .iter()
         .take(max_lines)
@@ -152,7 +203,7 @@ pub fn digest(sources: &[&dyn LineSource], max_lines: usize) -> Result<Digest, O
             format!("{}:{}: {}{times}", g.source, g.first, g.text)
         })
         .collect();
-    Ok(Digest { counts: counts.join("; "), lines, error_lines: errors, warning_lines: warnings })
+    Ok(Digest { counts: counts.join("; "), lines, error_lines: errors, warning_lines: warnings, terms })
 }
 
 #[cfg(test)]

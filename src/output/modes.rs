@@ -91,6 +91,10 @@ pub struct OutputView {
     pub sections: Option<Vec<Section>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<Digest>,
+    /// A failed job whose output is not in the answer: the digest's terms,
+    /// for `runtime_query_output` (its failing lines in context).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suggested_terms: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }
@@ -163,6 +167,7 @@ pub fn render_input(input: &RenderInput, opts: &RenderOptions) -> Result<OutputV
         excerpts: None,
         sections: None,
         digest: None,
+        suggested_terms: Vec::new(),
         notes: input.notes.to_vec(),
     };
     let asked = opts.max_response_lines.unwrap_or(DEFAULT_RESPONSE_LINES);
@@ -208,6 +213,13 @@ pub fn render_input(input: &RenderInput, opts: &RenderOptions) -> Result<OutputV
         if mode == OutputMode::Summary {
             view.truncation = None;
         }
+    }
+    // A failure whose output is not here: what to ask for next, so that
+    // the failing lines take one more call.
+    let failed = input.job.status.is_some_and(|s| s != Status::Success);
+    let inline = view.stdout.is_some() || view.stderr.is_some();
+    if failed && !inline && view.digest.is_none() && view.output_bytes > 0 && out.complete() {
+        view.suggested_terms = digest(&input.full, 1)?.terms;
     }
     if mode != OutputMode::Minimal && !out.complete() {
         view.notes.push("output was not stored: only its inline head and tail were read".into());

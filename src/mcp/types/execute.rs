@@ -173,6 +173,9 @@ pub struct ExecuteResponse {
     /// digest mode: deduplicated error and warning lines with counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<Value>,
+    /// A failure whose output is not here: queryTerms for runtime_query_output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suggested_terms: Vec<String>,
     /// Isolation backend (linux, unix-fallback, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
@@ -216,6 +219,7 @@ impl ExecuteResponse {
             excerpts: None,
             truncation: None,
             digest: None,
+            suggested_terms: Vec::new(),
             backend: None,
             usage: None,
             layers: None,
@@ -285,6 +289,9 @@ impl ExecuteResponse {
         }
         if let Some(e) = &self.error {
             parts.push(format!("error: {e}"));
+        }
+        if !self.suggested_terms.is_empty() {
+            parts.push(format!("next: runtime_query_output with queryTerms {:?}", self.suggested_terms));
         }
         for (label, text) in [
             ("", &self.stdout),
