@@ -92,7 +92,7 @@ fn main() {
         );
         std::fs::write(dir.join(format!("m{i:05}.md")), text).unwrap();
     }
-    let repo = RepoRef { id: "bench".into(), root: root.clone() };
+    let repo = RepoRef { id: "bench".into(), root: root.clone(), files: true };
     let store = Store::open(&tmp.path().join("db")).unwrap();
     println!("memory benchmark: {n} memories, vocabulary {} words, 40–120 words each", vocab.len());
 
