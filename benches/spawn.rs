@@ -445,7 +445,7 @@ fn workspace_interleaved(confine: &str, baseline: Option<&str>, runs: usize) -> 
         ("confine run, the job's own workspace (plain bind)", command(run(confine, &jobs))),
     ];
     if let Some(b) = baseline {
-        variants.push(("baseline: confine run, root's workspace (plain bind)", command(run(b, &roots))));
+        variants.push(("baseline build: confine run, root's workspace", command(run(b, &roots))));
     }
     let rows = interleaved("workspace", runs, variants);
     drop(dir);

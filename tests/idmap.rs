@@ -849,3 +849,43 @@ fn third_review_repositories_git_finds_by_a_head_and_shared_directories() {
         assert_eq!(owner(&ws.path().join(d)), (0, 0));
     }
 }
+
+/// The fourth review (E1, E3): a refused read-write idmap sweeps nothing
+/// (the tree was never the job's to write: its repositories are root's
+/// own), and a directory of another owner's tree that the job opened to
+/// others is that owner's alone after it.
+#[test]
+fn a_refused_idmap_sweeps_nothing_and_any_owner_s_open_directories_are_closed() {
+    if !root_sandbox() {
+        return;
+    }
+    let git = |dir: &Path, args: &[&str]| {
+        assert!(Command::new("git").current_dir(dir).args(args).status().unwrap().success());
+    };
+    let ws = root_checkout();
+    git(ws.path(), &["init", "-q", "."]);
+    std::fs::create_dir_all(ws.path().join("n/b/c/d")).unwrap();
+    git(&ws.path().join("n/b/c/d"), &["init", "-q", "."]);
+    git(ws.path(), &["init", "-q", "--bare", "n/srv.git"]);
+    std::fs::set_permissions(ws.path().join("n"), std::fs::Permissions::from_mode(0o2775)).unwrap();
+    let before = tree_attrs(ws.path());
+    let (out, _) = sh_status(&["--workspace", ws.path().to_str().unwrap(), "--rw"], "echo ran");
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(tree_attrs(ws.path()), before, "a refused run changed the tree");
+    let bare = tempfile::tempdir().unwrap();
+    git(bare.path(), &["init", "-q", "--bare", "."]);
+    let (out, _) = sh_status(&["--bind", &format!("{}:/repo", bare.path().display())], "echo ran");
+    assert_eq!(out.status.code(), Some(125), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(owner(bare.path()), (0, 0), "a refused bind was handed over");
+
+    // E3: a tree of uid 1000's, bound read-write (idmapped onto the job).
+    let user = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(user.path(), Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(user.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = format!("{}:/ud", user.path().display());
+    let (out, _) = sh_status(&["--bind", &spec], "mkdir -m 0777 /ud/x && chmod 0777 /ud/x && echo made");
+    assert_eq!(stdout(&out), "made\n", "{}", stderr(&out));
+    assert_eq!(owner(&user.path().join("x")), (1000, 1000));
+    let mode = std::fs::metadata(user.path().join("x")).unwrap().mode() & 0o7777;
+    assert_eq!(mode & 0o022, 0, "E3: uid 1000's directory is still writable by others ({mode:o})");
+}

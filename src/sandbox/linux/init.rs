@@ -183,8 +183,17 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
                 &spec.mounts,
                 (spec.uid.outside, spec.gid.outside),
                 spec.rootless,
-                &spec.sweep_inodes,
+                spec.sweep_record.as_ref().map(|(_, r)| r),
             )
+        })
+        .and_then(|opened| {
+            // Before the job can run: the record of the trees it may now
+            // write, for a sweep after it even if the supervisor dies.
+            if let Some((job_id, record)) = &spec.sweep_record {
+                super::sweep::write_record(job_id, record, &opened.idmapped)
+                    .map_err(|e| SysError::other("record the sweep", e))?;
+            }
+            Ok(opened)
         })
         .and_then(|opened| {
             let mut not_idmapped = opened.not_idmapped;

@@ -41,9 +41,9 @@ pub struct RunningJob {
     /// Dropped after `child`, so its Drop kills and removes a tree whose
     /// init stage was already told to die.
     cgroup: Option<cgroup::JobCgroup>,
-    /// Last field: the sweep for repositories the job made in read-write
-    /// idmapped trees (`sweep`), done after its tree is killed; on drop,
-    /// after `cgroup`'s.
+    /// The sweep for repositories the job made in read-write idmapped
+    /// trees (`sweep`), done after its tree is killed. A job dropped
+    /// before its end leaves its record to a later supervisor.
     sweeps: sweep::Pending,
 }
 
@@ -128,7 +128,7 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
         tty: spec.tty,
         userns_owner: (!rootless).then(userns_owner),
         idmap_refused,
-        sweep_inodes: Vec::new(),
+        sweep_record: None,
     }
 }
 
@@ -174,7 +174,7 @@ fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) -> Vec<Stri
 /// The trees to sweep after the job: read-write binds that may be
 /// idmapped (another owner's), whose repositories are protected. Opened
 /// now, before the job runs, from `/` without following any link.
-fn sweeps_for(init: &mut InitSpec) -> Vec<sweep::Sweep> {
+fn sweeps_for(init: &InitSpec) -> Vec<sweep::Sweep> {
     // Most jobs have no read-write idmap candidate: nothing is opened for them.
     let candidate = |op: &MountOp| matches!(op, MountOp::Bind { rw: true, idmap: Some(_), .. });
     if init.rootless || !init.mounts.iter().any(candidate) {
@@ -186,9 +186,8 @@ fn sweeps_for(init: &mut InitSpec) -> Vec<sweep::Sweep> {
         return Vec::new();
     };
     let mut out = Vec::new();
-    let mut inodes = Vec::new();
     for op in &init.mounts {
-        let MountOp::Bind { src, dst, rw: true, idmap: Some(_), .. } = op else { continue };
+        let MountOp::Bind { src, dst, rw: true, idmap: Some((owner, _)), .. } = op else { continue };
         let protected = mounts::protected_under(&init.mounts, dst);
         // The workspace with --no-protect: the job may plant hooks in its
         // repository anyway, so there is nothing to sweep for. A bind has
@@ -208,13 +207,9 @@ fn sweeps_for(init: &mut InitSpec) -> Vec<sweep::Sweep> {
                 .into_iter()
                 .filter(|p| sys::openat2(&dir, p, libc::O_PATH | libc::O_CLOEXEC, beneath).is_ok())
                 .collect();
-            if let Ok(st) = nix::sys::stat::fstat(&dir) {
-                inodes.push((dst.clone(), st.st_dev, st.st_ino));
-                out.push(sweep::Sweep { dir, src: src.clone(), skip });
-            }
+            out.push(sweep::Sweep { dir, src: src.clone(), dst: dst.clone(), owner: *owner, skip });
         }
     }
-    init.sweep_inodes = inodes;
     out
 }
 
@@ -351,7 +346,7 @@ impl InitStage {
         let job_id = new_job_id();
         let mut init = init_spec(spec);
         init.seccomp = seccomp_name.map(str::to_string);
-        let sweeps = sweeps_for(&mut init);
+        let sweeps = sweeps_for(&init);
         // The cgroups are made while the init stage loads (its dynamic loader
         // alone takes about as long), and before it has the spec: it can't
         // create a process before it has joined them. On an error here the
@@ -375,19 +370,23 @@ impl InitStage {
         if !init.rootless {
             sweep_stale_once().await;
         }
-        // Recorded before the job runs, so that a supervisor killed before
-        // its sweep leaves the sweep to the next one.
-        let procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
-        let cgroup_dirs: Vec<_> = procs.iter().filter_map(|p| p.parent().map(std::path::Path::to_path_buf)).collect();
-        let stage_pid = child.id().unwrap_or(0);
-        let sweeps = match sweep::record(&job_id, sweeps, (init.uid.outside, init.gid.outside), stage_pid, &cgroup_dirs)
-        {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = child.kill().await;
-                return Err(SandboxError::Unavailable(e));
+        // The record the outer stage writes (for the trees it idmaps)
+        // before the job runs, so that a supervisor killed before its sweep
+        // leaves the sweep to the next one.
+        let job_ids = (init.uid.outside, init.gid.outside);
+        if !sweeps.is_empty() {
+            let procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
+            let cgroup_dirs: Vec<_> =
+                procs.iter().filter_map(|p| p.parent().map(std::path::Path::to_path_buf)).collect();
+            match sweep::plan(&sweeps, job_ids, child.id().unwrap_or(0), &cgroup_dirs) {
+                Ok(record) => init.sweep_record = Some((job_id.clone(), record)),
+                Err(e) => {
+                    let _ = child.kill().await;
+                    return Err(SandboxError::Unavailable(e));
+                }
             }
-        };
+        }
+        let sweeps = sweep::Pending::new(sweeps, job_ids, &job_id);
         init.rlimits = limit_rlimits(&spec.limits, cgroup.is_some());
         init.cgroup_procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
         adjust(&mut init);

@@ -243,13 +243,14 @@ pub fn open_sources(
     ops: &[MountOp],
     job: (u32, u32),
     rootless: bool,
-    sweep_inodes: &[(PathBuf, u64, u64)],
+    sweep: Option<&super::sweep::Record>,
 ) -> Result<Opened, SysError> {
     let proc_root = PathBuf::from(format!("/proc/{pid1}/root"));
     let root = open(proc_root.as_path(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
         .map_err(|e| SysError::path("open pid 1's root", &proc_root, e))?;
     let mut idmaps = Idmaps { job, namespaces: Vec::new(), own_root: None };
     let mut not_idmapped = Vec::new();
+    let mut idmapped = Vec::new();
     let mut out: Vec<Source> = Vec::with_capacity(ops.len());
     for op in ops {
         let source = match op {
@@ -262,9 +263,12 @@ pub fn open_sources(
                 // protected, and those the job makes are disowned after it
                 // (`idmap_check`).
                 let guard = !skip.is_empty() || dst.as_path() != Path::new("/workspace");
-                let swept = sweep_inodes.iter().find(|(d, ..)| d == dst).map(|(_, dev, ino)| (*dev, *ino));
+                let swept = sweep.and_then(|r| r.inode_of(dst));
                 match idmaps.tree(src, *owner, *rw, &skip, guard, swept) {
-                    Ok(tree) => Some(Source::Tree(tree)),
+                    Ok(tree) => {
+                        idmapped.push(dst.clone());
+                        Some(Source::Tree(tree))
+                    }
                     Err(why) => {
                         not_idmapped.push(format!("{}: {why}", dst.display()));
                         None
@@ -308,7 +312,7 @@ pub fn open_sources(
         };
         out.push(source);
     }
-    Ok(Opened { sources: out, not_idmapped })
+    Ok(Opened { sources: out, not_idmapped, idmapped })
 }
 
 /// The paths protected inside the bind at `dst` (relative to it).
@@ -326,6 +330,8 @@ pub fn protected_under(ops: &[MountOp], dst: &Path) -> Vec<PathBuf> {
 pub struct Opened {
     pub sources: Vec<Source>,
     pub not_idmapped: Vec<String>,
+    /// The destinations of the binds that were idmapped.
+    pub idmapped: Vec<PathBuf>,
 }
 
 /// Why a rootless job gets no idmapped mount.

@@ -144,12 +144,13 @@ pub struct InitSpec {
     /// (their source was reached through a symlink).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub idmap_refused: Vec<String>,
-    /// The directories the supervisor opened to sweep after the job, by
-    /// bind destination, as (dst, st_dev, st_ino): a read-write idmapped
-    /// tree must be the very directory that will be swept, or it is not
-    /// idmapped (its path was swapped in between).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sweep_inodes: Vec<(PathBuf, u64, u64)>,
+    /// The job's id and the record of the trees the supervisor opened to
+    /// sweep after the job (`sweep`): a read-write idmapped tree must be
+    /// the very directory that will be swept, or it is not idmapped (its
+    /// path was swapped in between); the outer stage writes the record of
+    /// those it idmapped before the job can run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_record: Option<(String, super::sweep::Record)>,
     pub mounts: Vec<MountOp>,
     /// Files pid 1 writes into the new root (under /tmp) before the job starts.
     #[serde(default)]
@@ -263,7 +264,7 @@ mod tests {
             tty: false,
             userns_owner: None,
             idmap_refused: Vec::new(),
-            sweep_inodes: Vec::new(),
+            sweep_record: None,
         };
         let mut buf = Vec::new();
         write_spec(&mut buf, &spec).unwrap();

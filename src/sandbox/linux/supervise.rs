@@ -159,7 +159,7 @@ impl RunningJob {
         // Nothing of the job runs any more: the repositories it made in a
         // read-write idmapped tree are handed to its host ids, where git
         // distrusts them as it did before idmaps (`idmap_check`).
-        self.sweeps.finish();
+        self.sweeps.finish(&idmapped_in(&buf));
         let mut outcome = self.outcome(status, &buf, killed || ending.is_some());
         self.account(&mut outcome, ending);
         let removal = self.cgroup.take().map(|cg| {
@@ -251,6 +251,20 @@ async fn read_until_exited(ctl: &mut tokio::net::UnixStream, buf: &mut Vec<u8>, 
         }
     }
     seen
+}
+
+/// The mount points the job's `Confined` report says were idmapped (sent
+/// before its exec, from a descriptor the job does not inherit): the
+/// trees the job could write through an idmap.
+fn idmapped_in(buf: &[u8]) -> Vec<String> {
+    use super::protocol::Report;
+    buf.split(|b| *b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<Report>(l).ok())
+        .find_map(|r| match r {
+            Report::Confined { idmapped, .. } => Some(idmapped),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// A pidfd of pid 1 (host pid `pid`), if that pid is still the outer

@@ -14,8 +14,13 @@
 //! held, and a directory whose fd was let go is reached again through the
 //! `..` of its child, checked to be the same inode.
 //!
-//! [`record`] writes what to sweep to [`RECORD_DIR`] before the job runs
-//! (synced, as root, mode 0700); the record goes once the sweep is done.
+//! The supervisor plans the record ([`plan`]); the outer stage, once its
+//! check passed and the tree is idmapped, writes it to [`RECORD_DIR`]
+//! ([`write_record`]: synced, root's, 0700) before the job can run, with
+//! the trees really idmapped only. After the job the supervisor sweeps the
+//! trees the job's own report says were idmapped (a refused tree was never
+//! the job's to write, and its repositories are root's own), then removes
+//! the record.
 //! A supervisor killed before that (`SIGKILL`, a crash, a power cut)
 //! leaves it, and the next confine to start a job sweeps it
 //! ([`sweep_stale`]) once the dead supervisor's job is certainly gone: its
@@ -50,6 +55,11 @@ pub struct Sweep {
     /// Its path on the host (for the record: a later supervisor opens it
     /// again, and checks it is the same directory).
     pub src: PathBuf,
+    /// Where the job sees it (the bind's destination).
+    pub dst: PathBuf,
+    /// The tree's owner uid: its directories, the job's through the idmap, are made
+    /// writable by their owner alone after the job.
+    pub owner: u32,
     /// Protected paths (mounted read-only: the job made nothing there).
     pub skip: Vec<PathBuf>,
 }
@@ -104,7 +114,7 @@ impl Sweep {
             // A bare repository (no `.git` name: git finds it by its
             // contents from below) is the job's too: its directory goes
             // to the job's ids, as a `.git` does.
-            if name != ".git" && super::idmap_check::is_repository(&sub) {
+            if !name.as_bytes().eq_ignore_ascii_case(b".git") && super::idmap_check::is_repository(&sub) {
                 let _ = nix::unistd::fchown(&sub, Some(job.0.into()), Some(job.1.into()));
                 handed.push(rel.clone());
             }
@@ -126,11 +136,12 @@ impl Sweep {
     /// collect its subdirectories, skipping protected paths.
     fn enter(&self, dir: OwnedFd, rel: &Path, job: (u32, u32), handed: &mut Vec<PathBuf>) -> Result<Frame, String> {
         let st = fstat(&dir).map_err(|e| format!("cannot read {}: {e}", shown(rel)))?;
-        // A root-owned directory the job made writable to others would let
-        // any local user finish a repository there that root's git trusts
-        // (git checks the directory's owner only): writable by root alone.
+        // A directory of the owner's that the job made writable to others
+        // would let any local user finish a repository there that the
+        // owner's git trusts (git checks the directory's owner only):
+        // writable by its owner alone.
         let shared = libc::S_IWGRP | libc::S_IWOTH;
-        if st.st_uid == 0 && st.st_mode & shared != 0 {
+        if st.st_uid == self.owner && st.st_mode & shared != 0 {
             let mode = Mode::from_bits_truncate((st.st_mode & 0o7777 & !shared) as _);
             match nix::sys::stat::fchmod(&dir, mode) {
                 Ok(()) => {
@@ -155,7 +166,9 @@ impl Sweep {
             }
             // SAFETY: `fd` is `listing`'s open directory, alive here.
             let dirfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            if bytes == b".git" {
+            // Compared without case: on a case-folding file system git's
+            // `.git` is `.GIT` too.
+            if bytes.eq_ignore_ascii_case(b".git") {
                 let _ = nix::unistd::fchownat(
                     dirfd,
                     name,
@@ -206,8 +219,8 @@ fn shown(rel: &Path) -> String {
 
 /// What a record keeps of a process: enough to tell it from a later one
 /// with the same pid.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Proc {
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Proc {
     pid: u32,
     start: u64,
 }
@@ -219,11 +232,16 @@ impl Proc {
 }
 
 /// One tree of a record. Paths are bytes: a host path need not be UTF-8.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Tree {
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Tree {
     src: Vec<u8>,
-    dev: u64,
-    ino: u64,
+    /// The bind's destination: the outer stage keeps the trees it idmapped.
+    dst: Vec<u8>,
+    pub dev: u64,
+    pub ino: u64,
+    /// The tree's owner uid ([`Sweep::owner`]).
+    #[serde(default)]
+    owner: u32,
     /// Birth time (s, ns), where the file system keeps one: an inode
     /// number reused by a new directory at the same path is not the tree.
     #[serde(default)]
@@ -232,8 +250,8 @@ struct Tree {
 }
 
 /// A sweep still owed, as written before the job ran.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Record {
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
     /// The supervisor, and the job's init stage (the job dies with it).
     owner: Proc,
     stage: Proc,
@@ -245,13 +263,12 @@ struct Record {
     trees: Vec<Tree>,
 }
 
-/// The sweeps a job owes, and its record: [`Pending::finish`] after the
-/// job's tree is killed, or on drop (a job dropped before its end: its
-/// cgroup, dropped first, killed the tree).
+/// The sweeps a job owes, and the name of its record (which the outer
+/// stage wrote if it idmapped any of them).
 pub struct Pending {
     sweeps: Vec<Sweep>,
     job: (u32, u32),
-    record: Option<(Dir, OsString)>,
+    record: Option<OsString>,
 }
 
 impl Pending {
@@ -260,11 +277,21 @@ impl Pending {
         Pending { sweeps: Vec::new(), job: (0, 0), record: None }
     }
 
-    /// Sweep now (every process of the job is gone), then drop the record
-    /// if every tree was swept whole.
-    pub fn finish(&mut self) {
+    pub fn new(sweeps: Vec<Sweep>, job: (u32, u32), job_id: &str) -> Pending {
+        let record = (!sweeps.is_empty()).then(|| record_name(job_id));
+        Pending { sweeps, job, record }
+    }
+
+    /// Sweep now (every process of the job is gone) the trees the job's
+    /// report says were idmapped (`idmapped`: their destinations), then
+    /// drop the record if every one was swept whole. A tree that was not
+    /// idmapped was never the job's to write: it is left as it is.
+    pub fn finish(&mut self, idmapped: &[String]) {
         let mut whole = true;
         for s in std::mem::take(&mut self.sweeps) {
+            if !idmapped.iter().any(|d| Path::new(d) == s.dst) {
+                continue;
+            }
             match s.disown_new_repositories(self.job) {
                 Ok(handed) => {
                     for repo in handed {
@@ -277,42 +304,34 @@ impl Pending {
                 }
             }
         }
-        if let Some((dir, name)) = self.record.take() {
-            if whole {
-                let _ = dir.unlink(&name).and_then(|()| dir.sync());
+        if let (Some(name), true) = (self.record.take(), whole) {
+            // Not synced: a removal a power cut undoes leaves a record whose
+            // sweep is done again, which hands over nothing new.
+            if let Ok(Some(dir)) = record_dir(false) {
+                let _ = dir.unlink(&name);
             }
         }
     }
 }
 
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if !self.sweeps.is_empty() {
-            self.finish();
-        }
-    }
+fn record_name(job_id: &str) -> OsString {
+    OsString::from(format!("{job_id}.json"))
 }
 
-/// Write the record of `sweeps` (durably: synced file and directory)
-/// before the job runs. `stage`: the init stage's pid; `cgroups`: the
-/// job's cgroup directories. No sweeps: nothing is written.
-pub fn record(
-    job_id: &str,
-    sweeps: Vec<Sweep>,
-    job: (u32, u32),
-    stage: u32,
-    cgroups: &[PathBuf],
-) -> Result<Pending, String> {
-    if sweeps.is_empty() {
-        return Ok(Pending::none());
-    }
+/// The record of `sweeps`, every tree in it: the outer stage keeps those
+/// it idmaps ([`write_record`]). `stage`: the init stage's pid; `cgroups`:
+/// the job's cgroup directories. Refused when a later sweep could not read
+/// it back.
+pub fn plan(sweeps: &[Sweep], job: (u32, u32), stage: u32, cgroups: &[PathBuf]) -> Result<Record, String> {
     let mut trees = Vec::new();
-    for s in &sweeps {
+    for s in sweeps {
         let st = fstat(s.dir.as_fd()).map_err(|e| format!("{}: {e}", s.src.display()))?;
         trees.push(Tree {
             src: s.src.as_os_str().as_bytes().to_vec(),
+            dst: s.dst.as_os_str().as_bytes().to_vec(),
             dev: st.st_dev,
             ino: st.st_ino,
+            owner: s.owner,
             btime: birth_time(&s.dir),
             skip: s.skip.iter().map(|p| p.as_os_str().as_bytes().to_vec()).collect(),
         });
@@ -327,21 +346,41 @@ pub fn record(
         gid: job.1,
         trees,
     };
+    let len = serde_json::to_vec(&rec).map_err(|e| e.to_string())?.len();
+    if len as u64 > MAX_RECORD {
+        return Err(format!(
+            "the record of the sweep this job's read-write workspace needs would be {len} bytes, more than the \
+             {MAX_RECORD} a later sweep reads (too many protected paths): bind it read-only"
+        ));
+    }
+    Ok(rec)
+}
+
+impl Record {
+    /// The (device, inode) of the tree bound at `dst`, if it is one.
+    pub fn inode_of(&self, dst: &Path) -> Option<(u64, u64)> {
+        self.trees.iter().find(|t| Path::new(OsStr::from_bytes(&t.dst)) == dst).map(|t| (t.dev, t.ino))
+    }
+}
+
+/// Write the record of job `job_id` (durably: synced file and directory),
+/// keeping the trees bound at `idmapped` only; none: nothing is written.
+/// The outer stage calls this before the job can run.
+pub fn write_record(job_id: &str, rec: &Record, idmapped: &[PathBuf]) -> Result<(), String> {
+    let mut rec = rec.clone();
+    rec.trees.retain(|t| idmapped.iter().any(|d| d.as_os_str().as_bytes() == t.dst.as_slice()));
+    if rec.trees.is_empty() {
+        return Ok(());
+    }
     let fail = |e: std::io::Error| {
         format!(
             "cannot record the sweep this job's read-write workspace needs in {RECORD_DIR}: {e} (make {RECORD_DIR} \
-             writable by root, or run with --ro)"
+             writable by root, or bind the workspace read-only)"
         )
     };
     let dir = record_dir(true).map_err(fail)?.ok_or_else(|| fail(std::io::ErrorKind::NotFound.into()))?;
     let bytes = serde_json::to_vec(&rec).map_err(|e| fail(std::io::Error::other(e)))?;
-    if bytes.len() as u64 > MAX_RECORD {
-        return Err(fail(std::io::Error::other(format!(
-            "the record would be {} bytes, more than the {MAX_RECORD} a later sweep reads (too many protected paths)",
-            bytes.len()
-        ))));
-    }
-    let name = OsString::from(format!("{job_id}.json"));
+    let name = record_name(job_id);
     let tmp = OsString::from(format!(".{job_id}.tmp"));
     let written = (|| {
         use std::io::Write;
@@ -355,7 +394,7 @@ pub fn record(
         let _ = dir.unlink(&tmp);
         return Err(fail(e));
     }
-    Ok(Pending { sweeps, job, record: Some((dir, name)) })
+    Ok(())
 }
 
 /// [`RECORD_DIR`], made (0700) when `create`; `None` when it is not there.
@@ -493,7 +532,8 @@ fn reopen(tree: &Tree) -> Result<Option<Sweep>, String> {
         return Ok(None);
     }
     let skip = tree.skip.iter().map(|p| PathBuf::from(OsStr::from_bytes(p))).collect();
-    Ok(Some(Sweep { dir, src, skip }))
+    let dst = PathBuf::from(OsStr::from_bytes(&tree.dst));
+    Ok(Some(Sweep { dir, src, dst, owner: tree.owner, skip }))
 }
 
 #[cfg(test)]
@@ -538,7 +578,13 @@ mod tests {
         std::fs::create_dir_all(t.path().join("z/.git")).unwrap();
         std::fs::create_dir_all(t.path().join(".git")).unwrap();
         let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
-        let sweep = Sweep { dir: open_dir(t.path()), src: t.path().into(), skip: vec![PathBuf::from(".git")] };
+        let sweep = Sweep {
+            dir: open_dir(t.path()),
+            src: t.path().into(),
+            dst: "/workspace".into(),
+            owner: 0,
+            skip: vec![PathBuf::from(".git")],
+        };
         let mut handed = sweep.disown_new_repositories(me).unwrap();
         handed.sort();
         let mut want = vec![deep.join(".git"), PathBuf::from("d/d/.git"), PathBuf::from("z/.git")];
@@ -566,8 +612,8 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let name: String = "v".repeat(250);
         let skip = (0..20_000).map(|i| PathBuf::from(format!("{name}{i}/.git"))).collect();
-        let sweep = Sweep { dir: open_dir(t.path()), src: t.path().into(), skip };
-        let e = record("job-test-big", vec![sweep], (65534, 65534), 0, &[]).err().unwrap();
+        let sweep = Sweep { dir: open_dir(t.path()), src: t.path().into(), dst: "/workspace".into(), owner: 0, skip };
+        let e = plan(&[sweep], (65534, 65534), 0, &[]).err().unwrap();
         assert!(e.contains("more than the 16777216 a later sweep reads"), "{e}");
     }
 }
