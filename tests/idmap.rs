@@ -796,6 +796,7 @@ fn a_repository_made_before_the_supervisor_was_killed_is_disowned_by_the_next_st
     let records = std::fs::read_dir("/var/lib/confine/sweeps").unwrap();
     let ours: Vec<_> = records
         .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
         .filter(|e| std::fs::read_to_string(e.path()).is_ok_and(|s| s.contains(ws.path().to_str().unwrap())))
         .collect();
     assert!(ours.is_empty(), "the record outlived its sweep: {:?}", ours.iter().map(|e| e.path()).collect::<Vec<_>>());

@@ -187,26 +187,34 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
             )
         })
         .and_then(|opened| {
-            // Before the job can run: the record of the trees it may now
-            // write, for a sweep after it even if the supervisor dies.
-            if let Some((job_id, record)) = &spec.sweep_record {
-                super::sweep::write_record(job_id, record, &opened.idmapped)
-                    .map_err(|e| SysError::other("record the sweep", e))?;
-            }
-            Ok(opened)
-        })
-        .and_then(|opened| {
             let mut not_idmapped = opened.not_idmapped;
             not_idmapped.extend(spec.idmap_refused.iter().cloned());
-            mounts::send_sources(&fds_out, opened.sources, &not_idmapped)
+            mounts::send_sources(&fds_out, opened.sources, &not_idmapped).map(|()| opened.idmapped)
         });
-    if let Err(e) = ready {
-        let _ = kill(pid1, Signal::SIGKILL);
-        let _ = waitpid(pid1, None);
-        return Err(e);
-    }
+    let idmapped = match ready {
+        Ok(idmapped) => idmapped,
+        Err(e) => {
+            let _ = kill(pid1, Signal::SIGKILL);
+            let _ = waitpid(pid1, None);
+            return Err(e);
+        }
+    };
     drop(fds_out);
-    write(&go_wr, b"1").map_err(|e| SysError::call("release pid 1", e))?;
+    // pid 1 builds the sandbox while the record of the trees the job may
+    // write is made durable (`sweep`: for a sweep after the job even if
+    // the supervisor dies); it starts the job only at the second byte.
+    let record = spec.sweep_record.as_ref().filter(|_| !idmapped.is_empty());
+    let release: &[u8] = if record.is_some() { b"1" } else { b"12" };
+    write(&go_wr, release).map_err(|e| SysError::call("release pid 1", e))?;
+    if let Some((job_id, record)) = record {
+        if let Err(e) = super::sweep::write_record(job_id, record, &idmapped) {
+            let _ = kill(pid1, Signal::SIGKILL);
+            let _ = waitpid(pid1, None);
+            return Err(SysError::other("record the sweep", e));
+        }
+        // pid 1 may have failed already (and said why): its end decides.
+        let _ = write(&go_wr, b"2");
+    }
     drop(go_wr);
     report(ctl, &Report::Started { pid1: pid });
 
@@ -234,7 +242,6 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32
     if read(go.as_fd(), &mut byte).map_err(|e| SysError::call("wait for id maps", e))? != 1 {
         return Ok(125); // the outer stage failed and has reported why
     }
-    drop(go);
     // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"confine-init".as_ptr(), 0, 0, 0) };
 
@@ -260,6 +267,12 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32
     mounts::enter()?;
     write_files(&spec.files)?;
     sys::set_not_dumpable()?;
+    // The outer stage's second byte: what the job may write is recorded
+    // for its sweep (`sweep`). Nothing of the job runs before it.
+    if read(go.as_fd(), &mut byte).map_err(|e| SysError::call("wait for the sweep record", e))? != 1 {
+        return Ok(125); // the outer stage failed and has reported why
+    }
+    drop(go);
 
     // SAFETY: this process is single-threaded (it was cloned from the
     // single-threaded outer stage), so the child may run ordinary Rust code.

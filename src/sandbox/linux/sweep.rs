@@ -44,6 +44,9 @@ pub const RECORD_DIR: &str = "/var/lib/confine/sweeps";
 /// reached again through `..` when the walk comes back to them.
 const HELD_FDS: usize = 32;
 
+/// Records whose sweep is done, waiting to be removed.
+const DONE_PREFIX: &str = ".done-";
+
 /// The largest record written and read back (a tree with thousands of
 /// protected repositories stays far below it).
 const MAX_RECORD: u64 = 16 << 20;
@@ -57,8 +60,8 @@ pub struct Sweep {
     pub src: PathBuf,
     /// Where the job sees it (the bind's destination).
     pub dst: PathBuf,
-    /// The tree's owner uid: its directories, the job's through the idmap, are made
-    /// writable by their owner alone after the job.
+    /// The tree's owner uid: its directories, the job's through the
+    /// idmap, are made writable by their owner alone after the job.
     pub owner: u32,
     /// Protected paths (mounted read-only: the job made nothing there).
     pub skip: Vec<PathBuf>,
@@ -272,11 +275,6 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Nothing to sweep.
-    pub fn none() -> Pending {
-        Pending { sweeps: Vec::new(), job: (0, 0), record: None }
-    }
-
     pub fn new(sweeps: Vec<Sweep>, job: (u32, u32), job_id: &str) -> Pending {
         let record = (!sweeps.is_empty()).then(|| record_name(job_id));
         Pending { sweeps, job, record }
@@ -305,10 +303,15 @@ impl Pending {
             }
         }
         if let (Some(name), true) = (self.record.take(), whole) {
-            // Not synced: a removal a power cut undoes leaves a record whose
-            // sweep is done again, which hands over nothing new.
+            // Renamed out of the way (a rename is a tenth of what removing a
+            // file just synced costs); [`sweep_stale`] removes it later, off
+            // any job's path. Not synced: a power cut that undoes it leaves
+            // a record whose sweep is done again, which hands over nothing
+            // new.
             if let Ok(Some(dir)) = record_dir(false) {
-                let _ = dir.unlink(&name);
+                let mut done = OsString::from(DONE_PREFIX);
+                done.push(&name);
+                let _ = dir.rename(&name, &done);
             }
         }
     }
@@ -431,6 +434,19 @@ pub fn sweep_stale() -> usize {
         }
     };
     let Ok(names) = dir.names() else { return 0 };
+    let finished: Vec<OsString> =
+        names.iter().filter(|n| n.as_bytes().starts_with(DONE_PREFIX.as_bytes())).cloned().collect();
+    if !finished.is_empty() {
+        // Off the job's path: removing them costs more than the job's
+        // own record did; whatever this process leaves, a later one
+        // removes.
+        std::thread::spawn(move || {
+            for name in finished {
+                let _ = dir.unlink(&name);
+            }
+        });
+    }
+    let Ok(Some(dir)) = record_dir(false) else { return 0 };
     let mut done = 0;
     for name in names {
         if name.as_bytes().starts_with(b".") || !name.as_bytes().ends_with(b".json") {
