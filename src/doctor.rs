@@ -78,6 +78,10 @@ pub fn diagnose(smoke: Option<&std::path::Path>) -> Report {
     ));
     checks.push(seccomp_check());
     checks.extend(cgroup_checks(root));
+    if root {
+        checks.extend(supervisor_cgroup_check());
+        checks.extend(git_bare_repository_check());
+    }
     if let Some(bin) = smoke {
         checks.push(smoke_check(bin));
         checks.push(idmap_check(bin, root));
@@ -216,6 +220,63 @@ fn seccomp_check() -> Check {
         "install libseccomp (apt-get install libseccomp2) on a kernel built with CONFIG_SECCOMP_FILTER",
         true,
     )
+}
+
+/// As root: whether a user owns a cgroup above this process (`sudo
+/// confine` from a desktop session runs in `user@UID.service`): that user
+/// could then freeze or kill the supervisor before the sweep of a
+/// read-write workspace (docs/threat-model.md).
+fn supervisor_cgroup_check() -> Option<Check> {
+    use crate::sandbox::linux::cgroup::layout::Layout;
+    use std::os::unix::fs::MetadataExt;
+    let layout = Layout::from_proc(std::path::Path::new("/proc")).ok()?;
+    let unified = layout.unified()?;
+    let mut dir = unified.dir_of(&unified.own)?;
+    let mut owner = None;
+    loop {
+        if let Ok(m) = std::fs::symlink_metadata(&dir) {
+            if m.uid() != 0 {
+                owner = Some((dir.clone(), m.uid()));
+            }
+        }
+        if dir == unified.mount_point || !dir.pop() {
+            break;
+        }
+    }
+    Some(match owner {
+        None => check("supervisor cgroup", true, format!("{} (v2) and its parents are root's", unified.own.display()), "", false),
+        Some((dir, uid)) => check(
+            "supervisor cgroup",
+            false,
+            format!("{} is uid {uid}'s: that user can freeze or kill a root supervisor", dir.display()),
+            "run root's confine from a root-owned unit (a CI runner's service, or systemd-run --pipe --wait confine …)",
+            false,
+        ),
+    })
+}
+
+/// As root, with git installed: whether root's git refuses bare
+/// repositories it was not pointed at (`safe.bareRepository=explicit`),
+/// the general defence against a repository a job or a local user made
+/// where root runs git (docs/threat-model.md).
+fn git_bare_repository_check() -> Option<Check> {
+    let git = ["/usr/bin/git", "/bin/git"].into_iter().find(|g| std::path::Path::new(g).exists())?;
+    let out = std::process::Command::new(git)
+        .args(["config", "--system", "--get", "safe.bareRepository"])
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let value = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let ok = value == "explicit";
+    Some(check(
+        "git bare repositories",
+        ok,
+        if ok { "safe.bareRepository = explicit".to_string() } else { format!("safe.bareRepository = {}", if value.is_empty() { "all (git's default)" } else { &value }) },
+        "git config --system safe.bareRepository explicit (root's git then never uses a bare repository a job made in a workspace)",
+        false,
+    ))
 }
 
 fn cgroup_checks(root: bool) -> Vec<Check> {

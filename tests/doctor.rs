@@ -96,3 +96,35 @@ fn doctor_says_whether_workspaces_here_are_idmapped() {
     assert!(ramfs["detail"].as_str().unwrap().contains("does not support idmapped mounts"), "{ramfs}");
     assert!(ramfs["fix"].as_str().unwrap().contains("ext4"), "{ramfs}");
 }
+
+/// As root, doctor says whether a user owns a cgroup above root's
+/// supervisor (that user could freeze or kill it before the sweep of a
+/// read-write workspace) and whether root's git refuses bare repositories
+/// it was not pointed at: both warnings, never required.
+#[test]
+fn doctor_as_root_checks_the_supervisor_s_cgroup_and_root_s_git() {
+    if !is_root() {
+        return skip("these checks are root's");
+    }
+    let out = Command::new(bin()).args(["doctor", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks = v["checks"].as_array().unwrap();
+    let find = |name: &str| checks.iter().find(|c| c["name"] == name).cloned();
+    let cg = find("supervisor cgroup").unwrap_or_else(|| panic!("no supervisor cgroup check: {v}"));
+    assert_eq!(cg["required"], false, "{cg}");
+    if cg["ok"] == false {
+        assert!(cg["fix"].as_str().unwrap().contains("root-owned unit"), "{cg}");
+    }
+    if std::path::Path::new("/usr/bin/git").exists() {
+        let git = find("git bare repositories").unwrap_or_else(|| panic!("no git check: {v}"));
+        assert_eq!(git["required"], false, "{git}");
+        let explicit = Command::new("git")
+            .args(["config", "--system", "--get", "safe.bareRepository"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "explicit");
+        assert_eq!(git["ok"], explicit, "{git}");
+        if !explicit {
+            assert!(git["fix"].as_str().unwrap().contains("safe.bareRepository explicit"), "{git}");
+        }
+    }
+}
