@@ -244,7 +244,13 @@ fn supervisor_cgroup_check() -> Option<Check> {
         }
     }
     Some(match owner {
-        None => check("supervisor cgroup", true, format!("{} (v2) and its parents are root's", unified.own.display()), "", false),
+        None => check(
+            "supervisor cgroup",
+            true,
+            format!("{} (v2) and its parents are root's", unified.own.display()),
+            "",
+            false,
+        ),
         Some((dir, uid)) => check(
             "supervisor cgroup",
             false,

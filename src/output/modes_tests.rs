@@ -45,7 +45,8 @@ async fn minimal_is_small_and_says_truncation_only_when_there_is_some() {
         ),
         "{json}"
     );
-    assert!(json.ends_with(r#","outputLines":3,"outputBytes":9}"#), "{json}");
+    // A failure whose output is not here suggests what to query for.
+    assert!(json.ends_with(r#","outputLines":3,"outputBytes":9,"suggestedTerms":["warn"]}"#), "{json}");
     assert!(json.len() < 200, "about 50 tokens: {json}");
 
     let cfg = OutputConfig { stdout_stored_bytes: 2, ..OutputConfig::default() };

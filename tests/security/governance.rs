@@ -655,7 +655,8 @@ impl Gov {
 /// once: no memory operation opens it in a way that waits for a writer.
 #[test]
 fn class01_memory_fifos_never_hang_the_supervisor() {
-    let g = Gov::new("");
+    // The repository mirrors its memories (the files under attack).
+    let g = Gov::new("memory_files = true\n");
     std::fs::create_dir_all(g.repo.join("src")).unwrap();
     std::fs::write(g.repo.join("src/a.rs"), "fn a() {}\n").unwrap();
     let stored = g.memory_json(&[
@@ -692,7 +693,7 @@ fn class01_memory_fifos_never_hang_the_supervisor() {
 /// never leads a write (or a removal) out of the repository.
 #[test]
 fn class01_memory_writes_never_leave_the_repository() {
-    let g = Gov::new("");
+    let g = Gov::new("memory_files = true\n");
     let outside = g.path("outside");
     std::fs::create_dir(&outside).unwrap();
     std::os::unix::fs::symlink(&outside, g.repo.join(".confine-memory")).unwrap();
