@@ -16,6 +16,7 @@ import os
 import time
 
 import anyio
+import jsonschema
 from mcp import Client, StdioServerParameters
 
 MEMORY_TOOLS = {
@@ -58,6 +59,8 @@ async def list_memory_tools(client: Client) -> None:
         t = tools[name]
         check(t.input_schema.get("type") == "object", f"{name} input schema: {t.input_schema}")
         check(t.output_schema is None, f"{name} has an output schema (the listing is lean)")
+        check('"format"' not in str(t.input_schema), f"{name} uses a format: {t.input_schema}")
+        jsonschema.validators.validator_for(t.input_schema).check_schema(t.input_schema)
     props = tools["memory_store"].input_schema["properties"]
     for p in ("repoId", "type", "title", "content", "tags", "confidence", "symbolIds", "fileRelPaths", "memoryId"):
         check(p in props, f"memory_store lacks {p}")

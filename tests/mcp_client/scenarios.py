@@ -18,6 +18,7 @@ import sys
 import time
 
 import anyio
+import jsonschema
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -43,7 +44,15 @@ async def list_tools(client: Client) -> None:
         # Lean listing (src/mcp/schema.rs): no output schema, no non-standard formats.
         check(t.output_schema is None, f"{t.name} has an output schema")
         check('"format"' not in json.dumps(t.input_schema), f"{t.name} uses a format: {t.input_schema}")
+        # A valid JSON Schema, to a real validator (the SDK's own dependency).
+        jsonschema.validators.validator_for(t.input_schema).check_schema(t.input_schema)
     exec_tool = next(t for t in tools if t.name == "runtime_execute")
+    schema = exec_tool.input_schema
+    v = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
+    good = {"repoId": "demo", "runtime": "shell", "code": "echo hi", "timeoutMs": 5000, "outputMode": "minimal"}
+    check(v.is_valid(good), f"a good call fails the schema: {list(v.iter_errors(good))}")
+    for bad in ({"runtime": "shell", "timeoutMs": "5000"}, {"runtime": "shell", "timeoutMs": -1}, {"code": "x"}):
+        check(not v.is_valid(bad), f"the schema takes {bad}")
     props = exec_tool.input_schema["properties"]
     for p in ("repoId", "runtime", "code", "args", "timeoutMs", "queryTerms", "outputMode", "background"):
         check(p in props, f"runtime_execute lacks {p}")
