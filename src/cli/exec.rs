@@ -201,7 +201,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     // The audit record and the artifact were flushed (one fsync) before the
     // answer, and the GC is done: the process exits now, without sled's
     // drop-time flush and fsync or the joins of its and tokio's threads
-    // (about 1 ms; a store must survive an exit at any point anyway).
+    // (a store must survive an exit at any point anyway).
     std::mem::forget(sup);
     rt.shutdown_background();
     code

@@ -55,11 +55,9 @@ impl Store {
     /// append's flush covers the artifact too, an append that fails is
     /// followed by a flush of its own, and GC flushes its own): no flusher
     /// thread. That thread would start while the job's sandbox is
-    /// built, and its first round `fsync`s the file (data and inode, ~1 ms
-    /// of the device here) while the store's own start syncs it too.
-    /// Measured with one binary, the flusher on and off (300–400 pairs,
-    /// each order): `confine exec` −0.02 to −0.07 ms on a fresh store, −0.04
-    /// to −0.24 ms on one aged by 5,000 runs, seven times in seven.
+    /// built, and its first round `fsync`s the file (data and inode)
+    /// while the store's own start syncs it too (docs/benchmarks.md,
+    /// "Figures once in the code").
     pub fn open_flushed_by_caller(path: &Path) -> Result<Store, StoreError> {
         Store::open_with(path, None)
     }

@@ -205,8 +205,8 @@ async fn capture_job_pipe(
     match pipe {
         Ok(fd) => {
             // A 1 MiB pipe instead of 64 KiB: a flood of small writes drains
-            // in fewer, larger reads (`yes | head -c 1G`, output bench:
-            // 459–601 -> 594–701 MB/s). Best effort: past the user's pipe
+            // in fewer, larger reads (docs/benchmarks.md, "Figures once in
+            // the code"). Best effort: past the user's pipe
             // quota (fs.pipe-user-pages-soft) the kernel refuses, and 64 KiB
             // still works.
             let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(JOB_PIPE_BYTES));
@@ -286,7 +286,7 @@ impl Supervisor {
         // 2. policy (fail-closed).
         // A server evaluates on a blocking thread (a slow policy or a remote
         // OPA must not hold a runtime worker); a one-shot CLI has nothing
-        // else to run and saves the thread's start (~0.1 ms and more, cold).
+        // else to run and saves the thread's start.
         let decision =
             if self.one_shot { self.policy.decide(&input) } else { self.policy.decide_async(input.clone()).await };
         tracing::debug!(allowed = decision.allowed, "policy decided");

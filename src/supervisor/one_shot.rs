@@ -6,9 +6,9 @@
 //! the request (the checks before the policy, steps 3 to 5, the limits as
 //! configured), its cgroups are made, and the stage builds the sandbox
 //! from it, the job held before its execve; the store starts opening on
-//! a thread of its own; only then is the policy compiled and asked. On
-//! this 2-core VM the sandbox's build overlaps the policy's ~0.45 ms and
-//! the store's ~1 ms of CPU, which it waited for before.
+//! a thread of its own; only then is the policy compiled and asked. The
+//! sandbox's build so overlaps the CPU the policy and the store take,
+//! which it waited for before (docs/benchmarks.md).
 //!
 //! What must never happen: the job's execve before the policy allowed the
 //! request and the store is open. The held job is released only by the
@@ -72,8 +72,8 @@ impl Supervisor {
         };
         // The store opens once the spec is sent: until then the job
         // cgroups made here and the stage's own start are what the job
-        // waits for, and they had to share the 2 cores with the opener
-        // (exec p50 -0.19 to -0.34 ms, three interleaved runs of 300-400).
+        // waits for, and they had to share the cores with the opener
+        // (docs/benchmarks.md, "Figures once in the code").
         let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
         // A policy that fails to compile fails the supervisor: a held job
         // is dropped with it, which kills its tree.

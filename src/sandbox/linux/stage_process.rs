@@ -8,9 +8,9 @@
 //! falls back to as soon as a `pre_exec` closure is set (and placing the
 //! control socket and the seccomp memfd at fixed numbers needed one),
 //! copies the page tables and leaves every page the supervisor then writes
-//! to fault once, copy-on-write: `confine exec` was 0.34 to 0.38 ms slower
-//! that way from the CLI (interleaved, one binary), and a warm server,
-//! whose heap is larger, pays more. No code of ours runs between the
+//! to fault once, copy-on-write: `confine exec` was measurably slower that
+//! way from the CLI, and a warm server, whose heap is larger, pays more
+//! (docs/benchmarks.md, "Figures once in the code"). No code of ours runs between the
 //! clone and the execve.
 
 use crate::sandbox::{StdioSpec, Stream};

@@ -93,7 +93,7 @@ impl RunningJob {
                 // pid 1's `Exited` report is the job's end: pid 1 is exiting,
                 // and the outer stage has nothing left but to wait for it.
                 // Ending the outer stage now lets its exit overlap pid 1's
-                // namespace teardown instead of following it (~0.5 ms).
+                // namespace teardown instead of following it.
                 let reports = read_until_exited(ctl, &mut buf, outer).await;
                 if reports.exited {
                     send(outer, Signal::SIGKILL);

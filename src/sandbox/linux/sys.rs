@@ -88,7 +88,7 @@ struct CloneArgs {
 /// `clone3(2)` with `flags`, fork semantics, and the child born in the
 /// cgroup v2 directory `cgroup` (CLONE_INTO_CGROUP, Linux 5.7). Joining
 /// at birth skips the write to `cgroup.procs`, whose migration waits for
-/// an RCU grace period (about 10 ms on this VM): this is what crun does.
+/// an RCU grace period: this is what crun does.
 ///
 /// Only sound in a single-threaded process, which the `__init` stage is.
 pub fn clone3_into_cgroup(flags: libc::c_int, cgroup: &std::os::fd::OwnedFd) -> Result<libc::pid_t, Errno> {

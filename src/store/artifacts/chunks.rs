@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 /// A chunk whose first 32 KiB shrink by less than 10% at gzip level 1 is
 /// stored raw: such output (base64, compressed data) would otherwise cost
-/// about 90 MB/s of compression for nothing, far below the drain target.
+/// compression for nothing, at a rate far below the drain target.
 const PROBE_BYTES: usize = 32 << 10;
 
 /// Encodes and stores one stream's chunks, and keeps their line index.
@@ -60,7 +60,7 @@ impl ChunkSink {
 /// The state is made at the first chunk worth compressing, not with the
 /// sink: most jobs leave a stream empty or nearly so, and making it
 /// allocates and zeroes those ~300 KiB (a `confine exec` of `true`, whose
-/// streams are empty, is 0.1–0.3 ms faster without the two).
+/// streams are empty, is measurably faster without the two).
 pub(super) struct ChunkEncoder {
     z: Option<flate2::Compress>,
     pub(super) out: Vec<u8>,

@@ -192,8 +192,7 @@ impl JobCgroup {
     /// v1: `tasks`, which moves only the writing thread — the whole init
     /// stage, since it is single-threaded — and so, on recent kernels,
     /// skips the global threadgroup lock whose write side waits for an RCU
-    /// grace period (measured on 6.18: 5-15 ms after idle, against 0.2 ms
-    /// for `tasks`). v2:
+    /// grace period (docs/benchmarks.md, "Figures once in the code"). v2:
     /// `cgroup.procs`, the only way between domain cgroups (one grace
     /// period per spawn; `clone3(CLONE_INTO_CGROUP)` would avoid it).
     pub fn procs_files(&self) -> Vec<PathBuf> {

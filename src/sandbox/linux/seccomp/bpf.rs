@@ -3,8 +3,8 @@
 //!
 //! Why not libseccomp's own generator: it tests each syscall number on its
 //! own, so Docker's ~370 allowed calls become ~710 instructions, and the
-//! kernel converts and JIT-compiles every one of them in every job (about
-//! 0.2 ms a job here). Allowed numbers come in long runs, so this module
+//! kernel converts and JIT-compiles every one of them in every job.
+//! Allowed numbers come in long runs, so this module
 //! tests *ranges*: a balanced tree of `jge` over the points where the
 //! verdict changes, with each conditional syscall's argument checks as a
 //! leaf. The same profile becomes about a third of the size. libseccomp

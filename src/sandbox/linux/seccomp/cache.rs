@@ -1,6 +1,6 @@
 //! The on-disk cache of compiled seccomp programs, so that a `confine run`
-//! (each one its own supervisor) does not spend 3–5 ms of CPU in libseccomp
-//! compiling the same profile again.
+//! (each one its own supervisor) does not spend CPU in libseccomp compiling
+//! the same profile again (docs/benchmarks.md, "Figures once in the code").
 //!
 //! An entry is keyed by everything the program depends on: the profile's
 //! name and text, the host facts it was evaluated against (architecture,
