@@ -225,7 +225,13 @@ async fn sweep_stale_once() {
         }
         *last = Some(Instant::now());
     }
-    if let Ok(n) = tokio::task::spawn_blocking(sweep::sweep_stale).await {
+    // Most starts find no record owed: a listing, on this thread. A sweep
+    // walks trees, on a blocking thread.
+    let names = sweep::owed();
+    if names.is_empty() {
+        return;
+    }
+    if let Ok(n) = tokio::task::spawn_blocking(move || sweep::sweep_stale(names)).await {
         if n > 0 {
             tracing::info!(records = n, "swept the trees of crashed supervisors' jobs");
         }

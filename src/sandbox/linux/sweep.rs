@@ -420,38 +420,42 @@ fn record_dir(create: bool) -> std::io::Result<Option<Dir>> {
     Ok(Some(dir))
 }
 
-/// Sweep the trees of supervisors that died before their sweep, once
-/// their jobs are gone. Call after the crashed supervisors' cgroups were
-/// killed and removed ([`super::cgroup::supervisor`]). Returns how many
-/// records were done.
-pub fn sweep_stale() -> usize {
+/// What [`RECORD_DIR`] holds now (a listing, cheap enough for a job's
+/// start): the records of sweeps owed (by running jobs, or by crashed
+/// supervisors'), and the finished ones that wait for their removal,
+/// which starts on a thread of its own, off the job's path (removing a
+/// file just synced costs more than the job's own record did; whatever
+/// this process leaves, a later one removes).
+pub fn owed() -> Vec<OsString> {
     let dir = match record_dir(false) {
         Ok(Some(dir)) => dir,
-        Ok(None) => return 0,
+        Ok(None) => return Vec::new(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the records of sweeps owed");
-            return 0;
+            return Vec::new();
         }
     };
-    let Ok(names) = dir.names() else { return 0 };
-    let finished: Vec<OsString> =
-        names.iter().filter(|n| n.as_bytes().starts_with(DONE_PREFIX.as_bytes())).cloned().collect();
+    let Ok(names) = dir.names() else { return Vec::new() };
+    let (finished, owed): (Vec<OsString>, Vec<OsString>) =
+        names.into_iter().partition(|n| n.as_bytes().starts_with(DONE_PREFIX.as_bytes()));
     if !finished.is_empty() {
-        // Off the job's path: removing them costs more than the job's
-        // own record did; whatever this process leaves, a later one
-        // removes.
         std::thread::spawn(move || {
             for name in finished {
                 let _ = dir.unlink(&name);
             }
         });
     }
+    owed.into_iter().filter(|n| !n.as_bytes().starts_with(b".") && n.as_bytes().ends_with(b".json")).collect()
+}
+
+/// Sweep the trees of the records `names` ([`owed`]) whose supervisors
+/// died before their sweep, once their jobs are gone. Call after the
+/// crashed supervisors' cgroups were killed and removed
+/// ([`super::cgroup::supervisor`]). Returns how many records were done.
+pub fn sweep_stale(names: Vec<OsString>) -> usize {
     let Ok(Some(dir)) = record_dir(false) else { return 0 };
     let mut done = 0;
     for name in names {
-        if name.as_bytes().starts_with(b".") || !name.as_bytes().ends_with(b".json") {
-            continue;
-        }
         let shown = Path::new(&name).display();
         let rec = match dir.read_regular(Path::new(&name), MAX_RECORD) {
             Ok(Some(read)) => match serde_json::from_slice::<Record>(&read.bytes) {
