@@ -16,13 +16,8 @@ struct Env {
 impl Env {
     fn new(extra: &str) -> Env {
         let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().join("repo");
-        std::fs::create_dir(&repo).unwrap();
+        let repo = readable_repo(dir.path());
         std::fs::write(repo.join("data.txt"), "repo data\n").unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        for p in [dir.path(), repo.as_path()] {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
         let config = dir.path().join("confine.toml");
         let text = format!(
             "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n{extra}",

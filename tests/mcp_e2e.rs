@@ -11,6 +11,7 @@
 
 mod common;
 use common::mcp::*;
+use common::readable_repo;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -48,12 +49,7 @@ fn run_scenarios(python: &Path, args: &[&str]) {
 /// so servers never share (or pollute) a real store. Kept alive by the TempDir.
 fn test_config() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    for p in [dir.path(), repo.as_path()] {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    let repo = readable_repo(dir.path());
     let config = dir.path().join("confine.toml");
     let text = format!(
         "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n\n\

@@ -94,6 +94,19 @@ pub fn host_pids_with(token: &str) -> Vec<u32> {
     found
 }
 
+/// `dir/repo`, made, with `dir` and it 0755: a repository the job (another
+/// uid when the supervisor is root) can read.
+#[cfg(unix)]
+pub fn readable_repo(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let repo = dir.join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    for p in [dir, repo.as_path()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    repo
+}
+
 /// A confine.toml with execution enabled, the store at `store`, and one
 /// repository `id` at `root`.
 pub fn exec_config(store: &std::path::Path, id: &str, root: &std::path::Path) -> String {

@@ -29,12 +29,7 @@ impl Gov {
     }
 
     fn in_dir(dir: tempfile::TempDir, extra: &str) -> Gov {
-        let repo = dir.path().join("repo");
-        std::fs::create_dir(&repo).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        for p in [dir.path(), repo.as_path()] {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
+        let repo = readable_repo(dir.path());
         let config = dir.path().join("confine.toml");
         std::fs::write(&config, exec_config(&dir.path().join("store"), "demo", &repo) + extra).unwrap();
         Gov { dir, repo, config }
