@@ -215,6 +215,12 @@ fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
         }
     } else if let (Some(_), Some(view)) = (args.output_mode, &resp.output) {
         print_view(view);
+    } else if let Some(view) = &resp.output {
+        // The output went to the terminal as it came; what went wrong
+        // storing it (a full disk) is said here, or nowhere.
+        for n in &view.notes {
+            eprintln!("confine: note: {n}");
+        }
     }
     let status =
         serde_json::to_value(resp.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
@@ -231,6 +237,15 @@ fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
     }
     if let Some(h) = &resp.artifact_handle {
         line.push_str(&format!(" artifact={h}"));
+    }
+    if let Some(t) = resp.output.as_ref().and_then(|o| o.truncation.as_ref()) {
+        let cut: Vec<&str> = [("stdout", t.stdout_truncated), ("stderr", t.stderr_truncated)]
+            .into_iter()
+            .filter_map(|(name, cut)| cut.then_some(name))
+            .collect();
+        if !cut.is_empty() {
+            line.push_str(&format!(" truncated={}", cut.join(",")));
+        }
     }
     if !resp.clamped.is_empty() {
         line.push_str(&format!(" clamped={}", resp.clamped.join(",")));

@@ -216,3 +216,88 @@ async fn a_small_outputs_store_failure_is_reported() {
     assert!(captured.artifact.is_none());
     assert!(matches!(artifacts.get(&handle), Err(ArtifactError::Incomplete(_))));
 }
+
+/// Past its stored cap a stream keeps its head (a quarter of the cap) and
+/// its tail (the rest), with a marker line between them that says what
+/// was dropped; the tail's lines keep their numbers, and a query finds
+/// what was at the very end.
+#[tokio::test]
+async fn past_the_cap_the_head_and_the_tail_are_kept_with_a_marker_between() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
+    let cfg = OutputConfig { stdout_stored_bytes: 4 << 20, ..OutputConfig::default() };
+    let cap = Capture::start(Some(&artifacts), "r", &cfg, None, true);
+    let lines = 1_000_000u64;
+    let mut data: Vec<u8> = (1..=lines).flat_map(|i| format!("filler line {i}\n").into_bytes()).collect();
+    data.extend_from_slice(b"FATAL: the end\n");
+    let out = capture(Trickle { data: data.clone(), at: 0, step: 100_000 }, cap.sink(StreamName::Stdout)).await;
+    let err = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+    let captured = cap.finish(JobInfo::default(), out, err);
+    let meta = captured.artifact.unwrap();
+    let m = &meta.stdout;
+    assert!(m.truncated);
+    assert_eq!((m.total_bytes, m.total_lines), (data.len() as u64, lines + 1));
+    let d = m.dropped.clone().expect("a dropped middle");
+    assert!(m.stored_bytes <= (4 << 20) + 200, "{}", m.stored_bytes);
+    // What is stored: the head, the marker, the tail from a whole line on.
+    let mut back = Vec::new();
+    artifacts.copy_stream(&meta, StreamName::Stdout, &mut back).unwrap();
+    assert_eq!(m.sha256, sha(&back));
+    let head = &data[..1 << 20];
+    assert!(back.starts_with(head));
+    let marker_line = back[head.len()..]
+        .split(|b| *b == b'\n')
+        .take(2)
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        marker_line.contains(&format!("[confine: {} bytes ({} lines) dropped here", d.bytes, d.lines)),
+        "{marker_line}"
+    );
+    assert!(back.ends_with(b"FATAL: the end\n"));
+    let kept_tail = back.len() - head.len() - marker_line.len() - 1;
+    assert_eq!(d.bytes as usize + head.len() + kept_tail, data.len());
+    assert_eq!(d.resume_line, d.after_line + d.lines + u64::from(head.last() == Some(&b'\n')));
+    // A query finds the end, at its real line number, and says what was dropped.
+    let req: crate::output::QueryRequest = serde_json::from_value(
+        serde_json::json!({"artifactHandle": meta.handle, "queryTerms": ["FATAL"], "contextLines": 1}),
+    )
+    .unwrap();
+    let r = crate::output::query::query_output(&artifacts, &req).unwrap();
+    assert_eq!(r.matched_lines, 1);
+    let ex = &r.excerpts[0];
+    assert_eq!(ex.line_end, lines + 1, "{ex:?}");
+    assert!(ex.content.contains("FATAL: the end") && ex.content.contains(&format!("filler line {lines}")), "{ex:?}");
+    assert!(r.notes.iter().any(|n| n.contains("were dropped to fit its stored cap")), "{:?}", r.notes);
+    // A line range across the tail reads the lines by their real numbers.
+    let req: crate::output::QueryRequest = serde_json::from_value(
+        serde_json::json!({"artifactHandle": meta.handle, "lineStart": lines - 2, "lineEnd": lines + 1}),
+    )
+    .unwrap();
+    let r = crate::output::query::query_output(&artifacts, &req).unwrap();
+    let text = r.excerpts.iter().map(|e| e.content.clone()).collect::<Vec<_>>().join("\n");
+    assert!(text.contains(&format!("filler line {}", lines - 2)) && text.contains("FATAL"), "{text}");
+    assert_eq!(r.excerpts[0].line_start, lines - 2);
+}
+
+/// Output that passes a quarter of the cap but not the cap is stored whole,
+/// with no marker.
+#[tokio::test]
+async fn output_between_the_head_and_the_cap_is_stored_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
+    let cfg = OutputConfig { stdout_stored_bytes: 4 << 20, ..OutputConfig::default() };
+    let cap = Capture::start(Some(&artifacts), "r", &cfg, None, true);
+    let data: Vec<u8> = (1..=150_000u64).flat_map(|i| format!("line {i}\n").into_bytes()).collect();
+    assert!(data.len() > 1 << 20 && data.len() < 4 << 20);
+    let out = capture(&data[..], cap.sink(StreamName::Stdout)).await;
+    let err = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+    let meta = cap.finish(JobInfo::default(), out, err).artifact.unwrap();
+    assert!(!meta.stdout.truncated && meta.stdout.dropped.is_none());
+    let mut back = Vec::new();
+    artifacts.copy_stream(&meta, StreamName::Stdout, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(meta.stdout.sha256, sha(&data));
+    assert_eq!(meta.stdout.last_line(), 150_000);
+}

@@ -97,6 +97,11 @@ impl<'a> ArtifactLines<'a> {
                     }
                     self.read_cached(ci, &mut buf)?;
                     pos = 0;
+                    // At a line's start, the chunk's own number wins: after
+                    // a dropped middle, the tail's lines keep theirs.
+                    if line.text.is_empty() && !line.cut {
+                        line.no = line.no.max(chunks[ci].first_line + 1);
+                    }
                 }
             }
         }
@@ -164,10 +169,10 @@ impl LineSource for ArtifactLines<'_> {
     fn meta(&self) -> &StreamMeta {
         self.meta.stream(self.stream)
     }
-    // The lines that can be read back are the stored ones, not the total seen.
-    #[allow(clippy::misnamed_getters)]
+    // The lines that can be read back are the stored ones, not the total
+    // seen; after a dropped middle they keep their numbers in the whole.
     fn total_lines(&self) -> u64 {
-        self.meta().stored_lines
+        self.meta().last_line()
     }
     fn complete(&self) -> bool {
         true

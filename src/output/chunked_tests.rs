@@ -14,13 +14,14 @@ fn stored(dir: &std::path::Path, text: &[u8], cuts: &[usize]) -> (Artifacts, Art
             at = c;
         }
     }
-    let (chunks, compressed_bytes) = sink.into_parts();
+    let crate::store::artifacts::StoredStream { chunks, compressed_bytes, blob } = sink.finish().unwrap();
     let lines = memchr::memchr_iter(b'\n', text).count() as u64 + u64::from(text.last().is_some_and(|&b| b != b'\n'));
     let meta = StreamMeta {
         stored_lines: lines,
         stored_bytes: text.len() as u64,
         compressed_bytes,
         chunks,
+        blob,
         ..Default::default()
     };
     let m = w.finish(JobInfo::default(), meta, StreamMeta::default()).unwrap();

@@ -16,6 +16,7 @@ pub mod modes;
 pub mod query;
 pub mod redact;
 pub mod sections;
+mod tail;
 mod worker;
 
 pub use crate::store::artifacts::{ArtifactError, JobInfo, StreamMeta, StreamName};

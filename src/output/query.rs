@@ -154,7 +154,16 @@ pub fn query_sources(
         if ranged && last > total {
             notes.push(format!("{name} has {total} lines; lines {first}..{last} asked"));
         }
-        if src.meta().truncated {
+        if let Some(d) = &src.meta().dropped {
+            let what = match d.resume_line.saturating_sub(1) {
+                last if last > d.after_line => format!("lines {}..{last}", d.after_line + 1),
+                _ => format!("part of line {}", d.after_line.max(1)),
+            };
+            notes.push(format!(
+                "{name} was truncated: {what} ({} bytes) were dropped to fit its stored cap; the lines before and after are stored",
+                d.bytes
+            ));
+        } else if src.meta().truncated {
             notes.push(format!(
                 "{name} was truncated: {} of {} bytes stored",
                 src.meta().stored_bytes,

@@ -11,7 +11,7 @@ pub(crate) fn store_texts(a: &Artifacts, stdout: &[u8], stderr: &[u8]) -> Artifa
         for c in text.chunks(4096) {
             sink.write_chunk(c).unwrap();
         }
-        let (chunks, compressed_bytes) = sink.into_parts();
+        let crate::store::artifacts::StoredStream { chunks, compressed_bytes, blob } = sink.finish().unwrap();
         let lines =
             memchr::memchr_iter(b'\n', text).count() as u64 + u64::from(text.last().is_some_and(|&b| b != b'\n'));
         metas.push(StreamMeta {
@@ -21,6 +21,7 @@ pub(crate) fn store_texts(a: &Artifacts, stdout: &[u8], stderr: &[u8]) -> Artifa
             stored_lines: lines,
             compressed_bytes,
             chunks,
+            blob,
             ..Default::default()
         });
     }

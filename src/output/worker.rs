@@ -2,7 +2,9 @@
 //! compression run at the same time on two cores:
 //!
 //! 1. [`Processor`] (a tokio blocking thread): redaction, line counts, the
-//!    inline head and tail, the stored cap, SHA-256;
+//!    inline head and tail, the stored cap, SHA-256. Past a quarter of the
+//!    stored cap, bytes go to a ring of the stream's tail
+//!    ([`super::tail`]) instead, stored at the end after a marker line;
 //! 2. the store thread: cuts ~1 MiB chunks at newlines, gzips them, writes
 //!    them to the artifact store.
 //!
@@ -12,7 +14,8 @@
 //! pipe because of us.
 
 use super::capture::{StreamSink, StreamSummary};
-use crate::store::artifacts::{ChunkSink, StreamMeta, CHUNK_BYTES};
+use crate::store::artifacts::{ArtifactError, ChunkSink, Dropped, StoredStream, StreamMeta, CHUNK_BYTES};
+use crate::store::blobs::Blobs;
 use sha2::{Digest, Sha256};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -61,34 +64,73 @@ impl Storer {
     fn spawn(mut sink: ChunkSink, pool: Arc<Pool>, name: &'static str) -> std::io::Result<Storer> {
         let (tx, rx) = sync_channel::<Vec<u8>>(STORE_QUEUE);
         let thread = std::thread::Builder::new().name(format!("confine-store-{name}")).spawn(move || {
-            let mut pending: Vec<u8> = Vec::with_capacity(CHUNK_BYTES + (256 << 10));
+            let mut cut = Cutter::default();
             let mut error: Option<String> = None;
-            let write = |sink: &mut ChunkSink, bytes: &[u8], error: &mut Option<String>| {
+            while let Ok(buf) = rx.recv() {
+                // After a failure, only drained.
                 if error.is_none() {
-                    if let Err(e) = sink.write_chunk(bytes) {
-                        *error = Some(format!("storing {name}: {e}"));
+                    if let Err(e) = cut.push(&mut sink, &buf) {
+                        error = Some(format!("storing {name}: {e}"));
                     }
                 }
-            };
-            while let Ok(buf) = rx.recv() {
-                pending.extend_from_slice(&buf);
                 pool.put(buf);
-                // Cut at the last newline, so lines rarely straddle chunks.
-                let mut start = 0;
-                while pending.len() - start >= CHUNK_BYTES {
-                    let window = &pending[start..start + CHUNK_BYTES];
-                    let cut = memchr::memrchr(b'\n', window).map_or(CHUNK_BYTES, |i| i + 1);
-                    write(&mut sink, &pending[start..start + cut], &mut error);
-                    start += cut;
-                }
-                pending.drain(..start);
             }
-            if !pending.is_empty() {
-                write(&mut sink, &pending, &mut error);
+            if error.is_none() {
+                if let Err(e) = cut.flush(&mut sink) {
+                    error = Some(format!("storing {name}: {e}"));
+                }
             }
             (sink, error)
         })?;
         Ok(Storer { tx, thread })
+    }
+}
+
+/// Cuts stored bytes into chunks of [`CHUNK_BYTES`] at the last newline,
+/// so lines rarely straddle chunks.
+#[derive(Default)]
+struct Cutter {
+    pending: Vec<u8>,
+}
+
+impl Cutter {
+    fn push(&mut self, sink: &mut ChunkSink, bytes: &[u8]) -> Result<(), ArtifactError> {
+        if self.pending.capacity() == 0 {
+            self.pending.reserve(CHUNK_BYTES + (256 << 10));
+        }
+        self.pending.extend_from_slice(bytes);
+        let mut start = 0;
+        let mut result = Ok(());
+        while self.pending.len() - start >= CHUNK_BYTES {
+            let window = &self.pending[start..start + CHUNK_BYTES];
+            let cut = memchr::memrchr(b'\n', window).map_or(CHUNK_BYTES, |i| i + 1);
+            result = sink.write_chunk(&self.pending[start..start + cut]);
+            start += cut;
+            if result.is_err() {
+                break;
+            }
+        }
+        self.pending.drain(..start);
+        result
+    }
+
+    /// Store what is pending as a chunk of its own.
+    fn flush(&mut self, sink: &mut ChunkSink) -> Result<(), ArtifactError> {
+        if !self.pending.is_empty() {
+            sink.write_chunk(&self.pending)?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+}
+
+/// `64 MiB`, `16 MiB`, `300 KiB`, `12 B`.
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1 << 20)),
+        n if n >= 1 << 10 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
     }
 }
 
@@ -119,12 +161,22 @@ pub(crate) struct Processor {
     stored_lines: u64,
     stored_last: Option<u8>,
     truncated: bool,
+    /// Stored bytes before the tail ring takes over: a quarter of the
+    /// stored cap when the stream is stored, else the whole cap.
+    head_cap: u64,
+    ring: Option<super::tail::TailRing>,
+    /// Where the ring's scratch file goes.
+    blobs: Option<Blobs>,
+    dropped: Option<Dropped>,
     error: Option<String>,
 }
 
 impl Processor {
     pub(crate) fn new(mut sink: StreamSink, pool: Arc<Pool>) -> Self {
         let chunks = sink.chunks.take();
+        let cap = sink.limits.stored_bytes;
+        let head_cap = if chunks.is_some() { cap / 4 } else { cap };
+        let blobs = chunks.as_ref().and_then(ChunkSink::blob_store);
         Processor {
             sink,
             pool,
@@ -142,6 +194,10 @@ impl Processor {
             stored_lines: 0,
             stored_last: None,
             truncated: false,
+            head_cap,
+            ring: None,
+            blobs,
+            dropped: None,
             error: None,
         }
     }
@@ -179,26 +235,54 @@ impl Processor {
         }
     }
 
-    /// Redacted bytes: count, keep inline, store up to the cap.
+    /// Redacted bytes: count, keep inline, store up to the head's cap,
+    /// then keep the tail.
     fn take(&mut self, mut bytes: Vec<u8>) {
         let Some(&last) = bytes.last() else { return self.pool.put(bytes) };
         self.last_byte = Some(last);
         self.seen += bytes.len() as u64;
         self.keep_inline(&bytes);
-        let room = self.sink.limits.stored_bytes.saturating_sub(self.stored_bytes);
+        let room = self.head_cap.saturating_sub(self.stored_bytes);
         let kept = bytes.len().min(room.try_into().unwrap_or(usize::MAX));
         let kept_lines = memchr::memchr_iter(b'\n', &bytes[..kept]).count() as u64;
         self.total_lines += kept_lines;
         if kept < bytes.len() {
-            self.truncated = true;
-            self.total_lines += memchr::memchr_iter(b'\n', &bytes[kept..]).count() as u64;
+            let rest = &bytes[kept..];
+            let tail_cap = self.sink.limits.stored_bytes - self.head_cap;
+            if self.head_cap < self.sink.limits.stored_bytes && self.error.is_none() {
+                let ring = match &mut self.ring {
+                    Some(r) => r,
+                    None => {
+                        let scratch = self.scratch();
+                        self.ring.insert(super::tail::TailRing::new(tail_cap, scratch))
+                    }
+                };
+                let before = ring.newlines;
+                if let Err(e) = ring.push(rest) {
+                    self.error = Some(format!("storing {}: keeping its tail: {e}", self.sink.stream));
+                }
+                self.total_lines += ring.newlines - before;
+            } else {
+                self.truncated = true;
+                self.total_lines += memchr::memchr_iter(b'\n', rest).count() as u64;
+            }
             bytes.truncate(kept);
         }
         let Some(&l) = bytes.last() else { return self.pool.put(bytes) };
+        self.store(bytes, kept_lines, l);
+    }
+
+    /// A scratch file of the store for the tail ring.
+    fn scratch(&self) -> Option<crate::store::artifacts::Scratch> {
+        self.blobs.as_ref().and_then(|b| b.scratch().ok())
+    }
+
+    /// Count, hash and store bytes that are kept.
+    fn store(&mut self, bytes: Vec<u8>, lines: u64, last: u8) {
         self.hasher.update(&bytes);
         self.stored_bytes += bytes.len() as u64;
-        self.stored_lines += kept_lines;
-        self.stored_last = Some(l);
+        self.stored_lines += lines;
+        self.stored_last = Some(last);
         match &self.storer {
             Some(s) => {
                 if s.tx.send(bytes).is_err() {
@@ -238,6 +322,82 @@ impl Processor {
         }
     }
 
+    /// Store the tail ring after the head: as it is when nothing fell out
+    /// of it; else after a marker line that says what was dropped, from the
+    /// first whole line on, its chunks numbered as in the whole output.
+    fn store_tail(&mut self, sink: &mut ChunkSink, ring: &super::tail::TailRing) -> Result<(), String> {
+        let mut cut = Cutter::default();
+        let mut failed: Option<ArtifactError> = None;
+        let mut skip = 0usize;
+        if ring.overwritten() > 0 {
+            // First pass: the newlines the ring holds, and where its first
+            // whole line starts (within its first piece; else no trim).
+            let (mut held_newlines, mut first_piece) = (0u64, true);
+            ring.read_in_order(&mut |piece| {
+                if first_piece {
+                    skip = memchr::memchr(b'\n', piece).map_or(0, |i| i + 1);
+                    first_piece = false;
+                }
+                held_newlines += memchr::memchr_iter(b'\n', piece).count() as u64;
+            })
+            .map_err(|e| format!("reading its tail back: {e}"))?;
+            let dropped_newlines = ring.newlines - held_newlines + u64::from(skip > 0);
+            let dropped_bytes = ring.overwritten() + skip as u64;
+            let partial = self.stored_last.is_some_and(|b| b != b'\n');
+            let cap = self.sink.limits.stored_bytes;
+            let marker = format!(
+                "{}[confine: {} bytes ({} lines) dropped here: the output passed its stored cap of {}; the first {} and the last {} are kept]\n",
+                if partial { "\n" } else { "" },
+                dropped_bytes,
+                dropped_newlines,
+                human_bytes(cap),
+                human_bytes(self.head_cap),
+                human_bytes(cap - self.head_cap),
+            );
+            let marker_newlines = 1 + u64::from(partial);
+            let head_lines = self.stored_lines;
+            self.keep_stored(marker.as_bytes());
+            cut.push(sink, marker.as_bytes()).and_then(|()| cut.flush(sink)).map_err(|e| e.to_string())?;
+            sink.skip_lines(dropped_newlines.saturating_sub(marker_newlines));
+            self.truncated = true;
+            self.dropped = Some(Dropped {
+                after_line: head_lines + u64::from(partial),
+                resume_line: head_lines + dropped_newlines + 1,
+                bytes: dropped_bytes,
+                lines: dropped_newlines,
+            });
+        }
+        ring.read_in_order(&mut |mut piece| {
+            if skip > 0 {
+                let n = skip.min(piece.len());
+                piece = &piece[n..];
+                skip -= n;
+            }
+            if failed.is_some() || piece.is_empty() {
+                return;
+            }
+            self.keep_stored(piece);
+            if let Err(e) = cut.push(sink, piece) {
+                failed = Some(e);
+            }
+        })
+        .map_err(|e| format!("reading its tail back: {e}"))?;
+        match failed {
+            Some(e) => Err(e.to_string()),
+            None => cut.flush(sink).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Count and hash stored bytes written at the end (the tail).
+    fn keep_stored(&mut self, bytes: &[u8]) {
+        if let Some(&l) = bytes.last() {
+            self.hasher.update(bytes);
+            self.stored_bytes += bytes.len() as u64;
+            self.stored_lines += memchr::memchr_iter(b'\n', bytes).count() as u64;
+            self.stored_last = Some(l);
+        }
+    }
+
     pub(crate) fn finish(mut self) -> StreamSummary {
         if let Some(mut r) = self.sink.redact.take() {
             let mut out = Vec::new();
@@ -245,31 +405,48 @@ impl Processor {
             self.take(out);
             self.sink.redact = Some(r);
         }
-        let mut chunks = Vec::new();
-        let mut compressed_bytes = 0;
+        let mut stored = StoredStream::default();
+        let stream = self.sink.stream;
+        let mut store_finished = |sink: ChunkSink, error: &mut Option<String>| match sink.finish() {
+            Ok(s) => stored = s,
+            Err(e) => {
+                error.get_or_insert_with(|| format!("storing {stream}: {e}"));
+            }
+        };
         // Small output: stored here, as the store thread would have (one
         // chunk: it is under CHUNK_BYTES).
-        if let Some(mut sink) = self.chunks.take() {
+        let mut sink = None;
+        if let Some(mut s) = self.chunks.take() {
             if !self.held.is_empty() {
-                if let Err(e) = sink.write_chunk(&self.held) {
+                if let Err(e) = s.write_chunk(&self.held) {
                     self.error.get_or_insert_with(|| format!("storing {}: {e}", self.sink.stream));
                 }
             }
-            (chunks, compressed_bytes) = sink.into_parts();
+            sink = Some(s);
         }
         if let Some(Storer { tx, thread }) = self.storer.take() {
             drop(tx);
             match thread.join() {
-                Ok((sink, error)) => {
-                    (chunks, compressed_bytes) = sink.into_parts();
+                Ok((s, error)) => {
                     if self.error.is_none() {
                         self.error = error;
                     }
+                    sink = Some(s);
                 }
                 Err(_) => {
                     self.error
                         .get_or_insert_with(|| format!("storing {}: the store thread panicked", self.sink.stream));
                 }
+            }
+        }
+        if let Some(mut s) = sink.filter(|_| self.error.is_none()) {
+            if let Some(ring) = self.ring.take() {
+                if let Err(e) = self.store_tail(&mut s, &ring) {
+                    self.error.get_or_insert_with(|| format!("storing {stream}: {e}"));
+                }
+            }
+            if self.error.is_none() {
+                store_finished(s, &mut self.error);
             }
         }
         let unterminated = |b: Option<u8>| u64::from(b.is_some_and(|b| b != b'\n'));
@@ -282,11 +459,13 @@ impl Processor {
             total_lines: self.total_lines + unterminated(self.last_byte),
             stored_bytes: self.stored_bytes,
             stored_lines: self.stored_lines + unterminated(self.stored_last),
-            compressed_bytes,
+            compressed_bytes: stored.compressed_bytes,
             sha256: hex::encode(self.hasher.finalize()),
             truncated: self.truncated,
             redactions: self.sink.redact.as_ref().map_or(0, |r| r.redactions),
-            chunks,
+            chunks: stored.chunks,
+            blob: stored.blob,
+            dropped: self.dropped,
         };
         let gap_bytes = self.seen - self.head.len() as u64 - self.tail.len() as u64;
         StreamSummary { stream: self.sink.stream, meta, head: self.head, tail: self.tail, gap_bytes, error: self.error }

@@ -1,10 +1,15 @@
 //! Output artifacts: the stored stdout and stderr of a job, cut into chunks
 //! of about 1 MiB (each one gzip member, or raw when it doesn't compress),
-//! with their metadata, TTL and garbage collection.
+//! with their metadata, TTL and garbage collection. A small stream's bytes
+//! are kept in sled with the metadata; a larger one's in a blob file
+//! ([`crate::store::blobs`]).
 //!
-//! Crash rule: chunks are written first and the metadata last, with
-//! `complete: true`, then flushed. An artifact whose metadata is missing or
-//! says `complete: false` is never served as output; `gc` removes it.
+//! Crash rule: bytes are written (a blob synced, renamed, its directory
+//! synced) first and the metadata last, with `complete: true`, then
+//! flushed. An artifact whose metadata is missing or says `complete:
+//! false` is never served as output; `gc` removes it, and blobs and chunks
+//! no metadata names. Every chunk's SHA-256 is in the metadata and checked
+//! at each read: damaged bytes are reported, never served.
 //!
 //! This module owns the layout and never interprets output (that is
 //! [`crate::output`]). It reaches sled only through [`ArtifactBackend`], so an
@@ -16,13 +21,15 @@ mod sled_backend;
 #[cfg(test)]
 mod tests;
 
-pub use chunks::ChunkSink;
+pub use crate::store::blobs::Scratch;
+pub use chunks::{ChunkSink, StoredStream, INLINE_MAX_BYTES};
 pub use gc::GcReport;
 pub use sled_backend::SledBackend;
 
 use super::{Store, StoreError};
 use crate::job::Status;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
@@ -51,6 +58,13 @@ pub enum ArtifactError {
     Corrupt { handle: String, reason: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A blob file could not be written or read.
+    #[error("artifact '{handle}': its bytes could not be stored or read: {source} (check the free space and health of the store's disk)")]
+    Blob {
+        handle: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// Writing decompressed output to the caller failed.
     #[error("cannot write the output: {0}")]
     Write(#[source] std::io::Error),
@@ -110,6 +124,8 @@ pub struct ChunkInfo {
     pub stored_len: u32,
     pub encoding: Encoding,
     pub ends_with_newline: bool,
+    /// SHA-256 (hex) of the chunk's stored bytes, checked at every read.
+    pub sha256: String,
 }
 
 /// One stream of an artifact.
@@ -132,11 +148,47 @@ pub struct StreamMeta {
     /// with the handle confirm a guess of that secret. With nothing redacted
     /// and nothing truncated it equals `sha256sum` of the raw output.
     pub sha256: String,
-    /// Output went past the stored cap: it was drained and counted, not kept.
+    /// Output went past the stored cap: its middle was drained and counted,
+    /// not kept ([`StreamMeta::dropped`] says what).
     pub truncated: bool,
     /// Secrets replaced by `[REDACTED]`.
     pub redactions: u64,
     pub chunks: Vec<ChunkInfo>,
+    /// The blob file that holds the chunks, one after the other; `None`:
+    /// they are kept in sled with the metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob: Option<String>,
+    /// What was dropped between the head and the tail of a stream past its
+    /// stored cap; a marker line stands in its place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<Dropped>,
+}
+
+/// The middle of a stream past its stored cap: its first part (a quarter
+/// of the cap) and its last part (the rest) are stored, this is not. The
+/// lines after it keep their numbers in the whole output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Dropped {
+    /// The last line (1-based) before the dropped part; the marker line
+    /// follows it.
+    pub after_line: u64,
+    /// The first line (1-based) after it.
+    pub resume_line: u64,
+    pub bytes: u64,
+    /// Newlines in the dropped part.
+    pub lines: u64,
+}
+
+impl StreamMeta {
+    /// The number of the last stored line: the stored lines, plus the
+    /// lines a dropped middle skipped.
+    pub fn last_line(&self) -> u64 {
+        match self.chunks.last() {
+            Some(c) => c.first_line + u64::from(c.newlines) + u64::from(!c.ends_with_newline && c.raw_len > 0),
+            None => self.stored_lines,
+        }
+    }
 }
 
 /// The job an artifact belongs to.
@@ -190,13 +242,19 @@ pub trait ArtifactBackend: Send + Sync {
     /// Every metadata record, complete or not. A record that does not parse
     /// comes back as an incomplete one, so `gc` removes it.
     fn list_meta(&self) -> Result<Vec<ArtifactMeta>, ArtifactError>;
+    /// Store a chunk of a stream kept with the metadata.
     fn put_chunk(&self, handle: &str, stream: StreamName, index: u32, bytes: &[u8]) -> Result<(), ArtifactError>;
     fn get_chunk(&self, handle: &str, stream: StreamName, index: u32) -> Result<Option<Vec<u8>>, ArtifactError>;
     /// Remove the metadata, then the chunks (a crash in between leaves
     /// orphan chunks, which `gc` sweeps, never a record without its data).
+    /// Blobs are collected by `gc`: another artifact may share one.
     fn remove(&self, handle: &str) -> Result<(), ArtifactError>;
     /// Handles that own chunks, with or without metadata.
     fn chunk_handles(&self) -> Result<BTreeSet<String>, ArtifactError>;
+    /// Where larger streams go; `None`: every chunk goes to `put_chunk`.
+    fn blobs(&self) -> Option<&crate::store::blobs::Blobs> {
+        None
+    }
     fn flush(&self) -> Result<(), ArtifactError>;
 }
 
@@ -244,7 +302,7 @@ impl Artifacts {
             stderr: StreamMeta::default(),
         };
         active_set().insert(handle.clone());
-        let writer = ArtifactWriter { artifacts: self.clone(), meta };
+        let writer = ArtifactWriter { artifacts: self.clone(), meta, pins: Default::default() };
         self.backend.put_meta(&writer.meta)?;
         Ok(writer)
     }
@@ -274,9 +332,13 @@ impl Artifacts {
 
     /// Remove an artifact; `false` when there was none.
     pub fn remove(&self, handle: &str) -> Result<bool, ArtifactError> {
+        let collection = self.backend.blobs().map(|b| b.collection());
         let existed = self.backend.get_meta(handle)?.is_some();
         self.backend.remove(handle)?;
         self.backend.flush()?;
+        if collection.is_some() {
+            gc::collect_blobs(self.backend.as_ref(), &|h| active_set().contains(h))?;
+        }
         Ok(existed)
     }
 
@@ -294,10 +356,25 @@ impl Artifacts {
             .chunks
             .get(index)
             .ok_or_else(|| corrupt(format!("{stream} chunk {index} out of range")))?;
-        let bytes = self
-            .backend
-            .get_chunk(&meta.handle, stream, index as u32)?
-            .ok_or_else(|| corrupt(format!("{stream} chunk {index} is missing")))?;
+        let s = meta.stream(stream);
+        let bytes = match (&s.blob, self.backend.blobs()) {
+            (Some(blob), Some(blobs)) => {
+                let offset: u64 = s.chunks[..index].iter().map(|c| u64::from(c.stored_len)).sum();
+                blobs
+                    .read_at(blob, offset, info.stored_len as usize)
+                    .map_err(|e| corrupt(format!("{stream} chunk {index}: blob {blob}: {e}")))?
+            }
+            (Some(blob), None) => return Err(corrupt(format!("{stream} is in blob {blob}, and this store has none"))),
+            (None, _) => self
+                .backend
+                .get_chunk(&meta.handle, stream, index as u32)?
+                .ok_or_else(|| corrupt(format!("{stream} chunk {index} is missing")))?,
+        };
+        if hex::encode(Sha256::digest(&bytes)) != info.sha256 {
+            return Err(corrupt(format!(
+                "{stream} chunk {index} does not match its SHA-256: its bytes were changed on disk"
+            )));
+        }
         out.clear();
         match info.encoding {
             Encoding::Raw => out.extend_from_slice(&bytes),
@@ -344,6 +421,9 @@ impl Artifacts {
 pub struct ArtifactWriter {
     artifacts: Artifacts,
     meta: ArtifactMeta,
+    /// Blobs the streams committed: safe from `gc` until the metadata
+    /// naming them is written (the writer is dropped).
+    pins: Arc<Mutex<Vec<crate::store::blobs::BlobPin>>>,
 }
 
 impl ArtifactWriter {
@@ -353,7 +433,7 @@ impl ArtifactWriter {
 
     /// The chunk writer of one stream. Call once per stream.
     pub fn chunk_sink(&self, stream: StreamName) -> ChunkSink {
-        ChunkSink::new(self.artifacts.backend.clone(), self.meta.handle.clone(), stream)
+        ChunkSink::new(self.artifacts.backend.clone(), self.meta.handle.clone(), stream, self.pins.clone())
     }
 
     /// Write the final metadata (`complete: true`) and flush: from here on

@@ -503,10 +503,7 @@ impl AuditLog {
 impl AuditSink for AuditLog {
     fn append(&self, entry: AuditEntry) -> Result<AuditRecord, AuditError> {
         let timestamp = rfc3339_utc(std::time::SystemTime::now());
-        // The flush at the end writes the log buffers the transaction seals
-        // (up to three), with one fdatasync, on this thread: no I/O thread
-        // is started for them meanwhile.
-        sled::defer_log_writes(|| self.append_flushed(entry, timestamp))
+        self.append_flushed(entry, timestamp)
     }
 }
 

@@ -1,26 +1,65 @@
-//! The sled store: one database for artifacts, audit, memories and
-//! feedback, each in its own tree. Callers get typed handles; nobody else
-//! opens sled.
+//! The store: one directory that holds
+//! - `FORMAT`, the layout's version: a store of another version is refused,
+//!   never misread;
+//! - `LOCK`, locked (`flock`) by the one process that has the store open,
+//!   and holding its pid, so a second one can say who has it;
+//! - `sled/`, the sled database: artifacts' metadata, audit, memories and
+//!   feedback, each in its own tree;
+//! - `blobs/`, the bytes of artifacts' larger streams ([`blobs`]).
+//!
+//! Callers get typed handles; nobody else opens sled.
 //!
 //! Durability rule: anything a response refers to (an audit record, an
-//! artifact) is flushed before the response is returned.
+//! artifact) is made durable by [`Store::flush`] before the response is
+//! returned. sled's own flush only starts the writes back
+//! (`sync_file_range`): it neither waits for the device's cache nor makes a
+//! grown file's size durable. So `flush` is sled's flush, then `fdatasync`
+//! of sled's data file, then `fsync` of sled's directory (where sled
+//! creates and renames its snapshot files). Blobs are synced, renamed and
+//! their directory synced before the metadata that names them is written.
+//! What survives what is stated in `docs/storage.md`.
 
 pub mod artifacts;
 pub mod audit;
+pub mod blobs;
 pub mod feedback;
 pub mod memory;
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The layout this build reads and writes. Bumped whenever an older
+/// build's store would be misread.
+pub const FORMAT_VERSION: u32 = 2;
+const FORMAT_FILE: &str = "FORMAT";
+const LOCK_FILE: &str = "LOCK";
+const SLED_DIR: &str = "sled";
+pub(crate) const BLOBS_DIR: &str = "blobs";
 
 /// Errors of the store layer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database could not be opened or written.
-    #[error("store {path}: {source} (check that the directory is writable and not used by another confine)")]
+    /// The database could not be opened.
+    #[error("store {path}: {source} (check that the directory is writable)")]
     Open { path: PathBuf, source: sled::Error },
+    /// The directory or one of its files could not be made or opened.
+    #[error("store {path}: {source} (check that the directory is writable)")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// Another process has the store open.
+    #[error("store {path} is in use by {holder}; stop it, or point this command at another store (`store.path` in the config)")]
+    Busy { path: PathBuf, holder: String },
+    /// The store was written by a build with another layout.
+    #[error("store {path} was made by {made_by} (format {found}; this build reads format {FORMAT_VERSION}): move it aside (`mv {path} {path}.old`) and run again, which starts an empty store")]
+    Format { path: PathBuf, found: String, made_by: &'static str },
     /// A read or write failed.
     #[error("store: {0}")]
     Db(#[from] sled::Error),
+    /// Making written data durable failed (`fdatasync`/`fsync`): what was
+    /// written may not survive a crash.
+    #[error("store: syncing {what} to disk failed: {source} (is the disk full or failing?)")]
+    Sync { what: &'static str, source: std::io::Error },
     /// A record could not be (de)serialised.
     #[error("store: corrupt record: {0}")]
     Corrupt(String),
@@ -36,97 +75,221 @@ pub fn default_path() -> PathBuf {
     home.join(".local/share/confine")
 }
 
-/// The one sled database of a confine installation.
+/// The store of a confine installation.
 #[derive(Clone)]
 pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    // Declared first, so it is dropped (and sled closed) before the lock.
     db: sled::Db,
+    root: PathBuf,
+    /// sled's data file, opened once: `fdatasync` works on the inode.
+    data: File,
+    /// sled's directory.
+    sled_dir: Option<File>,
+    blobs: blobs::Blobs,
+    /// `fdatasync`s of the data file by [`Store::flush`].
+    syncs: AtomicU64,
+    _lock: File,
 }
 
 impl Store {
     /// Open (or create) the store at `path`. sled's flusher thread writes
-    /// and syncs what was written every 500 ms, whether or not anyone
-    /// flushed it.
+    /// what was written every 500 ms, whether or not anyone flushed it.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         Store::open_with(path, Some(500))
     }
 
     /// Open (or create) the store at `path` for a process that flushes
-    /// everything it writes before it exits (`confine exec`: the audit
-    /// append's flush covers the artifact too, an append that fails is
-    /// followed by a flush of its own, and GC flushes its own): no flusher
-    /// thread. That thread would start while the job's sandbox is
-    /// built, and its first round `fsync`s the file (data and inode)
-    /// while the store's own start syncs it too (docs/benchmarks.md,
-    /// "Figures once in the code").
+    /// everything it writes before it exits (`confine exec`): no flusher
+    /// thread, which would start while the job's sandbox is built.
     pub fn open_flushed_by_caller(path: &Path) -> Result<Store, StoreError> {
         Store::open_with(path, None)
     }
 
     fn open_with(path: &Path, flush_every_ms: Option<u64>) -> Result<Store, StoreError> {
-        let db = sled::Config::new()
-            .path(path)
-            // sled's default cache (1 GiB) lets a long-running supervisor keep
-            // most artifact bytes it ever wrote resident; 16 MiB keeps RSS
-            // flat (measured: see store/artifacts/sled_backend.rs).
-            .cache_capacity(16 << 20)
-            .flush_every_ms(flush_every_ms)
-            .open()
+        let io = |source| StoreError::Io { path: path.to_path_buf(), source };
+        std::fs::create_dir_all(path).map_err(io)?;
+        let lock = lock(path)?;
+        check_format(path)?;
+        let sled_path = path.join(SLED_DIR);
+        let db = open_sled(&sled_path, flush_every_ms)
             .map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
-        Ok(Store { db })
+        let data = File::open(sled_path.join("db")).map_err(io)?;
+        let sled_dir = open_dir(&sled_path).map_err(io)?;
+        let blobs = blobs::Blobs::open(&path.join(BLOBS_DIR)).map_err(io)?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                db,
+                root: path.to_path_buf(),
+                data,
+                sled_dir,
+                blobs,
+                syncs: AtomicU64::new(0),
+                _lock: lock,
+            }),
+        })
     }
 
     /// A named tree (table) of the store.
     pub fn tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
-        Ok(self.db.open_tree(name)?)
+        Ok(self.inner.db.open_tree(name)?)
     }
 
-    /// Flush everything to disk, durably (sled's flush plus fdatasync:
-    /// `vendor/sled/CONFINE-PATCH.md`, change 7).
+    /// The store's artifact bytes.
+    pub fn blobs(&self) -> &blobs::Blobs {
+        &self.inner.blobs
+    }
+
+    /// The store's directory.
+    pub fn path(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// Make everything written so far durable: sled's flush, then
+    /// `fdatasync` of its data file, then `fsync` of its directory.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
+        self.inner.db.flush()?;
+        self.inner.data.sync_data().map_err(|source| StoreError::Sync { what: "the database", source })?;
+        self.inner.syncs.fetch_add(1, Ordering::Relaxed);
+        if let Some(dir) = &self.inner.sled_dir {
+            dir.sync_all().map_err(|source| StoreError::Sync { what: "the database's directory", source })?;
+        }
         Ok(())
     }
 
-    /// How many times the database file was synced (`fsync`/`fdatasync`)
-    /// by flushes, sled's flusher and drops since the store was opened.
+    /// How many times [`Store::flush`] synced the data file (tests).
     #[doc(hidden)]
     pub fn file_syncs(&self) -> u64 {
-        self.db.file_syncs()
+        self.inner.syncs.load(Ordering::Relaxed)
     }
 
-    /// How many runs of log buffers sled made stable with
-    /// `sync_file_range` (a wait for the device each) rather than a sync.
-    #[doc(hidden)]
-    pub fn range_syncs(&self) -> u64 {
-        self.db.range_syncs()
-    }
-
-    /// How many sled pages the store uses: each start reads, loads and
-    /// writes back a table of them.
-    #[doc(hidden)]
-    pub fn pages_in_use(&self) -> u64 {
-        self.db.pages_in_use()
-    }
-
-    /// Approximate on-disk size in bytes.
+    /// Approximate on-disk size in bytes: sled's and the blobs'.
     pub fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
+        self.inner.db.size_on_disk().unwrap_or(0) + self.inner.blobs.bytes_on_disk()
+    }
+}
+
+/// Open sled. We hold the store's lock, so sled's own lock can only be
+/// held by this process's last use of the store: sled's flusher thread
+/// lets go of it up to one round after the store is dropped.
+fn open_sled(path: &Path, flush_every_ms: Option<u64>) -> Result<sled::Db, sled::Error> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let opened = sled::Config::new()
+            .path(path)
+            // sled's default cache (1 GiB) would let a long-running
+            // supervisor keep much of what it ever wrote resident.
+            .cache_capacity(16 << 20)
+            .flush_every_ms(flush_every_ms)
+            .open();
+        match opened {
+            Err(sled::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A directory, opened to be synced (not on Windows, where a directory
+/// can't be opened as a file and renames are durable by themselves).
+pub(crate) fn open_dir(path: &Path) -> std::io::Result<Option<File>> {
+    if cfg!(windows) {
+        return Ok(None);
+    }
+    File::open(path).map(Some)
+}
+
+/// Take the store's lock and write our pid into it, or say who has it.
+/// The lock is the kernel's (`flock`): it goes with its holder, so a lock
+/// left by a dead process is taken over without asking.
+fn lock(path: &Path) -> Result<File, StoreError> {
+    let lock_path = path.join(LOCK_FILE);
+    let io = |source| StoreError::Io { path: path.to_path_buf(), source };
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let mut file = options.open(&lock_path).map_err(io)?;
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(io(std::io::Error::other(format!("{} is not a regular file", lock_path.display()))));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor we own; the kernel validates the operation.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(io(err));
+            }
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&file, 64), &mut text);
+            let holder = match text.trim().parse::<u32>() {
+                Ok(pid) => format!("pid {pid}{}", process_name(pid).map(|n| format!(" ({n})")).unwrap_or_default()),
+                Err(_) => "another process".to_string(),
+            };
+            return Err(StoreError::Busy { path: path.to_path_buf(), holder });
+        }
+    }
+    use std::io::{Seek, Write};
+    file.set_len(0).map_err(io)?;
+    file.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
+    writeln!(file, "{}", std::process::id()).map_err(io)?;
+    Ok(file)
+}
+
+/// The command line of `pid`, for the message that names it (Linux).
+fn process_name(pid: u32) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let words: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|w| !w.is_empty())
+        .take(3)
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect();
+    (!words.is_empty()).then(|| words.join(" "))
+}
+
+/// Refuse a store of another layout; mark a new one with ours. A
+/// directory that holds sled's files but no `FORMAT` was made before the
+/// layout had a version (sled at the store's top, artifact bytes in sled).
+fn check_format(path: &Path) -> Result<(), StoreError> {
+    let io = |source| StoreError::Io { path: path.to_path_buf(), source };
+    let format_path = path.join(FORMAT_FILE);
+    let expected = format!("confine store {FORMAT_VERSION}\n");
+    match std::fs::read_to_string(&format_path) {
+        Ok(text) if text == expected => Ok(()),
+        Ok(text) => {
+            let found = text.trim().strip_prefix("confine store ").unwrap_or("unknown").to_string();
+            let newer = found.parse::<u32>().is_ok_and(|v| v > FORMAT_VERSION);
+            Err(StoreError::Format {
+                path: path.to_path_buf(),
+                found,
+                made_by: if newer { "a newer confine" } else { "an older confine" },
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if path.join("db").exists() || path.join("conf").exists() {
+                return Err(StoreError::Format {
+                    path: path.to_path_buf(),
+                    found: "1".into(),
+                    made_by: "an older confine",
+                });
+            }
+            blobs::write_durably(path, FORMAT_FILE, expected.as_bytes()).map_err(io)
+        }
+        Err(e) => Err(io(e)),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reopen_keeps_flushed_data() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let s = Store::open(dir.path()).unwrap();
-            s.tree("t").unwrap().insert("k", "v").unwrap();
-            s.flush().unwrap();
-        }
-        let s = Store::open(dir.path()).unwrap();
-        assert_eq!(s.tree("t").unwrap().get("k").unwrap().unwrap().as_ref(), b"v");
-    }
-}
+mod tests;

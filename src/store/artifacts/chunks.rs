@@ -1,29 +1,78 @@
 //! Chunk encoding and writing: each chunk of a stream becomes one gzip
 //! member (level 1), or stays raw when it does not compress, and its place
-//! in the stream goes into the per-chunk line index.
+//! in the stream and its SHA-256 go into the per-chunk index.
+//!
+//! Where the bytes go: a stream whose stored bytes stay under
+//! [`INLINE_MAX_BYTES`] (most jobs' output) is kept with its metadata, in
+//! sled, in small pieces: no file to create and sync per job. A larger
+//! one goes to a blob file ([`crate::store::blobs`]), so artifact bytes
+//! never fill sled's cache and write buffers.
 
 use super::{ArtifactBackend, ArtifactError, ChunkInfo, Encoding, StreamName};
-use std::sync::Arc;
+use crate::store::blobs::{BlobPin, BlobWriter};
+use sha2::{Digest, Sha256};
+use std::sync::{Arc, Mutex};
 
 /// A chunk whose first 32 KiB shrink by less than 10% at gzip level 1 is
 /// stored raw: such output (base64, compressed data) would otherwise cost
 /// compression for nothing, at a rate far below the drain target.
 const PROBE_BYTES: usize = 32 << 10;
 
-/// Encodes and stores one stream's chunks, and keeps their line index.
+/// Stored bytes of a stream above which it goes to a blob file.
+pub const INLINE_MAX_BYTES: usize = 64 << 10;
+
+/// What a stream's chunks became.
+#[derive(Debug, Default)]
+pub struct StoredStream {
+    pub chunks: Vec<ChunkInfo>,
+    /// Bytes the chunks take in the store.
+    pub compressed_bytes: u64,
+    /// The blob that holds them; `None`: kept with the metadata.
+    pub blob: Option<String>,
+}
+
+/// Encodes and stores one stream's chunks, and keeps their index.
 pub struct ChunkSink {
     backend: Arc<dyn ArtifactBackend>,
     handle: String,
     stream: StreamName,
     chunks: Vec<ChunkInfo>,
+    /// The chunks' SHA-256s: a blob's name is the SHA-256 of them.
+    hashes: Vec<[u8; 32]>,
     lines: u64,
     compressed: u64,
     encoder: ChunkEncoder,
+    /// Stored bytes of the chunks while the stream may still stay inline.
+    pending: Vec<u8>,
+    blob: Option<BlobWriter>,
+    /// The backend has no blob store: chunks go to it one by one.
+    direct: bool,
+    /// Where a committed blob's pin goes: the artifact writer holds it
+    /// until the metadata that names the blob is written.
+    pins: Arc<Mutex<Vec<BlobPin>>>,
 }
 
 impl ChunkSink {
-    pub(super) fn new(backend: Arc<dyn ArtifactBackend>, handle: String, stream: StreamName) -> Self {
-        ChunkSink { backend, handle, stream, chunks: Vec::new(), lines: 0, compressed: 0, encoder: ChunkEncoder::new() }
+    pub(super) fn new(
+        backend: Arc<dyn ArtifactBackend>,
+        handle: String,
+        stream: StreamName,
+        pins: Arc<Mutex<Vec<BlobPin>>>,
+    ) -> Self {
+        ChunkSink {
+            backend,
+            handle,
+            stream,
+            chunks: Vec::new(),
+            hashes: Vec::new(),
+            lines: 0,
+            compressed: 0,
+            encoder: ChunkEncoder::new(),
+            pending: Vec::new(),
+            blob: None,
+            direct: false,
+            pins,
+        }
     }
 
     /// Encode and store the next chunk (at most [`super::CHUNK_BYTES`] raw bytes).
@@ -31,7 +80,14 @@ impl ChunkSink {
         let encoding = self.encoder.encode(raw);
         let bytes = if encoding == Encoding::Gzip { &self.encoder.out[..] } else { raw };
         let index = self.chunks.len() as u32;
-        self.backend.put_chunk(&self.handle, self.stream, index, bytes)?;
+        let hash: [u8; 32] = Sha256::digest(bytes).into();
+        if let Some(blob) = &mut self.blob {
+            blob.append(bytes, &hash).map_err(|e| blob_error(&self.handle, e))?;
+        } else if self.direct {
+            self.backend.put_chunk(&self.handle, self.stream, index, bytes)?;
+        } else {
+            self.pending.extend_from_slice(bytes);
+        }
         let newlines = memchr::memchr_iter(b'\n', raw).count() as u32;
         self.chunks.push(ChunkInfo {
             first_line: self.lines,
@@ -40,16 +96,79 @@ impl ChunkSink {
             stored_len: bytes.len() as u32,
             encoding,
             ends_with_newline: raw.last() == Some(&b'\n'),
+            sha256: hex::encode(hash),
         });
+        self.hashes.push(hash);
         self.lines += u64::from(newlines);
         self.compressed += bytes.len() as u64;
+        if self.pending.len() > INLINE_MAX_BYTES {
+            self.spill()?;
+        }
         Ok(())
     }
 
-    /// The chunk index and the bytes the chunks take.
-    pub fn into_parts(self) -> (Vec<ChunkInfo>, u64) {
-        (self.chunks, self.compressed)
+    /// Number the next chunk's lines as if `n` more lines had been stored:
+    /// the lines of a dropped middle, so the tail keeps its line numbers.
+    pub fn skip_lines(&mut self, n: u64) {
+        self.lines += n;
     }
+
+    /// The store's blobs, for scratch files; `None` when the backend has
+    /// none (a stream's tail is then kept in memory).
+    pub fn blob_store(&self) -> Option<crate::store::blobs::Blobs> {
+        self.backend.blobs().cloned()
+    }
+
+    /// The stream outgrew [`INLINE_MAX_BYTES`]: what is pending goes to a
+    /// blob, and the rest will follow it there.
+    fn spill(&mut self) -> Result<(), ArtifactError> {
+        let pending = std::mem::take(&mut self.pending);
+        let mut at = 0;
+        match self.backend.blobs() {
+            Some(blobs) => {
+                let tag = format!("{}.{}", self.handle, self.stream);
+                let mut w = blobs.writer(&tag).map_err(|e| blob_error(&self.handle, e))?;
+                for (info, hash) in self.chunks.iter().zip(&self.hashes) {
+                    let end = at + info.stored_len as usize;
+                    w.append(&pending[at..end], hash).map_err(|e| blob_error(&self.handle, e))?;
+                    at = end;
+                }
+                self.blob = Some(w);
+            }
+            None => {
+                for (i, info) in self.chunks.iter().enumerate() {
+                    let end = at + info.stored_len as usize;
+                    self.backend.put_chunk(&self.handle, self.stream, i as u32, &pending[at..end])?;
+                    at = end;
+                }
+                self.direct = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Store what is pending: a blob is synced and named, inline bytes go
+    /// to the backend. Returns the chunk index and where the bytes are.
+    pub fn finish(mut self) -> Result<StoredStream, ArtifactError> {
+        let mut blob = None;
+        if let Some(w) = self.blob.take() {
+            let pin = w.commit().map_err(|e| blob_error(&self.handle, e))?;
+            blob = Some(pin.name().to_string());
+            self.pins.lock().unwrap_or_else(|p| p.into_inner()).push(pin);
+        } else if !self.direct {
+            let mut at = 0;
+            for (i, info) in self.chunks.iter().enumerate() {
+                let end = at + info.stored_len as usize;
+                self.backend.put_chunk(&self.handle, self.stream, i as u32, &self.pending[at..end])?;
+                at = end;
+            }
+        }
+        Ok(StoredStream { chunks: std::mem::take(&mut self.chunks), compressed_bytes: self.compressed, blob })
+    }
+}
+
+fn blob_error(handle: &str, source: std::io::Error) -> ArtifactError {
+    ArtifactError::Blob { handle: handle.to_string(), source }
 }
 
 /// Gzip at level 1 (measured: about 1 GB/s on build logs with zlib-rs),

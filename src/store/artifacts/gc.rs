@@ -10,6 +10,12 @@
 //! record that is still incomplete once its writer is gone is truly a
 //! leftover.
 //!
+//! Blobs are collected last: a blob no metadata names and no writer of
+//! this process has pinned (committed, its metadata not yet written) is
+//! an orphan, and so is a temporary blob file whose writer is gone. Blobs
+//! are content-addressed and may be shared, so removing an artifact never
+//! removes its blobs itself.
+//!
 //! The cap counts the bytes the artifacts' chunks take (their compressed
 //! size), not sled's file size: sled reclaims space lazily, so its file
 //! size would lag behind every deletion and evict too much.
@@ -28,6 +34,9 @@ pub struct GcReport {
     pub incomplete: u64,
     /// Chunks without a metadata record (a crash during removal).
     pub orphans: u64,
+    /// Blob files no artifact names (a crash before the metadata, or
+    /// removed artifacts), temporary ones included.
+    pub orphan_blobs: u64,
     /// Removed, oldest first, to fit the size cap.
     pub evicted: u64,
     /// Stored bytes freed by expiry and eviction.
@@ -44,6 +53,8 @@ pub(super) fn run(
     is_active: &dyn Fn(&str) -> bool,
 ) -> Result<GcReport, ArtifactError> {
     let mut report = GcReport::default();
+    // Before anything is listed (see `Blobs::collection`).
+    let collection = backend.blobs().map(|b| b.collection());
     let mut keep = Vec::new();
     let mut known = BTreeSet::new();
     for listed in backend.list_meta()? {
@@ -93,6 +104,45 @@ pub(super) fn run(
     }
     report.kept = (keep.len() - evict) as u64;
     report.kept_bytes = total;
+    // The removals first: a crash must leave blobs without metadata, never
+    // metadata without its blobs.
     backend.flush()?;
+    if collection.is_some() {
+        report.orphan_blobs = collect_blobs(backend, is_active)?;
+    }
+    drop(collection);
     Ok(report)
+}
+
+/// Remove the blobs no metadata names and the temporary files of writers
+/// that are gone. The caller holds a [`crate::store::blobs::Collection`]
+/// from before it listed anything.
+pub(super) fn collect_blobs(
+    backend: &dyn ArtifactBackend,
+    is_active: &dyn Fn(&str) -> bool,
+) -> Result<u64, ArtifactError> {
+    let Some(blobs) = backend.blobs() else { return Ok(0) };
+    let blob_error = |source| ArtifactError::Blob { handle: "(garbage collection)".into(), source };
+    let mut named = BTreeSet::new();
+    for meta in backend.list_meta()? {
+        named.extend(meta.stdout.blob.clone());
+        named.extend(meta.stderr.blob.clone());
+    }
+    let (files, tmps) = blobs.list().map_err(blob_error)?;
+    let mut removed = 0;
+    for name in files {
+        if !named.contains(&name) && !blobs.is_pinned(&name) {
+            blobs.remove(&name).map_err(blob_error)?;
+            removed += 1;
+        }
+    }
+    for tag in tmps {
+        // `<handle>.<stream>`: a handle never holds a dot-free stream name.
+        let handle = tag.rsplit_once('.').map_or(tag.as_str(), |(h, _)| h);
+        if !is_active(handle) {
+            blobs.remove_tmp(&tag).map_err(blob_error)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }

@@ -1,14 +1,13 @@
 //! The sled layout of artifacts: tree `artifacts.meta` maps a handle to its
 //! JSON metadata; tree `artifacts.chunks` maps `handle 0x00 stream index
 //! piece` (numbers big-endian, so a prefix scan returns bytes in order) to
-//! pieces of at most 4 KiB of a chunk. Handles never contain 0x00, so
-//! prefixes can't collide.
+//! pieces of at most 4 KiB of a chunk of a small stream. Handles never
+//! contain 0x00, so prefixes can't collide. Larger streams are in the
+//! store's blobs.
 //!
 //! Why pieces: sled 0.34 keeps large values resident whatever its cache
-//! size. Measured (1 GiB written, values of 1 MiB / 64 KiB / 16 KiB / 4 KiB,
-//! cache 16 MiB): RSS 1032 / 333 / 116 / 37 MiB. With 4 KiB values and the
-//! store's 16 MiB cache it stays flat; with sled's default 1 GiB cache it
-//! still grows (642 MiB). A chunk's pieces go in one batch: all or none.
+//! size (docs/benchmarks.md, "Figures once in the code"). A chunk's pieces
+//! go in one batch: all or none.
 
 use super::{ArtifactBackend, ArtifactError, ArtifactMeta, StreamName};
 use crate::store::{Store, StoreError};
@@ -136,6 +135,10 @@ impl ArtifactBackend for SledBackend {
             from.push(1);
         }
         Ok(out)
+    }
+
+    fn blobs(&self) -> Option<&crate::store::blobs::Blobs> {
+        Some(self.store.blobs())
     }
 
     fn flush(&self) -> Result<(), ArtifactError> {

@@ -20,8 +20,8 @@ fn store(a: &Artifacts, ttl_ms: u64, chunks: &[&[u8]]) -> ArtifactMeta {
     for c in chunks {
         sink.write_chunk(c).unwrap();
     }
-    let (chunks, compressed) = sink.into_parts();
-    let stdout = StreamMeta { compressed_bytes: compressed, chunks, ..Default::default() };
+    let StoredStream { chunks, compressed_bytes, blob } = sink.finish().unwrap();
+    let stdout = StreamMeta { compressed_bytes, chunks, blob, ..Default::default() };
     w.finish(JobInfo::default(), stdout, StreamMeta::default()).unwrap()
 }
 

@@ -1,0 +1,62 @@
+use super::*;
+
+#[test]
+fn reopen_keeps_flushed_data() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open(dir.path()).unwrap();
+        s.tree("t").unwrap().insert("k", "v").unwrap();
+        s.flush().unwrap();
+    }
+    let s = Store::open(dir.path()).unwrap();
+    assert_eq!(s.tree("t").unwrap().get("k").unwrap().unwrap().as_ref(), b"v");
+}
+
+#[test]
+fn a_new_store_is_marked_with_its_format_and_a_flush_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open_flushed_by_caller(dir.path()).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("FORMAT")).unwrap(),
+        format!("confine store {FORMAT_VERSION}\n")
+    );
+    assert!(dir.path().join("sled/db").is_file() && dir.path().join("blobs").is_dir());
+    s.tree("t").unwrap().insert("k", "v").unwrap();
+    let before = s.file_syncs();
+    s.flush().unwrap();
+    assert_eq!(s.file_syncs(), before + 1);
+}
+
+/// A store written before the layout had a version (sled's files at the
+/// top) is refused with what to do, and left as it was.
+#[test]
+fn a_store_of_an_older_layout_is_refused_not_misread() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("db"), b"old sled log").unwrap();
+    std::fs::write(dir.path().join("conf"), b"segment_size: 524288").unwrap();
+    let err = Store::open(dir.path()).err().expect("an old store must be refused").to_string();
+    assert!(err.contains("made by an older confine") && err.contains("move it aside"), "{err}");
+    assert!(!dir.path().join("FORMAT").exists() && !dir.path().join("sled").exists());
+    assert_eq!(std::fs::read(dir.path().join("db")).unwrap(), b"old sled log");
+}
+
+#[test]
+fn a_store_of_a_newer_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("FORMAT"), format!("confine store {}\n", FORMAT_VERSION + 1)).unwrap();
+    let err = Store::open(dir.path()).err().expect("refused").to_string();
+    assert!(err.contains("made by a newer confine"), "{err}");
+}
+
+/// A second opener is told who has the store; once the holder is gone
+/// (its lock goes with it), the store is taken over.
+#[cfg(unix)]
+#[test]
+fn a_second_opener_is_told_the_holders_pid_and_takes_over_when_it_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Store::open(dir.path()).unwrap();
+    let err = Store::open(dir.path()).err().expect("the store is held").to_string();
+    assert!(err.contains(&format!("in use by pid {}", std::process::id())), "{err}");
+    drop(first);
+    Store::open(dir.path()).expect("taken over once the holder let go");
+}
