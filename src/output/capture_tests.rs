@@ -245,20 +245,21 @@ async fn past_the_cap_the_head_and_the_tail_are_kept_with_a_marker_between() {
     assert_eq!(m.sha256, sha(&back));
     let head = &data[..1 << 20];
     assert!(back.starts_with(head));
-    let marker_line = back[head.len()..]
-        .split(|b| *b == b'\n')
-        .take(2)
-        .map(|l| String::from_utf8_lossy(l).into_owned())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let marker_end = back[head.len()..].iter().position(|b| *b == b'\n').unwrap();
+    let marker_line = String::from_utf8_lossy(&back[head.len()..head.len() + marker_end]).into_owned();
     assert!(
-        marker_line.contains(&format!("[confine: {} bytes ({} lines) dropped here", d.bytes, d.lines)),
+        marker_line.starts_with(&format!("[confine: {} bytes ({} lines) dropped here", d.bytes, d.lines)),
         "{marker_line}"
     );
     assert!(back.ends_with(b"FATAL: the end\n"));
-    let kept_tail = back.len() - head.len() - marker_line.len() - 1;
+    let kept_tail = back.len() - head.len() - marker_end - 1;
     assert_eq!(d.bytes as usize + head.len() + kept_tail, data.len());
-    assert_eq!(d.resume_line, d.after_line + d.lines + u64::from(head.last() == Some(&b'\n')));
+    assert_eq!(d.resume_line, d.after_line + d.lines + 1);
+    // The tail's first line is numbered as in the whole output.
+    let tail_first = &back[head.len() + marker_end + 1..];
+    let tail_first =
+        String::from_utf8_lossy(&tail_first[..tail_first.iter().position(|b| *b == b'\n').unwrap()]).into_owned();
+    assert_eq!(tail_first, format!("filler line {}", d.resume_line));
     // A query finds the end, at its real line number, and says what was dropped.
     let req: crate::output::QueryRequest = serde_json::from_value(
         serde_json::json!({"artifactHandle": meta.handle, "queryTerms": ["FATAL"], "contextLines": 1}),
@@ -270,6 +271,13 @@ async fn past_the_cap_the_head_and_the_tail_are_kept_with_a_marker_between() {
     assert_eq!(ex.line_end, lines + 1, "{ex:?}");
     assert!(ex.content.contains("FATAL: the end") && ex.content.contains(&format!("filler line {lines}")), "{ex:?}");
     assert!(r.notes.iter().any(|n| n.contains("were dropped to fit its stored cap")), "{:?}", r.notes);
+    // A range inside the dropped part returns nothing, not a line after it.
+    let req: crate::output::QueryRequest = serde_json::from_value(
+        serde_json::json!({"artifactHandle": meta.handle, "lineStart": d.after_line + 3, "lineEnd": d.after_line + 3}),
+    )
+    .unwrap();
+    let r = crate::output::query::query_output(&artifacts, &req).unwrap();
+    assert!(r.excerpts.iter().all(|e| e.line_start <= d.after_line + 3), "{:?}", r.excerpts);
     // A line range across the tail reads the lines by their real numbers.
     let req: crate::output::QueryRequest = serde_json::from_value(
         serde_json::json!({"artifactHandle": meta.handle, "lineStart": lines - 2, "lineEnd": lines + 1}),
@@ -300,4 +308,40 @@ async fn output_between_the_head_and_the_cap_is_stored_whole() {
     assert_eq!(back, data);
     assert_eq!(meta.stdout.sha256, sha(&data));
     assert_eq!(meta.stdout.last_line(), 150_000);
+}
+
+/// A head that ends inside a line, and a drop of one line break only:
+/// the marker ends that cut line, and the next line keeps its number.
+#[tokio::test]
+async fn a_marker_after_a_cut_line_keeps_the_next_lines_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
+    let cfg = OutputConfig { stdout_stored_bytes: 4 << 20, ..OutputConfig::default() };
+    let cap = Capture::start(Some(&artifacts), "r", &cfg, None, true);
+    let mut data = vec![b'A'; (1 << 20) + 1000];
+    data.push(b'\n');
+    data.extend(std::iter::repeat_n(b'x', (3 << 20) - 2));
+    data.extend_from_slice(b"\nlast\n");
+    let out = capture(&data[..], cap.sink(StreamName::Stdout)).await;
+    let err = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+    let meta = cap.finish(JobInfo::default(), out, err).artifact.unwrap();
+    let (m, d) = (&meta.stdout, meta.stdout.dropped.clone().unwrap());
+    assert_eq!((d.after_line, d.lines, d.resume_line), (0, 1, 2), "{d:?}");
+    assert_eq!((m.total_lines, m.last_line()), (3, 3));
+    let req: crate::output::QueryRequest =
+        serde_json::from_value(serde_json::json!({"artifactHandle": meta.handle, "lineStart": 1, "lineEnd": 3}))
+            .unwrap();
+    let r = crate::output::query::query_output(&artifacts, &req).unwrap();
+    let lines: Vec<&str> = r.excerpts[0].content.lines().collect();
+    assert!(lines[0].starts_with("AAAA") && lines[1].starts_with("xxxx") && lines[2] == "last", "{:?}", &lines[2]);
+    let mut back = Vec::new();
+    artifacts.copy_stream(&meta, StreamName::Stdout, &mut back).unwrap();
+    let at = back.iter().position(|b| *b != b'A').unwrap();
+    assert_eq!(at, 1 << 20);
+    // The A line's last 1000 bytes, its line break and the x line's first
+    // 4 bytes fell out of the ring; the x line has no break in the ring's
+    // first MiB, so it is kept from there.
+    assert_eq!(d.bytes, 1005);
+    assert!(back[at..].starts_with(b"[confine: 1005 bytes (1 lines) dropped here"));
+    assert_eq!((r.excerpts[0].line_start, r.excerpts[0].line_end), (1, 3));
 }

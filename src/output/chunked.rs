@@ -181,6 +181,10 @@ impl LineSource for ArtifactLines<'_> {
         let mut out = Vec::new();
         if first <= last {
             self.walk(first.max(1), &mut |l| {
+                // After a dropped middle, the next line may be past `last`.
+                if l.no > last {
+                    return false;
+                }
                 out.push(l.clone());
                 l.no < last
             })?;

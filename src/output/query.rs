@@ -155,12 +155,13 @@ pub fn query_sources(
             notes.push(format!("{name} has {total} lines; lines {first}..{last} asked"));
         }
         if let Some(d) = &src.meta().dropped {
+            let first = d.after_line + 1;
             let what = match d.resume_line.saturating_sub(1) {
-                last if last > d.after_line => format!("lines {}..{last}", d.after_line + 1),
-                _ => format!("part of line {}", d.after_line.max(1)),
+                last if last > first => format!("lines {first}..{last}"),
+                _ => format!("line {first}"),
             };
             notes.push(format!(
-                "{name} was truncated: {what} ({} bytes) were dropped to fit its stored cap; the lines before and after are stored",
+                "{name} was truncated: {} bytes of {what} were dropped to fit its stored cap; the lines before and after are stored",
                 d.bytes
             ));
         } else if src.meta().truncated {

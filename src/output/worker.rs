@@ -165,6 +165,8 @@ pub(crate) struct Processor {
     /// stored cap when the stream is stored, else the whole cap.
     head_cap: u64,
     ring: Option<super::tail::TailRing>,
+    /// No scratch file could be made: the output is cut after the head.
+    no_ring: bool,
     /// Where the ring's scratch file goes.
     blobs: Option<Blobs>,
     dropped: Option<Dropped>,
@@ -196,6 +198,7 @@ impl Processor {
             truncated: false,
             head_cap,
             ring: None,
+            no_ring: false,
             blobs,
             dropped: None,
             error: None,
@@ -249,14 +252,13 @@ impl Processor {
         if kept < bytes.len() {
             let rest = &bytes[kept..];
             let tail_cap = self.sink.limits.stored_bytes - self.head_cap;
-            if self.head_cap < self.sink.limits.stored_bytes && self.error.is_none() {
-                let ring = match &mut self.ring {
-                    Some(r) => r,
-                    None => {
-                        let scratch = self.scratch();
-                        self.ring.insert(super::tail::TailRing::new(tail_cap, scratch))
-                    }
-                };
+            if self.ring.is_none() && !self.no_ring && self.head_cap < self.sink.limits.stored_bytes {
+                // Without a scratch file (a full disk), the tail is not kept:
+                // never in the supervisor's memory.
+                self.ring = self.scratch().map(|f| super::tail::TailRing::new(tail_cap, Some(f)));
+                self.no_ring = self.ring.is_none();
+            }
+            if let Some(ring) = self.ring.as_mut().filter(|_| self.error.is_none()) {
                 let before = ring.newlines;
                 if let Err(e) = ring.push(rest) {
                     self.error = Some(format!("storing {}: keeping its tail: {e}", self.sink.stream));
@@ -343,25 +345,29 @@ impl Processor {
             .map_err(|e| format!("reading its tail back: {e}"))?;
             let dropped_newlines = ring.newlines - held_newlines + u64::from(skip > 0);
             let dropped_bytes = ring.overwritten() + skip as u64;
-            let partial = self.stored_last.is_some_and(|b| b != b'\n');
             let cap = self.sink.limits.stored_bytes;
+            // The marker ends the line it is on (a head's last, cut line,
+            // or its own) only when a line break was dropped: then the
+            // tail's lines, numbered on from it, keep their numbers. With
+            // none dropped, one line lost its middle, and the marker sits
+            // in it.
+            let marker_newlines = dropped_newlines.min(1);
             let marker = format!(
-                "{}[confine: {} bytes ({} lines) dropped here: the output passed its stored cap of {}; the first {} and the last {} are kept]\n",
-                if partial { "\n" } else { "" },
+                "[confine: {} bytes ({} lines) dropped here: the output passed its stored cap of {}; the first {} and the last {} are kept]{}",
                 dropped_bytes,
                 dropped_newlines,
                 human_bytes(cap),
                 human_bytes(self.head_cap),
                 human_bytes(cap - self.head_cap),
+                if marker_newlines == 1 { "\n" } else { "" },
             );
-            let marker_newlines = 1 + u64::from(partial);
             let head_lines = self.stored_lines;
             self.keep_stored(marker.as_bytes());
             cut.push(sink, marker.as_bytes()).and_then(|()| cut.flush(sink)).map_err(|e| e.to_string())?;
-            sink.skip_lines(dropped_newlines.saturating_sub(marker_newlines));
+            sink.skip_lines(dropped_newlines - marker_newlines);
             self.truncated = true;
             self.dropped = Some(Dropped {
-                after_line: head_lines + u64::from(partial),
+                after_line: head_lines,
                 resume_line: head_lines + dropped_newlines + 1,
                 bytes: dropped_bytes,
                 lines: dropped_newlines,

@@ -170,10 +170,10 @@ pub struct StreamMeta {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Dropped {
-    /// The last line (1-based) before the dropped part; the marker line
-    /// follows it.
+    /// Lines stored whole before the dropped part: line `after_line + 1`
+    /// is the first that lost bytes (the marker is at its end, or is it).
     pub after_line: u64,
-    /// The first line (1-based) after it.
+    /// The first line (1-based) stored whole after it.
     pub resume_line: u64,
     pub bytes: u64,
     /// Newlines in the dropped part.

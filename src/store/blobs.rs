@@ -39,8 +39,13 @@ struct BlobsInner {
 #[derive(Default)]
 struct Pins {
     count: std::collections::BTreeMap<String, usize>,
-    collections: usize,
-    released: Vec<String>,
+    /// Collections running, by number (numbers only grow).
+    running: std::collections::BTreeSet<u64>,
+    next_collection: u64,
+    /// Pins let go while collections ran: each is held until every
+    /// collection running when it was let go (numbers up to the one
+    /// kept with it) has ended.
+    released: Vec<(String, u64)>,
 }
 
 /// A name made by [`BlobWriter::commit`]: 64 lowercase hex digits.
@@ -118,8 +123,11 @@ impl Blobs {
     /// Start a collection: from now until the returned guard is dropped,
     /// every blob pinned stays pinned. Take it before listing metadata.
     pub fn collection(&self) -> Collection {
-        self.pinned().collections += 1;
-        Collection { blobs: self.clone() }
+        let mut pins = self.pinned();
+        let id = pins.next_collection;
+        pins.next_collection += 1;
+        pins.running.insert(id);
+        Collection { blobs: self.clone(), id }
     }
 
     /// Start a blob. `tag` names the temporary file (a handle and a
@@ -185,6 +193,20 @@ impl Blobs {
         Ok(f)
     }
 
+    /// Remove blob `name` unless it is pinned, deciding and removing under
+    /// the pins' lock: a writer pins before it renames its file onto the
+    /// name, so a blob committed again meanwhile is never removed.
+    /// Returns whether it was removed.
+    pub fn remove_unpinned(&self, name: &str) -> std::io::Result<bool> {
+        let pins = self.pinned();
+        if pins.count.contains_key(name) {
+            return Ok(false);
+        }
+        let removed = self.remove(name);
+        drop(pins);
+        removed.map(|()| true)
+    }
+
     /// Remove blob `name` (no error when it is already gone).
     pub fn remove(&self, name: &str) -> std::io::Result<()> {
         if !is_blob_name(name) && !name.starts_with(TMP_PREFIX) {
@@ -209,12 +231,6 @@ impl Blobs {
             }
         }
         Ok((blobs, tmps))
-    }
-
-    /// Whether blob `name` was committed by this process and its metadata
-    /// is not written yet.
-    pub fn is_pinned(&self, name: &str) -> bool {
-        self.pinned().count.contains_key(name)
     }
 
     /// Remove temporary file `tag` (a writer's leftover).
@@ -340,10 +356,9 @@ impl std::fmt::Debug for BlobPin {
 impl Drop for BlobPin {
     fn drop(&mut self) {
         let mut pins = self.blobs.pinned();
-        if pins.collections > 0 {
-            pins.released.push(std::mem::take(&mut self.name));
-        } else {
-            pins.unpin(&self.name);
+        match pins.running.last().copied() {
+            Some(newest) => pins.released.push((std::mem::take(&mut self.name), newest)),
+            None => pins.unpin(&self.name),
         }
     }
 }
@@ -362,16 +377,21 @@ impl Pins {
 /// A collection of blobs in progress ([`Blobs::collection`]).
 pub struct Collection {
     blobs: Blobs,
+    id: u64,
 }
 
 impl Drop for Collection {
     fn drop(&mut self) {
         let mut pins = self.blobs.pinned();
-        pins.collections -= 1;
-        if pins.collections == 0 {
-            for name in std::mem::take(&mut pins.released) {
-                pins.unpin(&name);
-            }
+        pins.running.remove(&self.id);
+        let oldest = pins.running.first().copied().unwrap_or(u64::MAX);
+        // Every collection a released pin waited for has ended once the
+        // oldest still running is newer than all of them.
+        let (done, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut pins.released).into_iter().partition(|(_, newest)| *newest < oldest);
+        pins.released = waiting;
+        for (name, _) in done {
+            pins.unpin(&name);
         }
     }
 }

@@ -92,6 +92,9 @@ struct Inner {
     blobs: blobs::Blobs,
     /// `fdatasync`s of the data file by [`Store::flush`].
     syncs: AtomicU64,
+    /// sled's own blob files (`sled/blobs/`, large page fragments) that
+    /// were synced: sled writes them without a sync.
+    sled_blobs: std::sync::Mutex<std::collections::BTreeSet<std::ffi::OsString>>,
     _lock: File,
 }
 
@@ -111,7 +114,12 @@ impl Store {
 
     fn open_with(path: &Path, flush_every_ms: Option<u64>) -> Result<Store, StoreError> {
         let io = |source| StoreError::Io { path: path.to_path_buf(), source };
-        std::fs::create_dir_all(path).map_err(io)?;
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        // Artifacts hold jobs' output: the store is its owner's alone.
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(path).map_err(io)?;
         let lock = lock(path)?;
         check_format(path)?;
         let sled_path = path.join(SLED_DIR);
@@ -128,6 +136,7 @@ impl Store {
                 sled_dir,
                 blobs,
                 syncs: AtomicU64::new(0),
+                sled_blobs: Default::default(),
                 _lock: lock,
             }),
         })
@@ -154,8 +163,43 @@ impl Store {
         self.inner.db.flush()?;
         self.inner.data.sync_data().map_err(|source| StoreError::Sync { what: "the database", source })?;
         self.inner.syncs.fetch_add(1, Ordering::Relaxed);
+        self.sync_sled_blobs().map_err(|source| StoreError::Sync { what: "the database's large values", source })?;
         if let Some(dir) = &self.inner.sled_dir {
             dir.sync_all().map_err(|source| StoreError::Sync { what: "the database's directory", source })?;
+        }
+        Ok(())
+    }
+
+    /// Sync the files sled made in `sled/blobs/` since the last flush,
+    /// then that directory.
+    fn sync_sled_blobs(&self) -> std::io::Result<()> {
+        let dir = self.inner.root.join(SLED_DIR).join("blobs");
+        let mut synced = self.inner.sled_blobs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut now = std::collections::BTreeSet::new();
+        let mut new = false;
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let name = entry?.file_name();
+            if !synced.contains(&name) {
+                match File::open(dir.join(&name)) {
+                    Ok(f) => f.sync_all()?,
+                    // Removed by sled meanwhile.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                }
+                new = true;
+            }
+            now.insert(name);
+        }
+        *synced = now;
+        if new {
+            if let Some(d) = open_dir(&dir)? {
+                d.sync_all()?;
+            }
         }
         Ok(())
     }
@@ -219,8 +263,16 @@ fn lock(path: &Path) -> Result<File, StoreError> {
         options.mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
     }
     let mut file = options.open(&lock_path).map_err(io)?;
-    if !file.metadata().map_err(io)?.is_file() {
-        return Err(io(std::io::Error::other(format!("{} is not a regular file", lock_path.display()))));
+    let meta = file.metadata().map_err(io)?;
+    #[cfg(unix)]
+    let linked = std::os::unix::fs::MetadataExt::nlink(&meta) != 1;
+    #[cfg(not(unix))]
+    let linked = false;
+    if !meta.is_file() || linked {
+        return Err(io(std::io::Error::other(format!(
+            "{} is not a regular file of its own (a link?): remove it",
+            lock_path.display()
+        ))));
     }
     #[cfg(unix)]
     {
@@ -259,6 +311,24 @@ fn process_name(pid: u32) -> Option<String> {
     (!words.is_empty()).then(|| words.join(" "))
 }
 
+/// A small file, not through a link, at most 64 bytes of it.
+fn read_small(path: &Path) -> std::io::Result<String> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let file = options.open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!("{} is not a regular file", path.display())));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, 64), &mut text)?;
+    Ok(text)
+}
+
 /// Refuse a store of another layout; mark a new one with ours. A
 /// directory that holds sled's files but no `FORMAT` was made before the
 /// layout had a version (sled at the store's top, artifact bytes in sled).
@@ -266,7 +336,7 @@ fn check_format(path: &Path) -> Result<(), StoreError> {
     let io = |source| StoreError::Io { path: path.to_path_buf(), source };
     let format_path = path.join(FORMAT_FILE);
     let expected = format!("confine store {FORMAT_VERSION}\n");
-    match std::fs::read_to_string(&format_path) {
+    match read_small(&format_path) {
         Ok(text) if text == expected => Ok(()),
         Ok(text) => {
             let found = text.trim().strip_prefix("confine store ").unwrap_or("unknown").to_string();

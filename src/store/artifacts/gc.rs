@@ -131,8 +131,7 @@ pub(super) fn collect_blobs(
     let (files, tmps) = blobs.list().map_err(blob_error)?;
     let mut removed = 0;
     for name in files {
-        if !named.contains(&name) && !blobs.is_pinned(&name) {
-            blobs.remove(&name).map_err(blob_error)?;
+        if !named.contains(&name) && blobs.remove_unpinned(&name).map_err(blob_error)? {
             removed += 1;
         }
     }
