@@ -298,8 +298,15 @@ fn inspector(args: &[&std::ffi::OsStr]) -> Option<Ran> {
 
 #[test]
 fn inspector_cli_lists_tools() {
-    let args: Vec<&std::ffi::OsStr> =
-        [exe(), "serve", "--method", "tools/list"].into_iter().map(std::ffi::OsStr::new).collect();
+    // The default config (no repositories: no memory tools), with a store of
+    // the test's own: the user's default store is not ours to open.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("confine.toml");
+    std::fs::write(&config, format!("[store]\npath = \"{}\"\n", dir.path().join("store").display())).unwrap();
+    let mut args: Vec<&std::ffi::OsStr> =
+        [exe(), "--method", "tools/list", "--", "--config"].into_iter().map(std::ffi::OsStr::new).collect();
+    args.push(config.as_os_str());
+    args.push(std::ffi::OsStr::new("serve"));
     let Some(ran) = inspector(&args) else { return };
     let listed: serde_json::Value = serde_json::from_str(&ran.stdout).expect("inspector printed JSON");
     let mut names: Vec<&str> = listed["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
