@@ -135,9 +135,16 @@ fn main() {
             n => age_store(confine, n),
         };
         let aged_config = aged.as_ref().map(|(_, config)| config.as_path());
+        // `SPAWN_BASELINE=FILE`: an earlier build's `exec` and `run` too,
+        // on a store of its own (copied now, as this one was).
+        let baseline = std::env::var_os("SPAWN_BASELINE").and_then(|b| {
+            let copy = installed.path().join("confine-baseline");
+            std::fs::copy(&b, &copy).ok().map(|_| copy)
+        });
+        let baseline = baseline.as_deref().and_then(|p| p.to_str());
         let mut adds = Vec::new();
         for round in 1..=repeat {
-            rows = governance_cli_cost(confine, runs, aged_config);
+            rows = governance_cli_cost(confine, runs, aged_config, baseline);
             let [run, exec, bash, rest @ ..] = &rows[..] else { continue };
             let p50 = |r: &Row| r.pct(0.5).as_secs_f64() * 1000.0;
             adds.push(p50(exec) - p50(run));
@@ -148,6 +155,15 @@ fn main() {
                 p50(bash) - p50(run),
                 p50(exec) - p50(bash)
             );
+            if let Some([base_run, base_exec]) = rest.get(rest.len().saturating_sub(2)..).filter(|_| baseline.is_some())
+            {
+                println!(
+                    "  baseline build: exec over run {:.3} ms; this build's exec {:+.3} ms and run {:+.3} ms against it",
+                    p50(base_exec) - p50(base_run),
+                    p50(exec) - p50(base_exec),
+                    p50(run) - p50(base_run)
+                );
+            }
             if let [aged_row] = rest {
                 println!(
                     "  on the aged store: {:.3} ms over run ({:+.3} ms against the fresh store)",
@@ -294,9 +310,16 @@ fn succeeds(argv: &[&str]) -> Option<()> {
 
 /// `confine run -- /bin/true` and the governed `confine exec` of the code
 /// `true`, each a process as a user starts it, interleaved run by run.
-fn governance_cli_cost(confine: &str, runs: usize, aged_config: Option<&std::path::Path>) -> Vec<Row> {
+fn governance_cli_cost(
+    confine: &str,
+    runs: usize,
+    aged_config: Option<&std::path::Path>,
+    baseline: Option<&str>,
+) -> Vec<Row> {
     let Some((_dir, config)) = bench_dir() else { return vec![] };
     let Some(cfg) = config.to_str() else { return vec![] };
+    let Some((_base_dir, base_config)) = bench_dir() else { return vec![] };
+    let Some(base_cfg) = base_config.to_str() else { return vec![] };
     let run_argv = [confine, "run", "--", "/bin/true"];
     let exec = exec_argv(confine, cfg);
     // A control: what the shell runtime's bash costs to start over
@@ -311,6 +334,11 @@ fn governance_cli_cost(confine: &str, runs: usize, aged_config: Option<&std::pat
     if let Some(aged_cfg) = aged_config.and_then(|p| p.to_str()) {
         let aged = exec_argv(confine, aged_cfg);
         variants.push(("confine exec, the same, on an aged store (CLI)", Box::new(move || succeeds(&aged))));
+    }
+    if let Some(b) = baseline {
+        let (run, exec) = ([b, "run", "--", "/bin/true"], exec_argv(b, base_cfg));
+        variants.push(("baseline: confine run -- /bin/true (CLI)", Box::new(move || succeeds(&run))));
+        variants.push(("baseline: confine exec (CLI, its own store)", Box::new(move || succeeds(&exec))));
     }
     interleaved("governance-cli", runs, variants).unwrap_or_default()
 }

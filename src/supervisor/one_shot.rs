@@ -46,6 +46,11 @@ impl Supervisor {
     /// decides (this module's doc). `execute` may still be given another
     /// request: then nothing started here is used, and it is killed.
     pub async fn open_one_shot(config: Config, first: Option<&ExecuteRequest>) -> Result<Supervisor, SupervisorError> {
+        // The store opens first of all: upstream sled's start (its I/O
+        // pool's threads, its recovery) is the longest part of a cold
+        // request, longer than the sandbox's build, so it is started before
+        // it (docs/benchmarks.md, round of issue 30).
+        let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
         let (backend, seccomp) = Supervisor::backend(&config)?;
         let stage = match (first, backend, &seccomp) {
             (Some(req), BackendKind::Linux, Some(profile)) if config.runtime.enabled => {
@@ -70,11 +75,6 @@ impl Supervisor {
             }
             _ => None,
         };
-        // The store opens once the spec is sent: until then the job
-        // cgroups made here and the stage's own start are what the job
-        // waits for, and they had to share the cores with the opener
-        // (docs/benchmarks.md, "Figures once in the code").
-        let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
         // A policy that fails to compile fails the supervisor: a held job
         // is dropped with it, which kills its tree.
         let sup = Supervisor::build_with(config, stores, backend, seccomp, true, host)?;
