@@ -62,7 +62,7 @@ async fn drain(
     script: &str,
     pipe: i32,
     async_reads: bool,
-) -> (u64, Duration, bool) {
+) -> Drained {
     let mut child = tokio::process::Command::new("sh")
         .args(["-c", script])
         .stdout(Stdio::piped())
@@ -88,11 +88,21 @@ async fn drain(
             capture_pipe(err, |_, _| {}, cap.sink(StreamName::Stderr))
         )
     };
-    let elapsed = t0.elapsed();
+    let drained = t0.elapsed();
     let _ = child.kill().await;
-    let total = o.meta.total_bytes;
+    let bytes = o.meta.total_bytes;
     let c = cap.finish(JobInfo::default(), o, e);
-    (total, elapsed, c.artifact.is_some())
+    Drained { bytes, drained, finished: t0.elapsed(), handle: c.artifact.map(|m| m.handle) }
+}
+
+/// What [`drain`] measured.
+struct Drained {
+    bytes: u64,
+    /// Until both pipes reached their end.
+    drained: Duration,
+    /// Until the artifact was durable too (its finish and flush).
+    finished: Duration,
+    handle: Option<String>,
 }
 
 /// A 1 GiB file of base64 of random bytes (made once, in `/tmp`): read by
@@ -264,8 +274,9 @@ fn main() {
                 println!("  {name:<17} pipe read only              {:>7.0} MB/s", mbps(n, d));
                 for (label, pipe) in [("64 KiB pipe", 0), ("1 MiB pipe ", 1 << 20)] {
                     reset_hwm();
-                    let (n, d, ok) = drain(Some(&artifacts), &full, script, pipe, false).await;
-                    assert!(ok);
+                    let r = drain(Some(&artifacts), &full, script, pipe, false).await;
+                    let (n, d) = (r.bytes, r.drained);
+                    assert!(r.handle.is_some());
                     println!(
                         "  {name:<17} stored, {label}       {:>7.0} MB/s  ({:.2} s, peak RSS {:.1} MiB)",
                         mbps(n, d),
@@ -273,24 +284,24 @@ fn main() {
                         vm_hwm_kib() as f64 / 1024.0
                     );
                 }
-                let (n, d, _) = drain(Some(&artifacts), &full, script, 0, true).await;
+                let Drained { bytes: n, drained: d, .. } = drain(Some(&artifacts), &full, script, 0, true).await;
                 println!("  {name:<17} stored, 64 KiB, async reads {:>7.0} MB/s", mbps(n, d));
                 reset_hwm();
                 let null = Artifacts::new(std::sync::Arc::new(NullBackend::default()));
-                let (n, d, _) = drain(Some(&null), &full, script, 1 << 20, false).await;
+                let Drained { bytes: n, drained: d, .. } = drain(Some(&null), &full, script, 1 << 20, false).await;
                 println!(
                     "  {name:<17} no sled, 1 MiB pipe         {:>7.0} MB/s  (peak RSS {:.1} MiB)",
                     mbps(n, d),
                     vm_hwm_kib() as f64 / 1024.0
                 );
                 reset_hwm();
-                let (n, d, _) = drain(Some(&artifacts), &default, script, 0, false).await;
+                let Drained { bytes: n, drained: d, .. } = drain(Some(&artifacts), &default, script, 0, false).await;
                 println!(
                     "  {name:<17} default caps (64 MiB kept)  {:>7.0} MB/s  (peak RSS {:.1} MiB)",
                     mbps(n, d),
                     vm_hwm_kib() as f64 / 1024.0
                 );
-                let (n, d, _) = drain(None, &default, script, 0, false).await;
+                let Drained { bytes: n, drained: d, .. } = drain(None, &default, script, 0, false).await;
                 println!("  {name:<17} persistOutput: false        {:>7.0} MB/s", mbps(n, d));
             }
         });
@@ -301,7 +312,7 @@ fn main() {
             for run in 1..=3 {
                 reset_hwm();
                 let script = "head -c 192000000 /dev/urandom | base64";
-                let (n, d, _) = drain(Some(&artifacts), &default, script, 0, false).await;
+                let Drained { bytes: n, drained: d, .. } = drain(Some(&artifacts), &default, script, 0, false).await;
                 println!(
                     "  run {run}: {:>7.0} MB/s  ({:.2} s, peak RSS {:.1} MiB)",
                     mbps(n, d),
@@ -319,37 +330,17 @@ fn main() {
         rt.block_on(async {
             for run in 1..=3 {
                 reset_hwm();
-                let mut child = tokio::process::Command::new("sh")
-                    .args(["-c", &script])
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .kill_on_drop(true)
-                    .spawn()
-                    .unwrap();
-                let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-                let t0 = Instant::now();
-                let cap = Capture::start(Some(&artifacts), "bench", &full, full.redactor(|_| None), true);
-                let (out, err) = (out.into_owned_fd().unwrap(), err.into_owned_fd().unwrap());
-                let (o, e) = tokio::join!(
-                    capture_pipe(out, |_, _| {}, cap.sink(StreamName::Stdout)),
-                    capture_pipe(err, |_, _| {}, cap.sink(StreamName::Stderr))
-                );
-                let drained = t0.elapsed();
-                let n = o.meta.stored_bytes;
                 // Stored means durable: the finish (a blob's sync, the
                 // metadata and the flush) is in the time.
-                let c = cap.finish(JobInfo::default(), o, e);
-                let d = t0.elapsed();
-                assert!(c.artifact.is_some(), "{:?}", c.notes);
+                let r = drain(Some(&artifacts), &full, &script, 0, false).await;
                 println!(
                     "  run {run}: {:>7.0} MB/s stored durably ({:.2} s; drained in {:.2} s), peak RSS {:.1} MiB",
-                    mbps(n, d),
-                    d.as_secs_f64(),
-                    drained.as_secs_f64(),
+                    mbps(r.bytes, r.finished),
+                    r.finished.as_secs_f64(),
+                    r.drained.as_secs_f64(),
                     vm_hwm_kib() as f64 / 1024.0
                 );
-                let _ = child.wait().await;
-                artifacts.remove(&c.artifact.unwrap().handle).unwrap();
+                artifacts.remove(&r.handle.expect("the artifact was stored")).unwrap();
             }
         });
     }

@@ -441,7 +441,7 @@ fn a_failure_at_the_end_of_a_flood_is_kept_and_found() {
     let r = confine(&config, &["artifacts", "query", handle, "--lines", &lines, "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
     let text = v["excerpts"].to_string();
-    assert!(text.contains("dropped here: the output passed its stored cap of 64 MiB"), "{text}");
+    assert!(text.contains("dropped here: the output passed its stored cap of 64.0 MiB"), "{text}");
 }
 
 /// While `confine serve` has the store, another command is told which

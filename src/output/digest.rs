@@ -142,14 +142,6 @@ fn key(line: &[u8]) -> Vec<u8> {
     k
 }
 
-fn size(bytes: u64) -> String {
-    match bytes {
-        b if b < 1024 => format!("{b} B"),
-        b if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{:.1} MiB", b as f64 / f64::from(1 << 20)),
-    }
-}
-
 /// Digest `sources`, keeping at most `max_lines` groups.
 pub fn digest(sources: &[&dyn LineSource], max_lines: usize) -> Result<Digest, OutputError> {
     let words = searcher();
@@ -181,7 +173,7 @@ pub fn digest(sources: &[&dyn LineSource], max_lines: usize) -> Result<Digest, O
     let distinct = |s: Severity| groups.iter().filter(|g| g.severity == s).count();
     let mut counts: Vec<String> = sources
         .iter()
-        .map(|s| format!("{} {} lines {}", s.stream(), s.meta().total_lines, size(s.meta().total_bytes)))
+        .map(|s| format!("{} {} lines {}", s.stream(), s.meta().total_lines, super::human_size(s.meta().total_bytes)))
         .collect();
     counts.push(format!(
         "{errors} error lines ({} distinct), {warnings} warning lines ({} distinct)",

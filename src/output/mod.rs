@@ -201,6 +201,15 @@ pub fn cap_line(line: &[u8], cut: bool) -> String {
     }
 }
 
+/// `12 B`, `3.5 KiB`, `64.0 MiB`.
+pub(crate) fn human_size(bytes: u64) -> String {
+    match bytes {
+        b if b < 1024 => format!("{b} B"),
+        b if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{:.1} MiB", b as f64 / f64::from(1 << 20)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

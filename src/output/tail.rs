@@ -1,7 +1,7 @@
 //! The tail of a stream past its head: a ring of the last bytes, in a
-//! scratch file of the store (page cache, not the supervisor's memory),
-//! or in memory when the store has no files. At the end of the stream it
-//! is read back in order, to be stored after the head and a marker line.
+//! scratch file of the store (page cache, not the supervisor's memory). At
+//! the end of the stream it is read back in order, to be stored after the
+//! head and a marker line.
 
 use crate::store::artifacts::Scratch;
 
@@ -11,24 +11,15 @@ pub(crate) struct TailRing {
     pushed: u64,
     /// Newlines pushed in all.
     pub(crate) newlines: u64,
-    store: Store,
-}
-
-enum Store {
-    File(Scratch),
-    Memory(Vec<u8>),
+    file: Scratch,
 }
 
 /// Bytes read back at a time.
 const PIECE: usize = 1 << 20;
 
 impl TailRing {
-    pub(crate) fn new(cap: u64, scratch: Option<Scratch>) -> TailRing {
-        let store = match scratch {
-            Some(f) => Store::File(f),
-            None => Store::Memory(Vec::new()),
-        };
-        TailRing { cap: cap.max(1), pushed: 0, newlines: 0, store }
+    pub(crate) fn new(cap: u64, file: Scratch) -> TailRing {
+        TailRing { cap: cap.max(1), pushed: 0, newlines: 0, file }
     }
 
     /// Keep `bytes` as the newest; what falls out of the ring is dropped.
@@ -43,16 +34,7 @@ impl TailRing {
         let mut at = (self.pushed - bytes.len() as u64) % self.cap;
         while !bytes.is_empty() {
             let n = bytes.len().min((self.cap - at) as usize);
-            match &mut self.store {
-                Store::File(f) => f.write_at(&bytes[..n], at)?,
-                Store::Memory(v) => {
-                    let end = at as usize + n;
-                    if v.len() < end {
-                        v.resize(end, 0);
-                    }
-                    v[at as usize..end].copy_from_slice(&bytes[..n]);
-                }
-            }
+            self.file.write_at(&bytes[..n], at)?;
             bytes = &bytes[n..];
             at = (at + n as u64) % self.cap;
         }
@@ -73,10 +55,7 @@ impl TailRing {
         while done < held {
             let at = (start + done) % self.cap;
             let n = (held - done).min(self.cap - at).min(PIECE as u64) as usize;
-            match &self.store {
-                Store::File(file) => file.read_at(&mut buf[..n], at)?,
-                Store::Memory(v) => buf[..n].copy_from_slice(&v[at as usize..at as usize + n]),
-            }
+            self.file.read_at(&mut buf[..n], at)?;
             f(&buf[..n]);
             done += n as u64;
         }
@@ -96,10 +75,12 @@ mod tests {
 
     #[test]
     fn the_ring_keeps_the_last_bytes_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path()).unwrap();
         let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
         for cap in [1u64, 7, 4096, 9_999, 10_000, 20_000] {
             for step in [1usize, 3, 1000, 10_000] {
-                let mut r = TailRing::new(cap, None);
+                let mut r = TailRing::new(cap, store.blobs().scratch().unwrap());
                 for piece in data.chunks(step) {
                     r.push(piece).unwrap();
                 }
@@ -111,17 +92,14 @@ mod tests {
     }
 
     #[test]
-    fn a_scratch_file_ring_matches_a_memory_one() {
+    fn a_ring_larger_than_a_piece_wraps_and_leaves_no_file() {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::Store::open(dir.path()).unwrap();
-        let mut r = TailRing::new(3 << 20, Some(store.blobs().scratch().unwrap()));
-        let mut m = TailRing::new(3 << 20, None);
+        let mut r = TailRing::new(3 << 20, store.blobs().scratch().unwrap());
         let data: Vec<u8> = (0..8_000_000u32).map(|i| (i * 7 % 253) as u8).collect();
         for piece in data.chunks(131_072) {
             r.push(piece).unwrap();
-            m.push(piece).unwrap();
         }
-        assert_eq!(held(&r), held(&m));
         assert_eq!(held(&r), data[data.len() - (3 << 20)..]);
         assert!(store.blobs().list().unwrap().0.is_empty() && store.blobs().list().unwrap().1.is_empty());
     }

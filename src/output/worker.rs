@@ -124,16 +124,6 @@ impl Cutter {
     }
 }
 
-/// `64 MiB`, `16 MiB`, `300 KiB`, `12 B`.
-fn human_bytes(n: u64) -> String {
-    match n {
-        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
-        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1 << 20)),
-        n if n >= 1 << 10 => format!("{} KiB", n >> 10),
-        n => format!("{n} B"),
-    }
-}
-
 /// Stored bytes stage 1 holds back before it starts the store thread.
 /// Output this small (most jobs' is) is stored by stage 1 itself at the
 /// end, as one chunk: a job's two streams then start no thread each.
@@ -255,7 +245,7 @@ impl Processor {
             if self.ring.is_none() && !self.no_ring && self.head_cap < self.sink.limits.stored_bytes {
                 // Without a scratch file (a full disk), the tail is not kept:
                 // never in the supervisor's memory.
-                self.ring = self.scratch().map(|f| super::tail::TailRing::new(tail_cap, Some(f)));
+                self.ring = self.scratch().map(|f| super::tail::TailRing::new(tail_cap, f));
                 self.no_ring = self.ring.is_none();
             }
             if let Some(ring) = self.ring.as_mut().filter(|_| self.error.is_none()) {
@@ -281,10 +271,7 @@ impl Processor {
 
     /// Count, hash and store bytes that are kept.
     fn store(&mut self, bytes: Vec<u8>, lines: u64, last: u8) {
-        self.hasher.update(&bytes);
-        self.stored_bytes += bytes.len() as u64;
-        self.stored_lines += lines;
-        self.stored_last = Some(last);
+        self.count_stored(&bytes, lines, last);
         match &self.storer {
             Some(s) => {
                 if s.tx.send(bytes).is_err() {
@@ -356,9 +343,9 @@ impl Processor {
                 "[confine: {} bytes ({} lines) dropped here: the output passed its stored cap of {}; the first {} and the last {} are kept]{}",
                 dropped_bytes,
                 dropped_newlines,
-                human_bytes(cap),
-                human_bytes(self.head_cap),
-                human_bytes(cap - self.head_cap),
+                super::human_size(cap),
+                super::human_size(self.head_cap),
+                super::human_size(cap - self.head_cap),
                 if marker_newlines == 1 { "\n" } else { "" },
             );
             let head_lines = self.stored_lines;
@@ -396,12 +383,16 @@ impl Processor {
 
     /// Count and hash stored bytes written at the end (the tail).
     fn keep_stored(&mut self, bytes: &[u8]) {
-        if let Some(&l) = bytes.last() {
-            self.hasher.update(bytes);
-            self.stored_bytes += bytes.len() as u64;
-            self.stored_lines += memchr::memchr_iter(b'\n', bytes).count() as u64;
-            self.stored_last = Some(l);
+        if let Some(&last) = bytes.last() {
+            self.count_stored(bytes, memchr::memchr_iter(b'\n', bytes).count() as u64, last);
         }
+    }
+
+    fn count_stored(&mut self, bytes: &[u8], lines: u64, last: u8) {
+        self.hasher.update(bytes);
+        self.stored_bytes += bytes.len() as u64;
+        self.stored_lines += lines;
+        self.stored_last = Some(last);
     }
 
     pub(crate) fn finish(mut self) -> StreamSummary {
@@ -413,12 +404,6 @@ impl Processor {
         }
         let mut stored = StoredStream::default();
         let stream = self.sink.stream;
-        let mut store_finished = |sink: ChunkSink, error: &mut Option<String>| match sink.finish() {
-            Ok(s) => stored = s,
-            Err(e) => {
-                error.get_or_insert_with(|| format!("storing {stream}: {e}"));
-            }
-        };
         // Small output: stored here, as the store thread would have (one
         // chunk: it is under CHUNK_BYTES).
         let mut sink = None;
@@ -452,7 +437,10 @@ impl Processor {
                 }
             }
             if self.error.is_none() {
-                store_finished(s, &mut self.error);
+                match s.finish() {
+                    Ok(s) => stored = s,
+                    Err(e) => self.error = Some(format!("storing {stream}: {e}")),
+                }
             }
         }
         let unterminated = |b: Option<u8>| u64::from(b.is_some_and(|b| b != b'\n'));

@@ -136,13 +136,20 @@ impl ChunkSink {
                 self.blob = Some(w);
             }
             None => {
-                for (i, info) in self.chunks.iter().enumerate() {
-                    let end = at + info.stored_len as usize;
-                    self.backend.put_chunk(&self.handle, self.stream, i as u32, &pending[at..end])?;
-                    at = end;
-                }
+                self.put_pending(&pending)?;
                 self.direct = true;
             }
+        }
+        Ok(())
+    }
+
+    /// The pending chunks, each to the backend's own store.
+    fn put_pending(&self, pending: &[u8]) -> Result<(), ArtifactError> {
+        let mut at = 0;
+        for (i, info) in self.chunks.iter().enumerate() {
+            let end = at + info.stored_len as usize;
+            self.backend.put_chunk(&self.handle, self.stream, i as u32, &pending[at..end])?;
+            at = end;
         }
         Ok(())
     }
@@ -156,12 +163,7 @@ impl ChunkSink {
             blob = Some(pin.name().to_string());
             self.pins.lock().unwrap_or_else(|p| p.into_inner()).push(pin);
         } else if !self.direct {
-            let mut at = 0;
-            for (i, info) in self.chunks.iter().enumerate() {
-                let end = at + info.stored_len as usize;
-                self.backend.put_chunk(&self.handle, self.stream, i as u32, &self.pending[at..end])?;
-                at = end;
-            }
+            self.put_pending(&self.pending)?;
         }
         Ok(StoredStream { chunks: std::mem::take(&mut self.chunks), compressed_bytes: self.compressed, blob })
     }
