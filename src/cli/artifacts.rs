@@ -5,20 +5,22 @@
 //! that asks for nothing; 125 the store or the configuration could not be
 //! opened or read.
 
+use super::Io;
 use crate::config::Config;
 use crate::output::modes::render_stored;
 use crate::output::query::query_output;
 use crate::output::{OutputError, OutputMode, QueryRequest, RenderOptions, StreamSelect};
+use crate::relay::Command as Relayed;
 use crate::store::artifacts::{now_ms, ArtifactError, ArtifactMeta, Artifacts, StreamName};
-use crate::store::Store;
 use clap::{Args, Subcommand};
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
 
 /// Exit code of a user error (unknown handle, empty query).
 pub const EXIT_NOT_FOUND: i32 = 1;
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Subcommand, Serialize, Deserialize)]
 pub enum ArtifactsCommand {
     /// List the stored artifacts, oldest first (incomplete and expired ones too).
     Ls {
@@ -50,7 +52,7 @@ confine artifacts query run-x-1774356909696-fc5a --stream stderr --lines 100:200
     View(ViewArgs),
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct QueryArgs {
     pub handle: String,
     /// Comma-separated search terms.
@@ -73,7 +75,7 @@ pub struct QueryArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct ViewArgs {
     pub handle: String,
     /// minimal, summary, intent or digest.
@@ -87,7 +89,7 @@ pub struct ViewArgs {
     pub max_response_lines: Option<u32>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct GcArgs {
     /// Cap on the artifacts' total stored size, in bytes (default:
     /// `output.max_store_bytes` of the configuration, 1 GiB).
@@ -124,38 +126,60 @@ fn io_failure(e: std::io::Error) -> Failure {
     Failure(super::EXIT_CONFINE_FAILED, format!("cannot write the output: {e}"))
 }
 
-fn open(config: Option<&Path>) -> Result<(Artifacts, Config), Failure> {
-    let failed = |e: String| Failure(super::EXIT_CONFINE_FAILED, e);
-    let cfg = Config::load(config).map_err(|e| failed(e.to_string()))?;
-    let store = Store::open(&cfg.store_path()).map_err(|e| failed(e.to_string()))?;
-    Ok((Artifacts::open(&store).map_err(|e| failed(e.to_string()))?, cfg))
-}
-
-fn finish(result: Result<(), Failure>) -> i32 {
+fn finish(io: &mut Io, result: Result<(), Failure>) -> i32 {
     match result {
         Ok(()) => 0,
         Err(Failure(code, msg)) => {
-            eprintln!("confine: {msg}");
+            let _ = writeln!(io.err, "confine: {msg}");
             code
         }
     }
 }
 
+/// Run `command` on the store: relayed to the `confine serve` that holds
+/// it, or here.
+fn dispatch(config: Option<&Path>, command: Relayed) -> i32 {
+    let cfg = match Config::load(config) {
+        Ok(c) => c,
+        Err(e) => return finish(&mut Io::std(), Err(Failure(super::EXIT_CONFINE_FAILED, e.to_string()))),
+    };
+    super::with_store(&cfg, command, |store, command, io| match Artifacts::open(&store) {
+        Ok(a) => match command {
+            Relayed::Artifacts(cmd) => run(&a, cmd, io),
+            Relayed::Gc(args) => gc(&a, &cfg, args, io),
+            _ => {
+                finish(io, Err(Failure(super::EXIT_CONFINE_FAILED, "internal error: not an artifacts command".into())))
+            }
+        },
+        Err(e) => finish(io, Err(Failure(super::EXIT_CONFINE_FAILED, e.to_string()))),
+    })
+}
+
 pub fn main(config: Option<&Path>, cmd: ArtifactsCommand) -> i32 {
-    finish(open(config).and_then(|(a, _)| match cmd {
-        ArtifactsCommand::Ls { json } => ls(&a, json),
-        ArtifactsCommand::Show { handle, stream } => show(&a, &handle, stream.as_deref()),
-        ArtifactsCommand::Rm { handles } => rm(&a, &handles),
-        ArtifactsCommand::Query(args) => query(&a, args),
-        ArtifactsCommand::View(args) => view(&a, args),
-    }))
+    dispatch(config, Relayed::Artifacts(cmd))
+}
+
+/// Run `cmd` on `a`, writing to `io`.
+pub(crate) fn run(a: &Artifacts, cmd: ArtifactsCommand, io: &mut Io) -> i32 {
+    let result = match cmd {
+        ArtifactsCommand::Ls { json } => ls(a, json, io),
+        ArtifactsCommand::Show { handle, stream } => show(a, &handle, stream.as_deref(), io),
+        ArtifactsCommand::Rm { handles } => rm(a, &handles),
+        ArtifactsCommand::Query(args) => query(a, args, io),
+        ArtifactsCommand::View(args) => view(a, args, io),
+    };
+    finish(io, result)
 }
 
 /// `confine gc`.
 pub fn gc_main(config: Option<&Path>, args: GcArgs) -> i32 {
-    finish(open(config).and_then(|(a, cfg)| {
+    dispatch(config, Relayed::Gc(args))
+}
+
+/// Run `confine gc` on `a`, writing to `io`.
+pub(crate) fn gc(a: &Artifacts, cfg: &Config, args: GcArgs, io: &mut Io) -> i32 {
+    let result = (|| {
         let report = a.gc(args.max_bytes.unwrap_or(cfg.output.max_store_bytes))?;
-        let mut out = std::io::stdout().lock();
         let text = if args.json {
             serde_json::to_string(&report).unwrap_or_default()
         } else {
@@ -170,8 +194,9 @@ pub fn gc_main(config: Option<&Path>, args: GcArgs) -> i32 {
                 size(report.kept_bytes)
             )
         };
-        writeln!(out, "{text}").map_err(io_failure)
-    }))
+        writeln!(io.out, "{text}").map_err(io_failure)
+    })();
+    finish(io, result)
 }
 
 fn size(b: u64) -> String {
@@ -207,9 +232,9 @@ fn state(m: &ArtifactMeta, now: u64) -> String {
     }
 }
 
-fn ls(a: &Artifacts, json: bool) -> Result<(), Failure> {
+fn ls(a: &Artifacts, json: bool, io: &mut Io) -> Result<(), Failure> {
     let now = now_ms();
-    let mut out = std::io::stdout().lock();
+    let out = &mut io.out;
     let all = a.list()?;
     if !json {
         writeln!(
@@ -246,14 +271,15 @@ fn ls(a: &Artifacts, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-fn show(a: &Artifacts, handle: &str, stream: Option<&str>) -> Result<(), Failure> {
+fn show(a: &Artifacts, handle: &str, stream: Option<&str>, io: &mut Io) -> Result<(), Failure> {
     let meta = a.get(handle)?;
     let result = match stream {
-        Some("stderr") => a.copy_stream(&meta, StreamName::Stderr, &mut std::io::stdout().lock()),
-        Some(_) => a.copy_stream(&meta, StreamName::Stdout, &mut std::io::stdout().lock()),
-        None => a
-            .copy_stream(&meta, StreamName::Stdout, &mut std::io::stdout().lock())
-            .and_then(|_| a.copy_stream(&meta, StreamName::Stderr, &mut std::io::stderr().lock())),
+        Some("stderr") => a.copy_stream(&meta, StreamName::Stderr, &mut io.out),
+        Some(_) => a.copy_stream(&meta, StreamName::Stdout, &mut io.out),
+        None => a.copy_stream(&meta, StreamName::Stdout, &mut io.out).and_then(|_| {
+            let _ = io.out.flush();
+            a.copy_stream(&meta, StreamName::Stderr, &mut io.err)
+        }),
     };
     match result {
         // A reader that stopped early (`| head`) is not an error.
@@ -278,7 +304,7 @@ fn rm(a: &Artifacts, handles: &[String]) -> Result<(), Failure> {
     }
 }
 
-fn query(a: &Artifacts, args: QueryArgs) -> Result<(), Failure> {
+fn query(a: &Artifacts, args: QueryArgs, io: &mut Io) -> Result<(), Failure> {
     let mut req = QueryRequest {
         artifact_handle: args.handle,
         query_terms: args.terms,
@@ -291,7 +317,7 @@ fn query(a: &Artifacts, args: QueryArgs) -> Result<(), Failure> {
         req.set_range(spec)?;
     }
     let r = query_output(a, &req)?;
-    let mut out = std::io::stdout().lock();
+    let out = &mut io.out;
     if args.json {
         return writeln!(out, "{}", serde_json::to_string_pretty(&r).unwrap_or_default()).map_err(io_failure);
     }
@@ -316,7 +342,7 @@ fn query(a: &Artifacts, args: QueryArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn view(a: &Artifacts, args: ViewArgs) -> Result<(), Failure> {
+fn view(a: &Artifacts, args: ViewArgs, io: &mut Io) -> Result<(), Failure> {
     let opts = RenderOptions {
         output_mode: args.mode.parse::<OutputMode>()?,
         max_response_lines: args.max_response_lines,
@@ -325,5 +351,5 @@ fn view(a: &Artifacts, args: ViewArgs) -> Result<(), Failure> {
     };
     let meta = a.get(&args.handle)?;
     let v = render_stored(a, &meta, &opts)?;
-    writeln!(std::io::stdout().lock(), "{}", serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(io_failure)
+    writeln!(io.out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(io_failure)
 }

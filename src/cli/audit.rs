@@ -5,17 +5,19 @@
 //! Exit status: 0 success, 1 `verify` found a broken link, 125 the store
 //! or the configuration could not be opened.
 
+use super::Io;
 use crate::config::Config;
+use crate::relay::Command as Relayed;
 use crate::store::audit::{AuditError, AuditLog, AuditRecord};
-use crate::store::Store;
 use clap::{Args, Subcommand};
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Exit code of a `verify` that found a broken link.
 pub const EXIT_BROKEN: i32 = 1;
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Subcommand, Serialize, Deserialize)]
 pub enum AuditCommand {
     /// List the newest records, newest first.
     Ls(LsArgs),
@@ -30,7 +32,7 @@ pub enum AuditCommand {
     Export(ExportArgs),
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct LsArgs {
     /// How many records to show.
     #[arg(long, default_value_t = 20)]
@@ -40,7 +42,7 @@ pub struct LsArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct ExportArgs {
     /// JSON Lines: one record per line (the only format for now).
     #[arg(long, required = true)]
@@ -50,47 +52,59 @@ pub struct ExportArgs {
     pub output: Option<PathBuf>,
 }
 
-fn fail(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("confine: {msg}");
+fn fail(io: &mut Io, msg: impl std::fmt::Display) -> i32 {
+    let _ = writeln!(io.err, "confine: {msg}");
     super::EXIT_CONFINE_FAILED
 }
 
-fn open(config: Option<&Path>) -> Result<AuditLog, String> {
-    let cfg = Config::load(config).map_err(|e| e.to_string())?;
-    let store = Store::open(&cfg.store_path()).map_err(|e| e.to_string())?;
-    AuditLog::open(&store).map_err(|e| e.to_string())
+pub fn main(config: Option<&Path>, cmd: AuditCommand) -> i32 {
+    let cfg = match Config::load(config) {
+        Ok(c) => c,
+        Err(e) => return fail(&mut Io::std(), e),
+    };
+    let cmd = match cmd {
+        // The file is named here, where the command runs: a server it is
+        // relayed to has another working directory.
+        AuditCommand::Export(mut args) => {
+            args.output = args.output.map(|p| std::path::absolute(&p).unwrap_or(p));
+            AuditCommand::Export(args)
+        }
+        other => other,
+    };
+    super::with_store(&cfg, Relayed::Audit(cmd), |store, cmd, io| match (AuditLog::open(&store), cmd) {
+        (Ok(log), Relayed::Audit(cmd)) => run(&log, cmd, io),
+        (Err(e), _) => fail(io, e),
+        (Ok(_), _) => fail(io, "internal error: not an audit command"),
+    })
 }
 
-pub fn main(config: Option<&Path>, cmd: AuditCommand) -> i32 {
-    let log = match open(config) {
-        Ok(l) => l,
-        Err(e) => return fail(e),
-    };
+/// Run `cmd` on `log`, writing to `io`.
+pub(crate) fn run(log: &AuditLog, cmd: AuditCommand, io: &mut Io) -> i32 {
     let result = match cmd {
-        AuditCommand::Ls(args) => ls(&log, &args),
-        AuditCommand::Show { id } => log.get(&id).and_then(|r| print_json(&r, true)),
-        AuditCommand::Verify => return verify(&log),
-        AuditCommand::Export(args) => export(&log, &args),
+        AuditCommand::Ls(args) => ls(log, &args, io),
+        AuditCommand::Show { id } => log.get(&id).and_then(|r| print_json(&mut io.out, &r, true)),
+        AuditCommand::Verify => return verify(log, io),
+        AuditCommand::Export(args) => export(log, &args, io),
     };
     match result {
         Ok(()) => 0,
-        Err(e) => fail(e),
+        Err(e) => fail(io, e),
     }
 }
 
-fn print_json(record: &AuditRecord, pretty: bool) -> Result<(), AuditError> {
+fn print_json(out: &mut dyn Write, record: &AuditRecord, pretty: bool) -> Result<(), AuditError> {
     let text = if pretty { serde_json::to_string_pretty(record) } else { serde_json::to_string(record) };
     let text = text.map_err(|e| AuditError::Corrupt { seq: record.seq, message: e.to_string() })?;
-    writeln!(std::io::stdout(), "{text}")?;
+    writeln!(out, "{text}")?;
     Ok(())
 }
 
-fn ls(log: &AuditLog, args: &LsArgs) -> Result<(), AuditError> {
+fn ls(log: &AuditLog, args: &LsArgs, io: &mut Io) -> Result<(), AuditError> {
     let records = log.list(args.limit)?;
+    let out = &mut io.out;
     if args.json {
-        return records.iter().try_for_each(|r| print_json(r, false));
+        return records.iter().try_for_each(|r| print_json(out, r, false));
     }
-    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "{:>6}  {:<24}  {:<28}  {:<12}  {:<10}  {:<14}  {:<9}  EXIT",
@@ -123,30 +137,28 @@ fn ls(log: &AuditLog, args: &LsArgs) -> Result<(), AuditError> {
     Ok(())
 }
 
-fn verify(log: &AuditLog) -> i32 {
+fn verify(log: &AuditLog, io: &mut Io) -> i32 {
     match log.verify() {
         Ok(report) => match report.first_broken {
             None => {
-                let _ = writeln!(std::io::stdout(), "ok: {} records, hash chain intact", report.records);
+                let _ = writeln!(io.out, "ok: {} records, hash chain intact", report.records);
                 0
             }
             Some(b) => {
                 let id = b.id.map(|i| format!(" (id {i})")).unwrap_or_default();
                 let _ = writeln!(
-                    std::io::stdout(),
+                    io.out,
                     "broken: record {}{id}: {}; {} records before it are intact",
-                    b.seq,
-                    b.reason,
-                    report.records
+                    b.seq, b.reason, report.records
                 );
                 EXIT_BROKEN
             }
         },
-        Err(e) => fail(e),
+        Err(e) => fail(io, e),
     }
 }
 
-fn export(log: &AuditLog, args: &ExportArgs) -> Result<(), AuditError> {
+fn export(log: &AuditLog, args: &ExportArgs, io: &mut Io) -> Result<(), AuditError> {
     let n = match &args.output {
         // Written whole, then renamed over the name (`safe_fs`): an export
         // into a directory a job shares never follows what it planted.
@@ -165,8 +177,8 @@ fn export(log: &AuditLog, args: &ExportArgs) -> Result<(), AuditError> {
                 Err(WriteError::Fs(e)) => return Err(AuditError::Io(std::io::Error::other(e))),
             }
         }
-        None => log.export_jsonl(&mut std::io::stdout().lock())?,
+        None => log.export_jsonl(&mut io.out)?,
     };
-    eprintln!("confine: exported {n} audit records");
+    writeln!(io.err, "confine: exported {n} audit records")?;
     Ok(())
 }

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::job::{Network, Status};
 use crate::output::modes::RenderOptions;
 use crate::output::OutputMode;
-use crate::supervisor::exec::{ExecControl, ExecuteRequest, ExecuteResponse};
+use crate::supervisor::exec::{ExecControl, ExecuteRequest, ExecuteResponse, Live};
 use crate::supervisor::Supervisor;
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -108,6 +108,8 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // As loaded: what a running server must run with too.
+    let loaded = config.clone();
     if args.allow_degraded {
         config.runtime.allow_degraded = true;
     }
@@ -144,6 +146,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         },
         (None, id) => id.clone(),
     };
+    let adhoc = config.repos != loaded.repos;
     let env = args.env.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v))).collect();
     let req = ExecuteRequest {
         repo_id,
@@ -166,6 +169,9 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         ..ExecuteRequest::default()
     };
     let live = args.output_mode.is_none() && !args.json;
+    if let Some(conn) = crate::relay::client::connect(&config.store_path()) {
+        return relay(conn, &loaded, req, live, adhoc, &args);
+    }
     // Before the runtime's threads: output capture must not grow the heap.
     crate::supervisor::tune_allocator();
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -186,7 +192,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
                 _ => std::future::pending::<()>().await,
             }
         });
-        let ctl = ExecControl { live, cancel: Some(cancel), ..ExecControl::default() };
+        let ctl = ExecControl { live: live.then_some(Live::Own), cancel: Some(cancel), ..ExecControl::default() };
         Ok::<_, String>((sup.execute(req, ctl).await, sup))
     });
     let (resp, sup) = match resp {
@@ -205,6 +211,45 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     std::mem::forget(sup);
     rt.shutdown_background();
     code
+}
+
+/// Run the request on the `confine serve` that holds the store: the job
+/// is that server's, its output comes here as it runs, and Ctrl-C here
+/// kills it.
+fn relay(
+    conn: Result<crate::relay::client::Connection, crate::relay::RelayError>,
+    loaded: &Config,
+    request: ExecuteRequest,
+    live: bool,
+    adhoc: bool,
+    args: &ExecArgs,
+) -> i32 {
+    let conn = match conn {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let pid = conn.pid();
+    if adhoc {
+        return fail(format!(
+            "the store is held by `confine serve` (pid {pid}), which runs only the repositories of its \
+             configuration, and --repo is not one of them: add it under [[repos]] in the configuration, \
+             or stop the server"
+        ));
+    }
+    if args.allow_degraded && !loaded.runtime.allow_degraded {
+        return fail(format!(
+            "the store is held by `confine serve` (pid {pid}), whose configuration does not allow degraded \
+             runs: set allow_degraded = true under [runtime] there, or stop the server"
+        ));
+    }
+    let command = crate::relay::Command::Exec(crate::relay::ExecRelay { request, live });
+    match conn.call(loaded, &command) {
+        Ok(reply) => match reply.exec {
+            Some(resp) => report(&resp, args),
+            None => fail(format!("the running `confine serve` (pid {pid}) answered without a response")),
+        },
+        Err(e) => fail(e),
+    }
 }
 
 fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {

@@ -7,20 +7,21 @@
 //! (nothing was written), or with `check --strict` stale memories; 125 the
 //! configuration or the store could not be opened or written.
 
+use super::Io;
 use crate::config::Config;
+use crate::relay::Command as Relayed;
 use crate::store::memory::{
     Memory, MemoryError, MemoryService, MemoryType, QueryRequest, RemoveRequest, SortBy, StoreRequest, SurfaceRequest,
 };
-use crate::store::Store;
 use clap::{Args, Subcommand};
-use serde::Serialize;
-use std::io::Read;
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// Exit code of a refused call (bad input, unknown id) or stale memories under `check --strict`.
 pub const EXIT_REFUSED: i32 = 1;
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Subcommand, Serialize, Deserialize)]
 pub enum MemoryCommand {
     /// Store a memory (or update one with --memory-id); a duplicate returns the existing id.
     #[command(
@@ -47,7 +48,7 @@ confine memory query --type bugfix --tag auth --sort-by confidence\n  confine me
 }
 
 /// Which repository: `--repo-id`, or `--repo DIR` of a configured one, or the only one.
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct RepoArgs {
     /// A repository of [[repos]] in confine.toml (default: the only one configured).
     #[arg(long, value_name = "ID", conflicts_with = "repo")]
@@ -60,7 +61,7 @@ pub struct RepoArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct StoreArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
@@ -93,7 +94,7 @@ pub struct StoreArgs {
     pub memory_id: Option<String>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct QueryArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
@@ -119,7 +120,7 @@ pub struct QueryArgs {
     pub sort_by: Option<String>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct RmArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
@@ -129,7 +130,7 @@ pub struct RmArgs {
     pub delete_file: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct SurfaceArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
@@ -147,7 +148,7 @@ pub struct SurfaceArgs {
     pub limit: u32,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct AllArgs {
     /// Only this repository (default: every configured one).
     #[arg(long, value_name = "ID")]
@@ -160,7 +161,7 @@ pub struct AllArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize, Deserialize)]
 pub struct LogArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
@@ -192,47 +193,108 @@ fn refused(msg: impl Into<String>) -> Failure {
 }
 
 pub fn main(config: Option<&Path>, cmd: MemoryCommand) -> i32 {
-    match run(config, cmd) {
+    let prepared = Config::load(config)
+        .map_err(|e| Failure(super::EXIT_CONFINE_FAILED, e.to_string()))
+        .and_then(|cfg| Ok((resolve_here(&cfg, cmd)?, cfg)));
+    let (cmd, cfg) = match prepared {
+        Ok(p) => p,
+        Err(f) => return report(&mut Io::std(), Err(f)),
+    };
+    super::with_store(&cfg, Relayed::Memory(cmd), |store, cmd, io| {
+        let Relayed::Memory(cmd) = cmd else {
+            return report(io, Err(Failure(super::EXIT_CONFINE_FAILED, "internal error: not a memory command".into())));
+        };
+        match MemoryService::open(&store, &cfg.repos) {
+            Ok(svc) => run(&cfg, &svc, cmd, io),
+            Err(e) => report(io, Err(e.into())),
+        }
+    })
+}
+
+/// What only this process can resolve, resolved before the command runs
+/// here or is relayed to a server (another working directory, another
+/// standard input): `--content-file` read into `--content`, `--repo DIR`
+/// turned into its repository's id.
+fn resolve_here(cfg: &Config, cmd: MemoryCommand) -> Result<MemoryCommand, Failure> {
+    let by_id = |a: RepoArgs| -> Result<RepoArgs, Failure> {
+        match &a.repo {
+            Some(_) => Ok(RepoArgs { repo_id: Some(repo_id(cfg, &a)?), repo: None, json: a.json }),
+            None => Ok(a),
+        }
+    };
+    Ok(match cmd {
+        MemoryCommand::Store(mut a) => {
+            a.content = Some(content(&a)?);
+            a.content_file = None;
+            a.repo = by_id(a.repo)?;
+            MemoryCommand::Store(a)
+        }
+        MemoryCommand::Query(mut a) => {
+            a.repo = by_id(a.repo)?;
+            MemoryCommand::Query(a)
+        }
+        MemoryCommand::Rm(mut a) => {
+            a.repo = by_id(a.repo)?;
+            MemoryCommand::Rm(a)
+        }
+        MemoryCommand::Surface(mut a) => {
+            a.repo = by_id(a.repo)?;
+            MemoryCommand::Surface(a)
+        }
+        MemoryCommand::Log(mut a) => {
+            a.repo = by_id(a.repo)?;
+            MemoryCommand::Log(a)
+        }
+        other => other,
+    })
+}
+
+fn report(io: &mut Io, result: Result<i32, Failure>) -> i32 {
+    match result {
         Ok(code) => code,
         Err(Failure(code, msg)) => {
-            eprintln!("confine memory: {msg}");
+            let _ = writeln!(io.err, "confine memory: {msg}");
             code
         }
     }
 }
 
-fn run(config: Option<&Path>, cmd: MemoryCommand) -> Result<i32, Failure> {
-    let cfg = Config::load(config).map_err(|e| Failure(super::EXIT_CONFINE_FAILED, e.to_string()))?;
-    let store = Store::open(&cfg.store_path()).map_err(|e| Failure(super::EXIT_CONFINE_FAILED, e.to_string()))?;
-    let svc = MemoryService::open(&store, &cfg.repos)?;
+/// Run `cmd` with `svc`, writing to `io`.
+pub(crate) fn run(cfg: &Config, svc: &MemoryService, cmd: MemoryCommand, io: &mut Io) -> i32 {
+    let result = run_inner(cfg, svc, cmd, io);
+    report(io, result)
+}
+
+fn run_inner(cfg: &Config, svc: &MemoryService, cmd: MemoryCommand, io: &mut Io) -> Result<i32, Failure> {
     match cmd {
-        MemoryCommand::Store(a) => store_cmd(&cfg, &svc, a),
-        MemoryCommand::Query(a) => query_cmd(&cfg, &svc, a),
+        MemoryCommand::Store(a) => store_cmd(cfg, svc, a, io),
+        MemoryCommand::Query(a) => query_cmd(cfg, svc, a, io),
         MemoryCommand::Rm(a) => {
             let req = RemoveRequest {
-                repo_id: repo_id(&cfg, &a.repo)?,
+                repo_id: repo_id(cfg, &a.repo)?,
                 memory_id: a.memory_id,
                 delete_file: Some(a.delete_file),
             };
             let r = svc.remove(&req)?;
             let deleted = if r.file_deleted { " and its file" } else { "" };
-            emit(a.repo.json, &r, || println!("removed {}{deleted}", r.memory_id))
+            emit(io, a.repo.json, &r, |out| writeln!(out, "removed {}{deleted}", r.memory_id))
         }
-        MemoryCommand::Surface(a) => surface_cmd(&cfg, &svc, a),
-        MemoryCommand::Check(a) => each_repo(&cfg, &a, |id| {
+        MemoryCommand::Surface(a) => surface_cmd(cfg, svc, a, io),
+        MemoryCommand::Check(a) => each_repo(cfg, &a, |id| {
             let r = svc.check(id)?;
             let newly = if r.newly_stale.is_empty() {
                 String::new()
             } else {
                 format!(" (newly: {})", r.newly_stale.join(", "))
             };
-            emit(a.json, &r, || println!("{id}: {} checked, {} stale{newly}", r.checked, r.stale))?;
+            emit(io, a.json, &r, |out| writeln!(out, "{id}: {} checked, {} stale{newly}", r.checked, r.stale))?;
             Ok(a.strict && r.stale > 0)
         }),
-        MemoryCommand::Sync(a) => each_repo(&cfg, &a, |id| {
+        MemoryCommand::Sync(a) => each_repo(cfg, &a, |id| {
             let r = svc.sync(id)?;
-            emit(a.json, &r, || {
-                println!(
+            emit(io, a.json, &r, |out| {
+                writeln!(
+                    out,
                     "{id}: {} imported, {} updated, {} rewritten, {} unchanged, {} missing",
                     r.imported.len(),
                     r.updated.len(),
@@ -242,23 +304,32 @@ fn run(config: Option<&Path>, cmd: MemoryCommand) -> Result<i32, Failure> {
                 )
             })?;
             for p in &r.problems {
-                eprintln!("confine memory: {id}: {}: {}", p.file, p.message);
+                let _ = writeln!(io.err, "confine memory: {id}: {}: {}", p.file, p.message);
             }
             Ok(a.strict && !r.problems.is_empty())
         }),
         MemoryCommand::Log(a) => {
-            let entries = svc.log(&repo_id(&cfg, &a.repo)?, a.memory_id.as_deref(), a.limit)?;
+            let entries = svc.log(&repo_id(cfg, &a.repo)?, a.memory_id.as_deref(), a.limit)?;
             for e in &entries {
                 if a.repo.json {
-                    println!("{}", serde_json::to_string(e).unwrap_or_default());
+                    writeln!(io.out, "{}", serde_json::to_string(e).unwrap_or_default()).map_err(io_failure)?;
                 } else {
                     let detail = e.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
-                    println!("{:>6}  {}  {:<16} {}  {}{detail}", e.seq, e.timestamp, e.op, e.memory_id, e.title);
+                    writeln!(
+                        io.out,
+                        "{:>6}  {}  {:<16} {}  {}{detail}",
+                        e.seq, e.timestamp, e.op, e.memory_id, e.title
+                    )
+                    .map_err(io_failure)?;
                 }
             }
             Ok(0)
         }
     }
+}
+
+fn io_failure(e: std::io::Error) -> Failure {
+    Failure(super::EXIT_CONFINE_FAILED, format!("cannot write the output: {e}"))
 }
 
 /// The repository a command names: `--repo-id`, `--repo DIR` (a configured
@@ -296,29 +367,40 @@ fn memory_type(s: &str) -> Result<MemoryType, Failure> {
 }
 
 /// Print `value` as JSON, or run `human`.
-fn emit<T: Serialize>(json: bool, value: &T, human: impl FnOnce()) -> Result<i32, Failure> {
+fn emit<T: Serialize>(
+    io: &mut Io,
+    json: bool,
+    value: &T,
+    human: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<i32, Failure> {
     if json {
         let text = serde_json::to_string(value).map_err(|e| Failure(super::EXIT_CONFINE_FAILED, e.to_string()))?;
-        println!("{text}");
+        writeln!(io.out, "{text}").map_err(io_failure)?;
     } else {
-        human();
+        human(&mut io.out).map_err(io_failure)?;
     }
     Ok(0)
 }
 
-fn store_cmd(cfg: &Config, svc: &MemoryService, a: StoreArgs) -> Result<i32, Failure> {
-    let content = match (a.content, &a.content_file) {
-        (Some(c), _) => c,
+/// The content of `memory store`: `--content`, or `--content-file` (`-`:
+/// standard input).
+fn content(a: &StoreArgs) -> Result<String, Failure> {
+    match (&a.content, &a.content_file) {
+        (Some(c), _) => Ok(c.clone()),
         (None, Some(p)) if p.as_os_str() == "-" => {
             let mut s = String::new();
             std::io::stdin().read_to_string(&mut s).map_err(|e| refused(format!("reading standard input: {e}")))?;
-            s
+            Ok(s)
         }
         (None, Some(p)) => {
-            std::fs::read_to_string(p).map_err(|e| refused(format!("--content-file {}: {e}", p.display())))?
+            std::fs::read_to_string(p).map_err(|e| refused(format!("--content-file {}: {e}", p.display())))
         }
-        (None, None) => return Err(refused("give --content or --content-file")),
-    };
+        (None, None) => Err(refused("give --content or --content-file")),
+    }
+}
+
+fn store_cmd(cfg: &Config, svc: &MemoryService, a: StoreArgs, io: &mut Io) -> Result<i32, Failure> {
+    let content = content(&a)?;
     let req = StoreRequest {
         repo_id: repo_id(cfg, &a.repo)?,
         memory_type: memory_type(&a.memory_type)?,
@@ -331,17 +413,17 @@ fn store_cmd(cfg: &Config, svc: &MemoryService, a: StoreArgs) -> Result<i32, Fai
         memory_id: a.memory_id,
     };
     let r = svc.store(&req)?;
-    emit(a.repo.json, &r, || {
+    emit(io, a.repo.json, &r, |out| {
         let what = match (r.created, r.deduplicated) {
             (true, _) => "stored",
             (false, true) => "already stored as",
             (false, false) => "updated",
         };
-        println!("{what} {}", r.memory_id);
+        writeln!(out, "{what} {}", r.memory_id)
     })
 }
 
-fn query_cmd(cfg: &Config, svc: &MemoryService, a: QueryArgs) -> Result<i32, Failure> {
+fn query_cmd(cfg: &Config, svc: &MemoryService, a: QueryArgs, io: &mut Io) -> Result<i32, Failure> {
     let types = a.types.iter().map(|t| memory_type(t)).collect::<Result<Vec<_>, _>>()?;
     let req = QueryRequest {
         repo_id: repo_id(cfg, &a.repo)?,
@@ -354,15 +436,15 @@ fn query_cmd(cfg: &Config, svc: &MemoryService, a: QueryArgs) -> Result<i32, Fai
         sort_by: a.sort_by.as_deref().map(|s| if s == "confidence" { SortBy::Confidence } else { SortBy::Recency }),
     };
     let r = svc.query(&req)?;
-    emit(a.repo.json, &r, || {
+    emit(io, a.repo.json, &r, |out| {
         for m in &r.memories {
-            println!("{}", line(m, None));
+            writeln!(out, "{}", line(m, None))?;
         }
-        println!("{} of {} shown", r.memories.len(), r.total);
+        writeln!(out, "{} of {} shown", r.memories.len(), r.total)
     })
 }
 
-fn surface_cmd(cfg: &Config, svc: &MemoryService, a: SurfaceArgs) -> Result<i32, Failure> {
+fn surface_cmd(cfg: &Config, svc: &MemoryService, a: SurfaceArgs, io: &mut Io) -> Result<i32, Failure> {
     let req = SurfaceRequest {
         repo_id: repo_id(cfg, &a.repo)?,
         symbol_ids: a.symbols,
@@ -371,11 +453,12 @@ fn surface_cmd(cfg: &Config, svc: &MemoryService, a: SurfaceArgs) -> Result<i32,
         limit: Some(a.limit),
     };
     let r = svc.surface(&req)?;
-    emit(a.repo.json, &r, || {
+    emit(io, a.repo.json, &r, |out| {
         for s in &r.memories {
             let matched: Vec<&str> = s.matched_symbols.iter().chain(&s.matched_files).map(String::as_str).collect();
-            println!("{}  (matched: {})", line(&s.memory, Some(s.score)), matched.join(", "));
+            writeln!(out, "{}  (matched: {})", line(&s.memory, Some(s.score)), matched.join(", "))?;
         }
+        Ok(())
     })
 }
 

@@ -14,6 +14,7 @@ pub mod serve;
 mod stdio;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 
 /// Exit code when confine itself failed.
 pub const EXIT_CONFINE_FAILED: i32 = 125;
@@ -61,6 +62,71 @@ pub enum Command {
     /// Store, search, surface and check the memories of the configured repositories.
     #[command(subcommand)]
     Memory(memory::MemoryCommand),
+}
+
+/// Where a command writes: this process's standard output and error, or,
+/// for a command relayed to a running `confine serve` ([`crate::relay`]),
+/// the client's, passed over the store's socket.
+pub struct Io {
+    pub out: Box<dyn Write + Send>,
+    pub err: Box<dyn Write + Send>,
+}
+
+impl Io {
+    /// This process's standard output and error.
+    pub fn std() -> Io {
+        Io { out: Box::new(std::io::stdout()), err: Box::new(std::io::stderr()) }
+    }
+
+    /// Write what is buffered (a relayed command's output is).
+    pub fn flush(&mut self) {
+        let _ = self.out.flush();
+        let _ = self.err.flush();
+    }
+}
+
+/// Run a store command: relayed to the `confine serve` that holds the
+/// store ([`crate::relay`]), else here, on the store opened for it.
+pub(crate) fn with_store(
+    cfg: &crate::config::Config,
+    command: crate::relay::Command,
+    local: impl FnOnce(crate::store::Store, crate::relay::Command, &mut Io) -> i32,
+) -> i32 {
+    let path = cfg.store_path();
+    #[cfg(target_os = "linux")]
+    if let Some(r) = crate::relay::client::call(&path, cfg, &command) {
+        return relayed(r);
+    }
+    match crate::store::Store::open(&path) {
+        Ok(store) => {
+            let mut io = Io::std();
+            let code = local(store, command, &mut io);
+            io.flush();
+            code
+        }
+        Err(e) => {
+            // A server that took the store a moment ago listens by now.
+            #[cfg(target_os = "linux")]
+            if matches!(e, crate::store::StoreError::Busy { .. }) {
+                if let Some(r) = crate::relay::client::call(&path, cfg, &command) {
+                    return relayed(r);
+                }
+            }
+            eprintln!("confine: {e}");
+            EXIT_CONFINE_FAILED
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn relayed(r: Result<crate::relay::Reply, crate::relay::RelayError>) -> i32 {
+    match r {
+        Ok(reply) => reply.exit,
+        Err(e) => {
+            eprintln!("confine: {e}");
+            EXIT_CONFINE_FAILED
+        }
+    }
 }
 
 /// Parse the command line, run it, and return the process exit code.

@@ -66,12 +66,14 @@ async fn run(config: Option<&Path>, args: ServeArgs) -> Result<(), McpError> {
     // One config and one sled store for every service (sled allows one open per process).
     let services = crate::mcp::services(config)?;
     let service = services.runtime.clone();
-    let server = match crate::mcp::serve_memory(&services.config, &services.store).await? {
+    let memory = crate::mcp::serve_memory(&services.config, &services.store).await?;
+    let server = match memory.clone() {
         Some(memory) => ConfineServer::new(service.clone()).with_memory(memory),
         None => ConfineServer::new(service.clone()),
     };
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone());
+    let relay = start_relay(&services, memory, shutdown.clone());
     let served = match args.http {
         Some(addr) => {
             let env = std::env::var(TOKEN_ENV).ok();
@@ -88,11 +90,47 @@ async fn run(config: Option<&Path>, args: ServeArgs) -> Result<(), McpError> {
     // Transports are closed: no new calls. Kill what still runs, keep the
     // session's usage, and let the service flush its store.
     shutdown.cancel();
+    // Relayed jobs are killed and the socket removed before the store closes.
+    if let Some(relay) = relay {
+        let _ = relay.await;
+    }
     if let Err(e) = service.record_usage(&server.usage().snapshot()).await {
         tracing::warn!(error = %e, "could not record this session's usage");
     }
     service.shutdown().await;
     served
+}
+
+/// Listen on the store's socket, so that the CLI's store commands reach
+/// this server while it holds the store ([`crate::relay`]). Without it the
+/// server still serves MCP; those commands then say which pid holds the store.
+#[cfg(target_os = "linux")]
+fn start_relay(
+    services: &crate::mcp::Services,
+    memory: Option<std::sync::Arc<crate::store::memory::MemoryService>>,
+    shutdown: CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    use crate::relay::server::{Context, Listener};
+    let listener = match Listener::bind(services.store.path()) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen on the store's socket: `confine exec`, `audit`, `artifacts`, `memory` and `gc` cannot reach this server");
+            return None;
+        }
+    };
+    tracing::info!(socket = %listener.path().display(), "the CLI's store commands are relayed here");
+    let ctx = Context::new(services.config.clone(), services.supervisor.clone(), memory, shutdown);
+    Some(tokio::spawn(listener.serve(std::sync::Arc::new(ctx))))
+}
+
+/// No governed runtime off Linux, so no server to relay to (`services` fails first).
+#[cfg(not(target_os = "linux"))]
+fn start_relay(
+    _services: &crate::mcp::Services,
+    _memory: Option<std::sync::Arc<crate::store::memory::MemoryService>>,
+    _shutdown: CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    None
 }
 
 /// Cancel `shutdown` on SIGTERM or SIGINT.

@@ -69,6 +69,10 @@ pub struct Services {
     pub config: crate::config::Config,
     pub store: crate::store::Store,
     pub runtime: Arc<dyn RuntimeService>,
+    /// The supervisor behind `runtime`: commands relayed over the store's
+    /// socket run on it ([`crate::relay`]).
+    #[cfg(target_os = "linux")]
+    pub supervisor: Arc<crate::supervisor::Supervisor>,
 }
 
 /// Load the config, open the store once, and start the supervisor.
@@ -78,8 +82,9 @@ pub fn services(config_path: Option<&Path>) -> Result<Services, McpError> {
     let store = crate::store::Store::open(&config.store_path()).map_err(|e| McpError::Service(e.to_string()))?;
     let sup = crate::supervisor::Supervisor::with_store(config.clone(), store.clone())
         .map_err(|e| McpError::Service(e.to_string()))?;
-    let runtime: Arc<dyn RuntimeService> = Arc::new(real::SupervisorService::new(Arc::new(sup)));
-    Ok(Services { config, store, runtime })
+    let supervisor = Arc::new(sup);
+    let runtime: Arc<dyn RuntimeService> = Arc::new(real::SupervisorService::new(supervisor.clone()));
+    Ok(Services { config, store, runtime, supervisor })
 }
 
 /// The governed runtime needs the Linux sandbox; the degraded backends

@@ -85,6 +85,7 @@ pub(crate) fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Re
 
 impl Blobs {
     pub(crate) fn open(dir: &Path) -> std::io::Result<Blobs> {
+        #[cfg_attr(not(unix), allow(unused_mut))]
         let mut builder = std::fs::DirBuilder::new();
         #[cfg(unix)]
         std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);

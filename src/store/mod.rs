@@ -299,7 +299,13 @@ fn lock(path: &Path) -> Result<File, StoreError> {
     Ok(file)
 }
 
+/// The pid the store's `LOCK` names: its holder's while it is held.
+pub fn holder_pid(path: &Path) -> Option<u32> {
+    read_small(&path.join(LOCK_FILE)).ok()?.trim().parse().ok()
+}
+
 /// The command line of `pid`, for the message that names it (Linux).
+#[cfg(unix)]
 fn process_name(pid: u32) -> Option<String> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let words: Vec<String> = cmdline

@@ -121,8 +121,9 @@ pub struct Progress {
 /// What the caller of [`Supervisor::execute`] controls.
 #[derive(Default)]
 pub struct ExecControl {
-    /// Also copy the job's output to our own stdout/stderr as it comes.
-    pub live: bool,
+    /// Also copy the job's output as it comes: to our own stdout/stderr,
+    /// or to a relayed client's.
+    pub live: Option<Live>,
     /// Resolves when the caller cancels: the tree is killed at once.
     pub cancel: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// Receives the byte count and elapsed time every `progress_every`.
@@ -131,6 +132,61 @@ pub struct ExecControl {
     /// Receives a copy of the output as it comes (stdout and stderr
     /// interleaved), up to [`MIRROR_CAP`] bytes: `runtime_jobs` reads it.
     pub mirror: Option<Mirror>,
+}
+
+/// Where live output goes.
+#[derive(Clone)]
+pub enum Live {
+    /// This process's standard output and error.
+    Own,
+    /// Descriptors a client of the store's socket passed
+    /// ([`crate::relay`]): its standard output and error.
+    To { stdout: Arc<std::fs::File>, stderr: Arc<std::fs::File> },
+}
+
+/// How long a client's output may refuse bytes before its live copy is
+/// given up (the artifact keeps everything).
+const LIVE_STALL: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Live {
+    fn write(&self, stream: StreamName, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        match (self, stream) {
+            (Live::Own, StreamName::Stdout) => std::io::stdout().lock().write_all(bytes),
+            (Live::Own, StreamName::Stderr) => std::io::stderr().lock().write_all(bytes),
+            (Live::To { stdout, .. }, StreamName::Stdout) => write_unstalled(stdout, bytes),
+            (Live::To { stderr, .. }, StreamName::Stderr) => write_unstalled(stderr, bytes),
+        }
+    }
+}
+
+/// Write to a client's descriptor without blocking for more than
+/// [`LIVE_STALL`] at a time: a client whose reader stopped (`| sleep`)
+/// must not hold the capture, and with it the job's record. The file
+/// description is the client's, so it stays blocking: each write waits
+/// for room (`POLLOUT`: at least `PIPE_BUF` bytes free in a pipe) and is
+/// at most that size.
+fn write_unstalled(file: &std::fs::File, mut bytes: &[u8]) -> std::io::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    const PIPE_BUF: usize = 4096;
+    let timeout = PollTimeout::try_from(LIVE_STALL).unwrap_or(PollTimeout::MAX);
+    while !bytes.is_empty() {
+        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLOUT)];
+        match poll(&mut fds, timeout) {
+            Ok(0) => return Err(std::io::ErrorKind::TimedOut.into()),
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        let n = (&*file).write(&bytes[..bytes.len().min(PIPE_BUF)])?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        bytes = &bytes[n..];
+    }
+    Ok(())
 }
 
 /// Output seen so far by a running job, bounded.
@@ -143,7 +199,7 @@ pub const MIRROR_CAP: usize = 1 << 20;
 /// progress), the mirror, and in live mode a copy to our own terminal.
 struct Tap {
     count: Arc<AtomicU64>,
-    live: Option<StreamName>,
+    live: Option<(StreamName, Live)>,
     mirror: Option<Mirror>,
     /// The mirror is returned to callers (`runtime_jobs`): it is redacted
     /// like the stored output. (Live output is the operator's own terminal.)
@@ -151,7 +207,8 @@ struct Tap {
 }
 
 impl Tap {
-    fn new(count: &Arc<AtomicU64>, live: Option<StreamName>, ctl: &ExecControl, r: Option<&Redactor>) -> Self {
+    fn new(count: &Arc<AtomicU64>, stream: StreamName, ctl: &ExecControl, r: Option<&Redactor>) -> Self {
+        let live = ctl.live.clone().map(|l| (stream, l));
         Tap { count: count.clone(), live, mirror: ctl.mirror.clone(), mirror_redact: r.map(Redactor::stream) }
     }
 
@@ -162,13 +219,12 @@ impl Tap {
         if let Some(m) = &self.mirror {
             mirror_append(m, new, eof, self.mirror_redact.as_mut());
         }
-        if let Some(stream) = self.live {
-            use std::io::Write;
-            // A closed terminal must not stop the capture.
-            let _ = match stream {
-                StreamName::Stdout => std::io::stdout().lock().write_all(new),
-                StreamName::Stderr => std::io::stderr().lock().write_all(new),
-            };
+        if let Some((stream, live)) = &self.live {
+            // A closed terminal must not stop the capture; a client's
+            // output that failed or stalled is given up.
+            if live.write(*stream, new).is_err() && matches!(live, Live::To { .. }) {
+                self.live = None;
+            }
         }
     }
 }
@@ -440,10 +496,9 @@ impl Supervisor {
         let cap = Capture::start(Some(&stores.artifacts), repo_id, output, redactor.clone(), persist);
         let started = Instant::now();
         let count = Arc::new(AtomicU64::new(0));
-        let live = ctl.live;
         let r = redactor.as_ref();
-        let out = job.stdout().map(|p| (p, Tap::new(&count, live.then_some(StreamName::Stdout), ctl, r)));
-        let err = job.stderr().map(|p| (p, Tap::new(&count, live.then_some(StreamName::Stderr), ctl, r)));
+        let out = job.stdout().map(|p| (p, Tap::new(&count, StreamName::Stdout, ctl, r)));
+        let err = job.stderr().map(|p| (p, Tap::new(&count, StreamName::Stderr, ctl, r)));
         if let (Some(text), Some(mut stdin)) = (req.stdin.clone(), job.take_stdin()) {
             tokio::spawn(async move {
                 // A job that does not read its stdin must not block us.

@@ -1,0 +1,116 @@
+//! The client side: find a running server at the store's socket, check
+//! that it is the store's holder, and relay one command to it.
+
+use super::{Command, RelayError, Reply, MAX_REPLY_BYTES, PROTOCOL, SOCKET_NAME};
+use crate::config::Config;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+/// A connection to the `confine serve` that holds a store, checked.
+pub struct Connection {
+    stream: UnixStream,
+    path: std::path::PathBuf,
+    pid: u32,
+}
+
+/// Relay `command` to the `confine serve` holding the store at `store`.
+/// `None`: no server answers there, and the caller opens the store itself.
+pub fn call(store: &Path, config: &Config, command: &Command) -> Option<Result<Reply, RelayError>> {
+    connect(store).map(|c| c.and_then(|c| c.call(config, command)))
+}
+
+/// Connect to the server at the store's socket. `None`: no server answers
+/// there (no socket, or one a dead server left).
+pub fn connect(store: &Path) -> Option<Result<Connection, RelayError>> {
+    let path = store.join(SOCKET_NAME);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_socket() => {}
+        // Absent, or not a socket: nobody serves here.
+        _ => return None,
+    }
+    let stream = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        // A server killed before it could remove its socket.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ENOENT)) => return None,
+        Err(source) => return Some(Err(RelayError::Io { path, source })),
+    };
+    Some(check(path, store, stream))
+}
+
+/// The peer must be the store's holder, under our uid: a socket planted in
+/// the directory is never sent a command, a descriptor or a configuration.
+fn check(path: std::path::PathBuf, store: &Path, stream: UnixStream) -> Result<Connection, RelayError> {
+    let peer = match nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials) {
+        Ok(p) => p,
+        Err(e) => return Err(RelayError::Io { path, source: e.into() }),
+    };
+    let untrusted = |path, message: String| RelayError::Untrusted { path, message };
+    let uid = nix::unistd::geteuid().as_raw();
+    if peer.uid() != uid {
+        let message =
+            format!("it is served by uid {}, not this user (uid {uid}): remove it, or stop that process", peer.uid());
+        return Err(untrusted(path, message));
+    }
+    // The lock is read after the connection: a server that took the store
+    // over wrote its pid there before it listened.
+    let holder = crate::store::holder_pid(store);
+    let pid = u32::try_from(peer.pid()).unwrap_or(0);
+    if holder != Some(pid) {
+        let held = holder.map(|h| format!("pid {h}")).unwrap_or_else(|| "nobody".into());
+        let message =
+            format!("it is served by pid {pid}, but the store is held by {held}: remove the socket if no server runs");
+        return Err(untrusted(path, message));
+    }
+    Ok(Connection { stream, path, pid })
+}
+
+impl Connection {
+    /// The server's pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Send `command`, with our standard output and error, and wait for
+    /// the reply. The command's output is written there by the server.
+    pub fn call(self, config: &Config, command: &Command) -> Result<Reply, RelayError> {
+        let io = |source| RelayError::Io { path: self.path.clone(), source };
+        let request = RequestRef { protocol: PROTOCOL, config, command };
+        let bytes = super::frame(&request).map_err(io)?;
+        send_with_stdio(&self.stream, &bytes).map_err(io)?;
+        let mut reader = &self.stream;
+        let reply: Reply = super::read_frame(&mut reader, &[], MAX_REPLY_BYTES)?;
+        match reply.refused {
+            Some(message) => Err(RelayError::Refused { pid: self.pid, message }),
+            None => Ok(reply),
+        }
+    }
+}
+
+/// A [`super::Request`] by reference, as sent.
+#[derive(serde::Serialize)]
+struct RequestRef<'a> {
+    protocol: u32,
+    config: &'a Config,
+    command: &'a Command,
+}
+
+/// Send `bytes`, passing our standard output and error with the first part.
+fn send_with_stdio(stream: &UnixStream, bytes: &[u8]) -> std::io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::io::Write;
+    let fds = [libc::STDOUT_FILENO, libc::STDERR_FILENO];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [std::io::IoSlice::new(bytes)];
+    let sent = loop {
+        match sendmsg::<()>(stream.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None) {
+            Ok(n) => break n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut w = stream;
+    w.write_all(&bytes[sent..])?;
+    w.flush()
+}

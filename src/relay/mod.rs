@@ -1,0 +1,152 @@
+//! The store's local socket, `<store>/serve.sock`: while `confine serve`
+//! holds the store, the CLI's store commands (`exec`, `audit`,
+//! `artifacts`, `memory`, `gc`) are relayed to it, and run there on the
+//! store it has open, instead of failing on the store's lock.
+//!
+//! Trust. The socket is made mode 0600 in the store's directory, and each
+//! side checks the other's credentials (`SO_PEERCRED`), as the directory's
+//! mode may have been loosened:
+//! - the server serves only clients of its own uid, which could open the
+//!   store themselves were it free;
+//! - the client talks only to the process that holds the store's lock,
+//!   under its own uid: a socket planted in the directory is never sent
+//!   a command, a file descriptor or a configuration.
+//!
+//! The server runs a command only under the configuration it runs with:
+//! a client whose configuration differs is refused, and says so, rather
+//! than have its command run under another policy.
+//!
+//! Wire: one request per connection. The client sends its request as a
+//! frame (a little-endian `u32` length, then JSON) and passes its
+//! standard output and error with it (`SCM_RIGHTS`); the command's output
+//! goes straight to them. The server answers with one frame, a [`Reply`].
+//! A client that goes away (Ctrl-C) closes the connection: a relayed job
+//! is killed then, as a cancelled MCP call's is.
+
+// Off Linux (no `SO_PEERCRED`, no governed runtime) nothing is relayed:
+// the framing is unused there.
+#![cfg_attr(not(target_os = "linux"), allow(dead_code))]
+
+#[cfg(target_os = "linux")]
+pub mod client;
+#[cfg(target_os = "linux")]
+pub mod server;
+
+use crate::cli::artifacts::{ArtifactsCommand, GcArgs};
+use crate::cli::audit::AuditCommand;
+use crate::cli::memory::MemoryCommand;
+use crate::config::Config;
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+
+/// The socket's name in the store's directory.
+pub const SOCKET_NAME: &str = "serve.sock";
+
+/// The wire's version: a server refuses a request of another version.
+pub const PROTOCOL: u32 = 1;
+
+/// The largest reply a client reads (a relayed `exec --json` carries the
+/// rendered output).
+pub(crate) const MAX_REPLY_BYTES: u32 = 256 << 20;
+
+/// A command a client relays.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Command {
+    Audit(AuditCommand),
+    Artifacts(ArtifactsCommand),
+    Gc(GcArgs),
+    Memory(MemoryCommand),
+    /// A governed execution, resolved by the client (code and stdin files
+    /// read, environment values taken, the repository named by id).
+    #[cfg(target_os = "linux")]
+    Exec(ExecRelay),
+}
+
+/// `confine exec`, relayed.
+#[cfg(target_os = "linux")]
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ExecRelay {
+    pub request: crate::supervisor::exec::ExecuteRequest,
+    /// Copy the job's output to the client's descriptors as it comes.
+    pub live: bool,
+}
+
+/// What a client sends.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Request {
+    pub protocol: u32,
+    /// The client's configuration: the server runs the command only if it
+    /// is the one the server runs with.
+    pub config: Config,
+    pub command: Command,
+}
+
+/// What the server answers.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Reply {
+    /// The command's exit status.
+    pub exit: i32,
+    /// Why the server did not run the command (nothing was run then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// A relayed `exec`'s response, which the client reports.
+    #[cfg(target_os = "linux")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<Box<crate::supervisor::exec::ExecuteResponse>>,
+}
+
+/// Errors of the relay.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("the store's socket {path}: {source}")]
+    Io { path: std::path::PathBuf, source: std::io::Error },
+    #[error("the store's socket {path}: {message}")]
+    Untrusted { path: std::path::PathBuf, message: String },
+    #[error("the running `confine serve` (pid {pid}) did not run the command: {message}")]
+    Refused { pid: u32, message: String },
+    #[error("the store's socket: a malformed message: {0}")]
+    Malformed(String),
+}
+
+/// Write `value` as one frame.
+pub(crate) fn write_frame<T: Serialize>(w: &mut impl Write, value: &T) -> std::io::Result<()> {
+    w.write_all(&frame(value)?)?;
+    w.flush()
+}
+
+/// `value` as one frame's bytes.
+pub(crate) fn frame<T: Serialize>(value: &T) -> std::io::Result<Vec<u8>> {
+    let body = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    let len = u32::try_from(body.len()).map_err(|_| std::io::Error::other("message too large"))?;
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Read one frame of at most `max` bytes, the first `have` of which (its
+/// length included) were read already.
+pub(crate) fn read_frame<T: for<'de> Deserialize<'de>>(
+    r: &mut impl Read,
+    have: &[u8],
+    max: u32,
+) -> Result<T, RelayError> {
+    let io = |e: std::io::Error| RelayError::Malformed(e.to_string());
+    let mut head = [0u8; 4];
+    let from_have = have.len().min(4);
+    head[..from_have].copy_from_slice(&have[..from_have]);
+    r.read_exact(&mut head[from_have..]).map_err(io)?;
+    let len = u32::from_le_bytes(head);
+    if len > max {
+        return Err(RelayError::Malformed(format!("a message of {len} bytes (at most {max})")));
+    }
+    let mut body = Vec::with_capacity(len as usize);
+    let rest = &have[from_have..];
+    body.extend_from_slice(&rest[..rest.len().min(len as usize)]);
+    let missing = len as usize - body.len();
+    r.take(missing as u64).read_to_end(&mut body).map_err(io)?;
+    if body.len() != len as usize {
+        return Err(RelayError::Malformed("the message ended early".into()));
+    }
+    serde_json::from_slice(&body).map_err(|e| RelayError::Malformed(e.to_string()))
+}

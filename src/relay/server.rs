@@ -1,0 +1,356 @@
+//! The server side: listen on the store's socket, check each client's
+//! credentials, and run its command on the server's own handles of the
+//! store (its supervisor for `exec`, its audit log, artifacts and memory
+//! service for the rest).
+
+use super::{Command, ExecRelay, RelayError, Reply, Request, PROTOCOL, SOCKET_NAME};
+use crate::cli::Io;
+use crate::config::Config;
+use crate::store::memory::MemoryService;
+use crate::supervisor::exec::{ExecControl, Live};
+use crate::supervisor::Supervisor;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How long a client may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What relayed commands run on: the server's configuration and handles.
+pub struct Context {
+    pub config: Config,
+    pub supervisor: Arc<Supervisor>,
+    /// The MCP server's memory service, when it has one: a second one on
+    /// the same store would keep its own sequence and indexes.
+    memory: OnceLock<Result<Arc<MemoryService>, String>>,
+    /// Cancelled when the server shuts down: relayed jobs are killed.
+    shutdown: CancellationToken,
+}
+
+impl Context {
+    pub fn new(
+        config: Config,
+        supervisor: Arc<Supervisor>,
+        memory: Option<Arc<MemoryService>>,
+        shutdown: CancellationToken,
+    ) -> Context {
+        let slot = OnceLock::new();
+        if let Some(m) = memory {
+            let _ = slot.set(Ok(m));
+        }
+        Context { config, supervisor, memory: slot, shutdown }
+    }
+
+    fn memory(&self) -> Result<&Arc<MemoryService>, String> {
+        self.memory
+            .get_or_init(|| {
+                let store = &self.supervisor.stores().map_err(|e| e.to_string())?.store;
+                MemoryService::open(store, &self.config.repos).map(Arc::new).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+/// The store's socket, listening; removed when dropped.
+pub struct Listener {
+    listener: tokio::net::UnixListener,
+    path: PathBuf,
+    ino: u64,
+}
+
+impl Listener {
+    /// Listen at the socket of the store at `store`, which this process
+    /// holds: a socket found there was left by a dead holder.
+    pub fn bind(store: &Path) -> std::io::Result<Listener> {
+        let path = store.join(SOCKET_NAME);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_socket() => std::fs::remove_file(&path)?,
+            Ok(_) => {
+                return Err(std::io::Error::other(format!("{} exists and is not a socket: remove it", path.display())))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let std = std::os::unix::net::UnixListener::bind(&path)?;
+        // Never through a link that replaced the socket meanwhile.
+        let mode = nix::sys::stat::Mode::from_bits_truncate(0o600);
+        if let Err(e) =
+            nix::sys::stat::fchmodat(nix::fcntl::AT_FDCWD, &path, mode, nix::sys::stat::FchmodatFlags::NoFollowSymlink)
+        {
+            let _ = std::fs::remove_file(&path);
+            return Err(e.into());
+        }
+        let ino = std::fs::symlink_metadata(&path)?.ino();
+        std.set_nonblocking(true)?;
+        Ok(Listener { listener: tokio::net::UnixListener::from_std(std)?, path, ino })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serve clients until `ctx`'s shutdown.
+    pub async fn serve(self, ctx: Arc<Context>) {
+        loop {
+            let accepted = tokio::select! {
+                () = ctx.shutdown.cancelled() => break,
+                a = self.listener.accept() => a,
+            };
+            match accepted {
+                Ok((stream, _)) => {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = handle(stream, ctx).await {
+                            tracing::warn!(error = %e, "store socket: a client's command was not run");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "store socket: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Ours only: never a socket another holder made since.
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// A client's standard output and error.
+struct Stdio(OwnedFd, OwnedFd);
+
+impl Stdio {
+    fn io(self) -> Io {
+        Io { out: Box::new(std::io::BufWriter::new(File::from(self.0))), err: Box::new(File::from(self.1)) }
+    }
+}
+
+async fn handle(stream: tokio::net::UnixStream, ctx: Arc<Context>) -> Result<(), RelayError> {
+    let io = |source| RelayError::Io { path: PathBuf::from(SOCKET_NAME), source };
+    let peer =
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).map_err(|e| io(e.into()))?;
+    let uid = nix::unistd::geteuid().as_raw();
+    if peer.uid() != uid {
+        // Not answered: a process of another user learns nothing.
+        return Err(RelayError::Untrusted {
+            path: PathBuf::from(SOCKET_NAME),
+            message: format!("refused pid {} of uid {} (this server serves uid {uid})", peer.pid(), peer.uid()),
+        });
+    }
+    // A sandboxed job runs in a user namespace of its own. Rootless, its
+    // uid outside is ours; should a store inside a repository put the
+    // socket within its reach, it is still no client.
+    if !same_user_namespace(peer.pid()) {
+        return Err(RelayError::Untrusted {
+            path: PathBuf::from(SOCKET_NAME),
+            message: format!("refused pid {}: it is in another user namespace (a sandboxed job?)", peer.pid()),
+        });
+    }
+    let std = stream.into_std().map_err(io)?;
+    std.set_nonblocking(false).map_err(io)?;
+    std.set_read_timeout(Some(REQUEST_TIMEOUT)).map_err(io)?;
+    let max = request_bound(&ctx.config);
+    let (std, received) = tokio::task::spawn_blocking(move || {
+        let r = receive(&std, max);
+        (std, r)
+    })
+    .await
+    .map_err(|e| io(std::io::Error::other(e)))?;
+    std.set_read_timeout(None).map_err(io)?;
+    let (reply, std) = match received {
+        Ok(Some((request, stdio))) => answer(request, stdio, std, &ctx).await,
+        // The client decided against sending anything (`exec` with a
+        // repository this server does not run).
+        Ok(None) => return Ok(()),
+        Err(e) => (refused(e.to_string()), std),
+    };
+    let written = tokio::task::spawn_blocking(move || super::write_frame(&mut &std, &reply))
+        .await
+        .map_err(|e| io(std::io::Error::other(e)))?;
+    match written {
+        // The client is gone (Ctrl-C): its job was cancelled.
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) => {
+            tracing::debug!("store socket: the client left before the reply");
+            Ok(())
+        }
+        w => w.map_err(io),
+    }
+}
+
+/// Whether `pid` is in our user namespace. Unknown (it left, or its
+/// `/proc` entry can't be read): no.
+fn same_user_namespace(pid: i32) -> bool {
+    let ns = |p: &str| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
+    match (ns(&format!("/proc/{pid}/ns/user")), ns("/proc/self/ns/user")) {
+        (Ok(theirs), Ok(ours)) => theirs == ours,
+        _ => false,
+    }
+}
+
+/// The largest request: the code and stdin a request may carry, twice
+/// over for JSON's escapes, and the configuration.
+fn request_bound(config: &Config) -> u32 {
+    let l = &config.limits;
+    let bytes = l.max_code_bytes.saturating_add(l.max_stdin_bytes).saturating_mul(2).saturating_add(16 << 20);
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// Read the request and the two descriptors passed with it; `None` if
+/// the client closed the connection without a word.
+fn receive(stream: &UnixStream, max: u32) -> Result<Option<(Request, Stdio)>, RelayError> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let malformed = |m: String| RelayError::Malformed(m);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+    let (n, fds, truncated) = {
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = loop {
+            match recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
+                Ok(m) => break m,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(malformed(format!("receiving the request: {e}"))),
+            }
+        };
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        if let Ok(cmsgs) = msg.cmsgs() {
+            for c in cmsgs {
+                if let ControlMessageOwned::ScmRights(received) = c {
+                    for fd in received {
+                        // SAFETY: the kernel just installed `fd` in our
+                        // table for this message; nothing else owns it.
+                        fds.push(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+                    }
+                }
+            }
+        }
+        (msg.bytes, fds, msg.flags.contains(MsgFlags::MSG_CTRUNC))
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut fds = fds.into_iter();
+    let stdio = match (fds.next(), fds.next(), fds.next(), truncated) {
+        (Some(out), Some(err), None, false) => Stdio(out, err),
+        _ => return Err(malformed("the request must pass exactly two descriptors (stdout, stderr)".into())),
+    };
+    let request: Request = super::read_frame(&mut &*stream, &buf[..n], max)?;
+    Ok(Some((request, stdio)))
+}
+
+fn refused(message: String) -> Reply {
+    Reply { exit: crate::cli::EXIT_CONFINE_FAILED, refused: Some(message), ..Reply::default() }
+}
+
+async fn answer(request: Request, stdio: Stdio, stream: UnixStream, ctx: &Arc<Context>) -> (Reply, UnixStream) {
+    if request.protocol != PROTOCOL {
+        let message = format!(
+            "it speaks protocol {PROTOCOL}, this client {}: use the same confine build for both",
+            request.protocol
+        );
+        return (refused(message), stream);
+    }
+    let mut theirs = request.config;
+    theirs.source = ctx.config.source.clone();
+    if theirs != ctx.config {
+        let file = ctx.config.source.as_ref().map_or("the built-in defaults".into(), |p| p.display().to_string());
+        let message = format!(
+            "it runs with another configuration ({file}): give this command the same one (--config), or stop the server"
+        );
+        return (refused(message), stream);
+    }
+    match request.command {
+        Command::Exec(e) => exec(e, stdio, stream, ctx).await,
+        command => {
+            let ctx = ctx.clone();
+            let ran = tokio::task::spawn_blocking(move || {
+                let mut io = stdio.io();
+                let exit = run(&ctx, command, &mut io);
+                io.flush();
+                exit
+            })
+            .await;
+            match ran {
+                Ok(exit) => (Reply { exit, ..Reply::default() }, stream),
+                Err(e) => (refused(format!("the command failed in the server: {e}")), stream),
+            }
+        }
+    }
+}
+
+/// A store command on the server's handles.
+fn run(ctx: &Context, command: Command, io: &mut Io) -> i32 {
+    use std::io::Write;
+    let stores = match ctx.supervisor.stores() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = writeln!(io.err, "confine: {e}");
+            return crate::cli::EXIT_CONFINE_FAILED;
+        }
+    };
+    match command {
+        Command::Audit(c) => crate::cli::audit::run(&stores.audit, c, io),
+        Command::Artifacts(c) => crate::cli::artifacts::run(&stores.artifacts, c, io),
+        Command::Gc(a) => crate::cli::artifacts::gc(&stores.artifacts, &ctx.config, a, io),
+        Command::Memory(c) => match ctx.memory() {
+            Ok(m) => crate::cli::memory::run(&ctx.config, m, c, io),
+            Err(e) => {
+                let _ = writeln!(io.err, "confine memory: {e}");
+                crate::cli::EXIT_CONFINE_FAILED
+            }
+        },
+        Command::Exec(_) => crate::cli::EXIT_CONFINE_FAILED,
+    }
+}
+
+/// A relayed `exec` on the server's supervisor. The job is killed when
+/// the client goes away, or the server shuts down.
+async fn exec(e: ExecRelay, stdio: Stdio, stream: UnixStream, ctx: &Arc<Context>) -> (Reply, UnixStream) {
+    let watch = match stream.try_clone().and_then(|w| {
+        w.set_nonblocking(true)?;
+        tokio::net::UnixStream::from_std(w)
+    }) {
+        Ok(w) => w,
+        Err(err) => return (refused(format!("cannot watch the connection: {err}")), stream),
+    };
+    let shutdown = ctx.shutdown.clone();
+    let cancel = Box::pin(async move {
+        let gone = async {
+            let mut b = [0u8; 256];
+            loop {
+                if watch.readable().await.is_err() {
+                    return;
+                }
+                match watch.try_read(&mut b) {
+                    Ok(0) => return,
+                    Ok(_) => {}
+                    Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+            }
+        };
+        tokio::select! { () = gone => {}, () = shutdown.cancelled() => {} }
+    });
+    let live =
+        e.live.then(|| Live::To { stdout: Arc::new(File::from(stdio.0)), stderr: Arc::new(File::from(stdio.1)) });
+    let ctl = ExecControl { live, cancel: Some(cancel), ..ExecControl::default() };
+    let resp = ctx.supervisor.execute(e.request, ctl).await;
+    // The watcher is gone with `ctl`: the descriptor blocks again.
+    if let Err(err) = stream.set_nonblocking(false) {
+        tracing::warn!(error = %err, "store socket: cannot answer a relayed exec");
+    }
+    (Reply { exit: 0, exec: Some(Box::new(resp)), ..Reply::default() }, stream)
+}

@@ -1,0 +1,366 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! One store, several processes: while `confine serve` holds the store,
+//! the CLI's store commands are relayed to it over the store's socket
+//! (`src/relay`), and see the same records; a killed server's store is
+//! taken over. And the socket's trust: a client only talks to the
+//! store's holder, the server only to its own uid.
+
+mod common;
+
+use std::io::{BufRead, Read};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+fn confine(config: &Path, args: &[&str]) -> Output {
+    common::output_within(Command::new(common::bin()).arg("--config").arg(config).args(args), RUN_LIMIT)
+}
+
+/// A store and a configuration that runs the repository `t`.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    store: PathBuf,
+    config: PathBuf,
+    repo: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let repo = common::readable_repo(&root);
+    let store = root.join("store");
+    let config = root.join("confine.toml");
+    std::fs::write(&config, common::exec_config(&store, "t", &repo)).unwrap();
+    Fixture { _dir: dir, root, store, config, repo }
+}
+
+/// `confine serve`, started, holding the store and listening; killed
+/// (by pid) when dropped.
+struct Server {
+    child: Child,
+}
+
+impl Server {
+    fn start(f: &Fixture) -> Server {
+        let child = Command::new(common::bin())
+            .arg("--config")
+            .arg(&f.config)
+            .arg("serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id().to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::fs::read_to_string(f.store.join("LOCK")).unwrap_or_default().trim() != pid
+            || !f.store.join("serve.sock").exists()
+        {
+            assert!(Instant::now() < deadline, "the server never listened on the store's socket");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server { child }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid, which we have not reaped.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn needs_sandbox() -> bool {
+    if !common::is_root() {
+        common::skip("confine exec needs the sandbox (run as root)");
+        return false;
+    }
+    common::sandbox_available()
+}
+
+fn summary_artifact(err: &str) -> String {
+    let line = err.lines().last().unwrap_or_default();
+    line.split("artifact=")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no artifact in {line:?}"))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .into()
+}
+
+/// The issue's case: with `confine serve` running, `exec`, `audit`,
+/// `artifacts`, `memory` and `gc` work and see the same records; a second
+/// server and a client of another configuration are refused, naming the
+/// server; after the server's SIGKILL, the next command takes the store
+/// over and finds everything the server stored.
+#[test]
+fn a_running_server_serves_the_cli_and_a_killed_one_is_taken_over() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let server = Server::start(&f);
+    let pid = server.pid();
+
+    // exec: the job is the server's; its output comes here, live.
+    let out = confine(
+        &f.config,
+        &["exec", "--repo-id", "t", "--runtime", "shell", "--code", "echo relayed-out; echo relayed-err >&2"],
+    );
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(common::stdout(&out), "relayed-out\n");
+    let err = common::stderr(&out);
+    assert!(err.starts_with("relayed-err\n"), "{err}");
+    assert!(err.contains("confine: success exit=0"), "{err}");
+    let handle = summary_artifact(&err);
+    // --repo naming a configured root is that repository; another is refused.
+    let out =
+        confine(&f.config, &["exec", "--repo", f.repo.to_str().unwrap(), "--runtime", "shell", "--code", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", common::stderr(&out));
+    let out = confine(&f.config, &["exec", "--repo", f.root.to_str().unwrap(), "--runtime", "shell", "--code", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = common::stderr(&out);
+    assert!(err.contains(&format!("`confine serve` (pid {pid})")) && err.contains("[[repos]]"), "{err}");
+
+    // audit, artifacts, memory, gc: the same records.
+    let ls = confine(&f.config, &["audit", "ls", "--json"]);
+    assert!(ls.status.success(), "{}", common::stderr(&ls));
+    assert_eq!(common::stdout(&ls).lines().count(), 2, "{}", common::stdout(&ls));
+    let verify = confine(&f.config, &["audit", "verify"]);
+    assert!(common::stdout(&verify).contains("ok: 2 records, hash chain intact"), "{}", common::stdout(&verify));
+    let q = confine(&f.config, &["artifacts", "query", &handle, "--terms", "relayed-out", "--json"]);
+    assert!(q.status.success(), "{}", common::stderr(&q));
+    let v: serde_json::Value = serde_json::from_slice(&q.stdout).unwrap();
+    assert_eq!(v["matchedLines"], 1, "{v}");
+    let show = confine(&f.config, &["artifacts", "show", &handle]);
+    assert_eq!((common::stdout(&show).as_str(), common::stderr(&show).as_str()), ("relayed-out\n", "relayed-err\n"));
+    let missing = confine(&f.config, &["artifacts", "show", "run-t-0-nothing"]);
+    assert_eq!(missing.status.code(), Some(1), "{}", common::stderr(&missing));
+    let mem = confine(&f.config, &["memory", "query", "--repo-id", "t", "--json"]);
+    assert!(mem.status.success(), "{}", common::stderr(&mem));
+    let gc = confine(&f.config, &["gc", "--json"]);
+    assert!(gc.status.success(), "{}", common::stderr(&gc));
+    let v: serde_json::Value = serde_json::from_slice(&gc.stdout).unwrap();
+    assert_eq!(v["kept"], 2, "{v}");
+    let export = f.root.join("export.jsonl");
+    let out = confine(&f.config, &["audit", "export", "--jsonl", "-o", export.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(std::fs::read_to_string(&export).unwrap().lines().count(), 2);
+
+    // Refused, naming the server: another configuration, a second server.
+    let other = f.root.join("other.toml");
+    let text = std::fs::read_to_string(&f.config).unwrap().replace("enabled = true", "enabled = true\nmax_queued = 3");
+    std::fs::write(&other, text).unwrap();
+    let out = confine(&other, &["audit", "ls"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = common::stderr(&out);
+    assert!(err.contains(&format!("(pid {pid})")) && err.contains("another configuration"), "{err}");
+    let out = confine(&f.config, &["serve"]);
+    assert!(!out.status.success());
+    assert!(common::stderr(&out).contains(&format!("is in use by pid {pid}")), "{}", common::stderr(&out));
+
+    // SIGKILL: the socket stays behind, answering nobody; the store is taken over.
+    server.signal(libc::SIGKILL);
+    drop(server);
+    assert!(f.store.join("serve.sock").exists());
+    let ls = confine(&f.config, &["audit", "ls", "--json"]);
+    assert!(ls.status.success(), "after the server's SIGKILL: {}", common::stderr(&ls));
+    assert_eq!(common::stdout(&ls).lines().count(), 2, "{}", common::stdout(&ls));
+    let show = confine(&f.config, &["artifacts", "show", &handle, "--stream", "stdout"]);
+    assert_eq!(common::stdout(&show), "relayed-out\n");
+    let out = confine(&f.config, &["exec", "--repo-id", "t", "--runtime", "shell", "--code", "echo local"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(common::stdout(&out), "local\n");
+}
+
+/// A client that goes away (Ctrl-C, or killed) takes its relayed job
+/// with it; a server stopped with SIGTERM removes its socket.
+#[test]
+fn a_client_that_leaves_cancels_its_relayed_job() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let server = Server::start(&f);
+    let mut client = Command::new(common::bin())
+        .arg("--config")
+        .arg(&f.config)
+        .args(["exec", "--repo-id", "t", "--runtime", "shell", "--timeout", "50s"])
+        .args(["--code", "echo started; exec sleep 1000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(client.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    let started = Instant::now();
+    client.kill().unwrap();
+    client.wait().unwrap();
+    let status = loop {
+        let ls = confine(&f.config, &["audit", "ls", "--json"]);
+        let records: Vec<serde_json::Value> =
+            common::stdout(&ls).lines().map(|l| serde_json::from_str(l).expect(l)).collect();
+        if let Some(r) = records.first() {
+            break r["status"].as_str().unwrap().to_string();
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "the relayed job outlived its client");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status, "cancelled");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    server.signal(libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while f.store.join("serve.sock").exists() {
+        assert!(Instant::now() < deadline, "a server stopped with SIGTERM left its socket");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The attack: a process that is not the store's holder listens at the
+/// store's socket. A command never sends it a request, a descriptor or
+/// its configuration (which may hold tokens), and says why it stopped.
+#[test]
+fn a_socket_planted_in_the_store_is_never_sent_a_command() {
+    let f = fixture();
+    // The store exists, held by nobody.
+    let out = confine(&f.config, &["audit", "ls"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let planted = UnixListener::bind(f.store.join("serve.sock")).unwrap();
+    let spy = std::thread::spawn(move || {
+        let (mut conn, _) = planted.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut got = Vec::new();
+        let _ = conn.read_to_end(&mut got);
+        got
+    });
+    let out = confine(&f.config, &["audit", "ls"]);
+    assert_eq!(out.status.code(), Some(125), "{}", common::stdout(&out));
+    let err = common::stderr(&out);
+    assert!(err.contains(&format!("served by pid {}", std::process::id())), "{err}");
+    assert_eq!(spy.join().unwrap(), Vec::<u8>::new(), "the planted socket was sent something");
+}
+
+/// The server answers only its own uid, in its own user namespace: a
+/// process of another user that reaches the socket (the store's
+/// directory loosened) gets no answer, and nothing is run for it; nor
+/// does a process of the same uid in a user namespace of its own, as a
+/// sandboxed job is (rootless, a job's uid outside is the server's). The
+/// same client as root is answered.
+#[test]
+fn the_server_answers_only_its_own_uid() {
+    use std::os::unix::fs::PermissionsExt;
+    if !common::is_root() {
+        return common::skip("a client of another uid needs root to start");
+    }
+    let f = fixture();
+    let server = Server::start(&f);
+    std::fs::set_permissions(&f.root, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&f.store, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(f.store.join("serve.sock"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    // A well-formed request for `audit verify`, with stdout and stderr.
+    let client = r#"
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+body = json.dumps({"protocol": 1, "config": {}, "command": {"Audit": "Verify"}}).encode()
+socket.send_fds(s, [struct.pack("<I", len(body)) + body], [1, 2])
+got = b""
+while True:
+    try:
+        part = s.recv(65536)
+    except ConnectionResetError:
+        break
+    if not part:
+        break
+    got += part
+sys.stderr.write("reply:%d:%s" % (len(got), got[4:].decode(errors="replace")))
+"#;
+    let sock = f.store.join("serve.sock");
+    let run = |uid: Option<u32>, userns: bool| {
+        let mut cmd = Command::new(if userns { "unshare" } else { "python3" });
+        if userns {
+            cmd.args(["--user", "--map-root-user", "python3"]);
+        }
+        cmd.args(["-c", client]).arg(&sock);
+        if let Some(u) = uid {
+            std::os::unix::process::CommandExt::uid(&mut cmd, u);
+        }
+        common::output_within(&mut cmd, RUN_LIMIT)
+    };
+    let nobody = run(Some(65534), false);
+    assert_eq!(common::stderr(&nobody), "reply:0:", "another uid was answered");
+    assert_eq!(common::stdout(&nobody), "", "a command ran for another uid");
+    let nested = run(None, true);
+    assert_eq!(common::stderr(&nested), "reply:0:", "a client in another user namespace was answered");
+    assert_eq!(common::stdout(&nested), "", "a command ran for another user namespace");
+    // Root is answered (refused: its configuration is not the server's).
+    let root = run(None, false);
+    let err = common::stderr(&root);
+    assert!(err.starts_with("reply:") && err.contains("another configuration"), "{err}");
+    drop(server);
+}
+
+/// A client that stops reading its output (`confine exec … | sleep`)
+/// loses the live copy after a stall, not the job: the job finishes, its
+/// record and its whole artifact are stored, and the client is answered.
+#[test]
+fn a_client_that_stops_reading_does_not_hold_the_job() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let _server = Server::start(&f);
+    let mut client = Command::new(common::bin())
+        .arg("--config")
+        .arg(&f.config)
+        .args(["exec", "--repo-id", "t", "--runtime", "shell", "--timeout", "50s"])
+        .args(["--code", "yes filler | head -c 10000000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Held, never read: the pipe fills after 64 KiB.
+    let _unread = client.stdout.take().unwrap();
+    let mut stderr = client.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let status = loop {
+        if let Some(s) = client.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = client.kill();
+            let _ = client.wait();
+            panic!("the relayed job was held by a client that does not read");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = reader.join().unwrap();
+    assert!(status.success(), "{err}");
+    let handle = summary_artifact(&err);
+    let ls = confine(&f.config, &["artifacts", "ls", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(common::stdout(&ls).lines().next().unwrap()).unwrap();
+    assert_eq!(v["handle"], handle.as_str());
+    assert_eq!(v["stdout"]["totalBytes"], 10_000_000, "{v}");
+}
