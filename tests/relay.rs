@@ -364,3 +364,128 @@ fn a_client_that_stops_reading_does_not_hold_the_job() {
     assert_eq!(v["handle"], handle.as_str());
     assert_eq!(v["stdout"]["totalBytes"], 10_000_000, "{v}");
 }
+
+/// A client's request, sent from Python as any program could send it:
+/// `request` is the JSON of `Request` (the config the server runs with is
+/// in it), `fds` the descriptors passed with it. Prints `reply:<len>:<json>`
+/// on stderr.
+const RAW_CLIENT: &str = r#"
+import json, os, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+body = sys.argv[2].encode()
+spec = sys.argv[3]
+r, w = os.pipe()
+fds = {"stdio": [1, 2], "three": [w, w, w], "many": [w] * 200}[spec]
+socket.send_fds(s, [struct.pack("<I", len(body)) + body], fds)
+got = b""
+while True:
+    try:
+        part = s.recv(65536)
+    except ConnectionResetError:
+        break
+    if not part:
+        break
+    got += part
+sys.stderr.write("reply:%d:%s\n" % (len(got), got[4:].decode(errors="replace")))
+# The server holds no copy of the pipe's write end: with ours closed, the
+# reader sees its end at once.
+os.close(w)
+import select
+ready, _, _ = select.select([r], [], [], 5)
+sys.stderr.write("eof\n" if ready and os.read(r, 1) == b"" else "held\n")
+"#;
+
+fn raw_request(f: &Fixture, command: serde_json::Value, fds: &str) -> String {
+    let config = confine::config::Config::load(Some(&f.config)).unwrap();
+    let request = serde_json::json!({
+        "protocol": 1, "cwd": f.root, "config": config, "command": command,
+    });
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", RAW_CLIENT]).arg(f.store.join("serve.sock")).arg(request.to_string()).arg(fds);
+    common::stderr(&common::output_within(&mut cmd, RUN_LIMIT))
+}
+
+/// Descriptors a request passes beyond the two it may are all closed, and
+/// so are the two of a refused request: a client can't make the server
+/// hold descriptors (a pipe's writer kept open, a table filled up).
+#[test]
+fn descriptors_passed_with_a_request_are_never_kept() {
+    let f = fixture();
+    let server = Server::start(&f);
+    let verify = serde_json::json!({"Audit": "Verify"});
+    let ok = raw_request(&f, verify.clone(), "stdio");
+    assert!(ok.starts_with("reply:") && ok.contains("\"exit\":0"), "{ok}");
+    for spec in ["three", "many"] {
+        let err = raw_request(&f, verify.clone(), spec);
+        assert!(err.contains("exactly two descriptors"), "{spec}: {err}");
+        assert!(err.ends_with("eof\n"), "{spec}: the server kept a descriptor: {err}");
+    }
+    // Nothing accumulated: the server's table is as it was.
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", server.pid())).unwrap().count();
+    let before = fds();
+    for _ in 0..20 {
+        raw_request(&f, verify.clone(), "many");
+    }
+    assert!(fds() <= before + 2, "{before} descriptors before, {} after", fds());
+}
+
+/// A hostile client sends what an honest one resolves on its side: a
+/// `memory store --content-file` (`-` would be the server's own stdin,
+/// its MCP transport; `/dev/zero` unbounded), a memory `--repo DIR`, a
+/// relative `audit export -o`. Each is refused; nothing is read.
+#[test]
+fn a_request_the_client_did_not_resolve_is_refused() {
+    let f = fixture();
+    let _server = Server::start(&f);
+    let repo = serde_json::json!({"repo_id": "t", "repo": null, "json": false});
+    let store = |content: serde_json::Value, file: &str| {
+        serde_json::json!({"Memory": {"Store": {
+            "repo": repo, "memory_type": "decision", "title": "x", "content": content,
+            "content_file": file, "tags": [], "confidence": null, "symbols": [], "files": [], "memory_id": null,
+        }}})
+    };
+    for (what, command) in [
+        ("-", store(serde_json::Value::Null, "-")),
+        ("/dev/zero", store(serde_json::Value::Null, "/dev/zero")),
+        ("/dev/zero", store(serde_json::json!("text"), "/dev/zero")),
+        (
+            "--repo",
+            serde_json::json!({"Memory": {"Query": {
+                "repo": {"repo_id": null, "repo": "/", "json": false}, "text": null, "types": [], "tags": [],
+                "symbols": [], "stale_only": false, "limit": 5, "sort_by": null,
+            }}}),
+        ),
+        ("-o", serde_json::json!({"Audit": {"Export": {"jsonl": true, "output": "relative.jsonl"}}})),
+    ] {
+        let err = raw_request(&f, command, "stdio");
+        assert!(err.contains("must be resolved by the client"), "{what}: {err}");
+    }
+    assert!(!f.root.join("relative.jsonl").exists());
+}
+
+/// Clients that connect and send slowly hold neither threads nor
+/// descriptors past a bound, and once they are gone the next command is
+/// answered at once.
+#[test]
+fn slow_clients_hold_no_threads() {
+    let f = fixture();
+    let server = Server::start(&f);
+    let count = |what: &str| std::fs::read_dir(format!("/proc/{}/{what}", server.pid())).unwrap().count();
+    let (threads, fds) = (count("task"), count("fd"));
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let mut s = std::os::unix::net::UnixStream::connect(f.store.join("serve.sock")).unwrap();
+        std::io::Write::write_all(&mut s, &[0xff, 0x00]).unwrap();
+        slow.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (threads_then, fds_then) = (count("task"), count("fd"));
+    assert!(threads_then <= threads + 4, "threads: {threads} before, {threads_then} with 200 slow clients");
+    assert!(fds_then <= fds + 64 + 4, "descriptors: {fds} before, {fds_then} with 200 slow clients");
+    drop(slow);
+    let started = Instant::now();
+    let out = confine(&f.config, &["audit", "verify"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
+}

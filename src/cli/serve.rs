@@ -42,6 +42,15 @@ pub struct ServeArgs {
 pub fn main(config: Option<&Path>, args: ServeArgs) -> i32 {
     // Before the runtime's threads: a long-lived supervisor's RSS must not creep.
     crate::supervisor::tune_allocator();
+    // Relayed commands write to their clients' terminals. A server started
+    // in the background of the same terminal would be stopped by SIGTTOU
+    // there (`stty tostop`); ignored, the write goes through. Jobs start
+    // with every disposition back to its default (the init stage).
+    #[cfg(unix)]
+    // SAFETY: SIG_IGN installs no handler: no code of ours runs on a signal.
+    unsafe {
+        libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

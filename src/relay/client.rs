@@ -76,7 +76,8 @@ impl Connection {
     /// the reply. The command's output is written there by the server.
     pub fn call(self, config: &Config, command: &Command) -> Result<Reply, RelayError> {
         let io = |source| RelayError::Io { path: self.path.clone(), source };
-        let request = RequestRef { protocol: PROTOCOL, config, command };
+        let cwd = std::env::current_dir().map_err(io)?;
+        let request = RequestRef { protocol: PROTOCOL, cwd: &cwd, config, command };
         let bytes = super::frame(&request).map_err(io)?;
         send_with_stdio(&self.stream, &bytes).map_err(io)?;
         let mut reader = &self.stream;
@@ -92,6 +93,7 @@ impl Connection {
 #[derive(serde::Serialize)]
 struct RequestRef<'a> {
     protocol: u32,
+    cwd: &'a Path,
     config: &'a Config,
     command: &'a Command,
 }

@@ -37,7 +37,7 @@ use crate::cli::audit::AuditCommand;
 use crate::cli::memory::MemoryCommand;
 use crate::config::Config;
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Write};
+use std::io::Read;
 
 /// The socket's name in the store's directory.
 pub const SOCKET_NAME: &str = "serve.sock";
@@ -75,6 +75,10 @@ pub struct ExecRelay {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Request {
     pub protocol: u32,
+    /// The client's working directory: relative paths of its
+    /// configuration are its own (see [`absolute`]).
+    #[serde(default)]
+    pub cwd: std::path::PathBuf,
     /// The client's configuration: the server runs the command only if it
     /// is the one the server runs with.
     pub config: Config,
@@ -108,10 +112,86 @@ pub enum RelayError {
     Malformed(String),
 }
 
-/// Write `value` as one frame.
-pub(crate) fn write_frame<T: Serialize>(w: &mut impl Write, value: &T) -> std::io::Result<()> {
-    w.write_all(&frame(value)?)?;
-    w.flush()
+/// `config` with its relative paths made absolute from `cwd`: the same
+/// text read in two directories is two configurations.
+pub(crate) fn absolute(mut config: Config, cwd: &std::path::Path) -> Config {
+    let abs = |p: &mut std::path::PathBuf| {
+        if p.is_relative() {
+            *p = cwd.join(&*p);
+        }
+    };
+    config.store.path.as_mut().map(abs);
+    config.repos.iter_mut().for_each(|r| abs(&mut r.root));
+    config.policy.evaluators.iter_mut().filter_map(|e| e.path.as_mut()).for_each(abs);
+    config.mcp.tokens.iter_mut().filter_map(|t| t.file.as_mut()).for_each(abs);
+    config
+}
+
+/// Whether a relayed command was resolved by its client, as an honest
+/// one does before sending: a server never reads its own standard input
+/// or a file a client named for it to read, and never takes a path
+/// relative to its own working directory.
+pub(crate) fn resolved(command: &Command) -> Result<(), String> {
+    use crate::cli::memory::MemoryCommand as M;
+    let unresolved = |what: &str| Err(format!("{what} must be resolved by the client before it is relayed"));
+    let repo = |r: &crate::cli::memory::RepoArgs| if r.repo.is_some() { unresolved("--repo") } else { Ok(()) };
+    match command {
+        Command::Memory(M::Store(a)) if a.content_file.is_some() || a.content.is_none() => unresolved("--content-file"),
+        Command::Memory(M::Store(a)) => repo(&a.repo),
+        Command::Memory(M::Query(a)) => repo(&a.repo),
+        Command::Memory(M::Rm(a)) => repo(&a.repo),
+        Command::Memory(M::Surface(a)) => repo(&a.repo),
+        Command::Memory(M::Log(a)) => repo(&a.repo),
+        Command::Audit(AuditCommand::Export(a)) if a.output.as_ref().is_some_and(|p| p.is_relative()) => {
+            unresolved("--output")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// How long a client's descriptor may refuse bytes before a write to it
+/// gives up: a client whose reader stopped (`| sleep`) must not hold the
+/// server's threads, nor a relayed job's capture.
+#[cfg(target_os = "linux")]
+pub(crate) const LIVE_STALL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Write to a client's descriptor without blocking for more than
+/// [`LIVE_STALL`] at a time. The file description is the client's, so it
+/// stays blocking: each write waits for room (`POLLOUT`: at least
+/// `PIPE_BUF` bytes free in a pipe) and is at most that size.
+#[cfg(target_os = "linux")]
+pub(crate) fn write_unstalled(file: &std::fs::File, bytes: &[u8]) -> std::io::Result<usize> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    const PIPE_BUF: usize = 4096;
+    if bytes.is_empty() {
+        return Ok(0);
+    }
+    let timeout = PollTimeout::try_from(LIVE_STALL).unwrap_or(PollTimeout::MAX);
+    loop {
+        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLOUT)];
+        match poll(&mut fds, timeout) {
+            Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the reader stopped reading")),
+            Ok(_) => return std::io::Write::write(&mut &*file, &bytes[..bytes.len().min(PIPE_BUF)]),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A client's descriptor, written with [`write_unstalled`].
+#[cfg(target_os = "linux")]
+pub(crate) struct Unstalled(pub std::fs::File);
+
+#[cfg(target_os = "linux")]
+impl std::io::Write for Unstalled {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        write_unstalled(&self.0, bytes)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// `value` as one frame's bytes.
@@ -131,7 +211,12 @@ pub(crate) fn read_frame<T: for<'de> Deserialize<'de>>(
     have: &[u8],
     max: u32,
 ) -> Result<T, RelayError> {
-    let io = |e: std::io::Error| RelayError::Malformed(e.to_string());
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => RelayError::Malformed(
+            "the server closed the connection without an answer (too many clients at once, or it is stopping)".into(),
+        ),
+        _ => RelayError::Malformed(e.to_string()),
+    };
     let mut head = [0u8; 4];
     let from_have = have.len().min(4);
     head[..from_have].copy_from_slice(&have[..from_have]);

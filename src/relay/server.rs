@@ -12,14 +12,21 @@ use crate::supervisor::Supervisor;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// How long a client may take to send its request.
+/// How long a client may take to send its whole request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to read its reply.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once; one more is closed unanswered. Each holds
+/// a few descriptors, and a command being run a thread.
+const MAX_CLIENTS: usize = 64;
+/// Descriptors one message can carry (`SCM_MAX_FD`): room for all of
+/// them, so that none is ever cut off, left open and unowned.
+const SCM_MAX_FD: usize = 253;
 
 /// What relayed commands run on: the server's configuration and handles.
 pub struct Context {
@@ -98,6 +105,7 @@ impl Listener {
 
     /// Serve clients until `ctx`'s shutdown.
     pub async fn serve(self, ctx: Arc<Context>) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
         loop {
             let accepted = tokio::select! {
                 () = ctx.shutdown.cancelled() => break,
@@ -105,11 +113,16 @@ impl Listener {
             };
             match accepted {
                 Ok((stream, _)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        tracing::warn!("store socket: {MAX_CLIENTS} clients at once; one more was closed unanswered");
+                        continue;
+                    };
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
                         if let Err(e) = handle(stream, ctx).await {
                             tracing::warn!(error = %e, "store socket: a client's command was not run");
                         }
+                        drop(slot);
                     });
                 }
                 Err(e) => {
@@ -134,8 +147,11 @@ impl Drop for Listener {
 struct Stdio(OwnedFd, OwnedFd);
 
 impl Stdio {
+    /// Writers that never block for more than [`super::LIVE_STALL`]: a
+    /// client whose reader stopped (`| sleep`) must not hold a thread.
     fn io(self) -> Io {
-        Io { out: Box::new(std::io::BufWriter::new(File::from(self.0))), err: Box::new(File::from(self.1)) }
+        let out = super::Unstalled(File::from(self.0));
+        Io { out: Box::new(std::io::BufWriter::new(out)), err: Box::new(super::Unstalled(File::from(self.1))) }
     }
 }
 
@@ -160,27 +176,24 @@ async fn handle(stream: tokio::net::UnixStream, ctx: Arc<Context>) -> Result<(),
             message: format!("refused pid {}: it is in another user namespace (a sandboxed job?)", peer.pid()),
         });
     }
-    let std = stream.into_std().map_err(io)?;
-    std.set_nonblocking(false).map_err(io)?;
-    std.set_read_timeout(Some(REQUEST_TIMEOUT)).map_err(io)?;
-    let max = request_bound(&ctx.config);
-    let (std, received) = tokio::task::spawn_blocking(move || {
-        let r = receive(&std, max);
-        (std, r)
-    })
-    .await
-    .map_err(|e| io(std::io::Error::other(e)))?;
-    std.set_read_timeout(None).map_err(io)?;
-    let (reply, std) = match received {
-        Ok(Some((request, stdio))) => answer(request, stdio, std, &ctx).await,
+    let stream = Arc::new(stream);
+    // One deadline for the whole request, read without a thread.
+    let received = match tokio::time::timeout(REQUEST_TIMEOUT, receive(&stream, request_bound(&ctx.config))).await {
+        Ok(r) => r,
+        Err(_) => Err(RelayError::Malformed(format!("no whole request within {} s", REQUEST_TIMEOUT.as_secs()))),
+    };
+    let reply = match received {
+        Ok(Some((request, stdio))) => answer(request, stdio, &stream, &ctx).await,
         // The client decided against sending anything (`exec` with a
         // repository this server does not run).
         Ok(None) => return Ok(()),
-        Err(e) => (refused(e.to_string()), std),
+        Err(e) => refused(e.to_string()),
     };
-    let written = tokio::task::spawn_blocking(move || super::write_frame(&mut &std, &reply))
-        .await
-        .map_err(|e| io(std::io::Error::other(e)))?;
+    let bytes = super::frame(&reply).map_err(io)?;
+    let written = match tokio::time::timeout(REPLY_TIMEOUT, write_all(&stream, &bytes)).await {
+        Ok(w) => w,
+        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+    };
     match written {
         // The client is gone (Ctrl-C): its job was cancelled.
         Err(e) if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) => {
@@ -209,24 +222,90 @@ fn request_bound(config: &Config) -> u32 {
     u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
+async fn write_all(stream: &tokio::net::UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Read more of the request into `buf`; `false` at its end.
+async fn read_more(stream: &tokio::net::UnixStream, buf: &mut Vec<u8>, want: usize) -> std::io::Result<bool> {
+    let mut part = vec![0u8; want.min(1 << 20)];
+    loop {
+        stream.readable().await?;
+        match stream.try_read(&mut part) {
+            Ok(0) => return Ok(false),
+            Ok(n) => {
+                buf.extend_from_slice(&part[..n]);
+                return Ok(true);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Read the request and the two descriptors passed with it; `None` if
 /// the client closed the connection without a word.
-fn receive(stream: &UnixStream, max: u32) -> Result<Option<(Request, Stdio)>, RelayError> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+async fn receive(stream: &tokio::net::UnixStream, max: u32) -> Result<Option<(Request, Stdio)>, RelayError> {
     let malformed = |m: String| RelayError::Malformed(m);
     let mut buf = vec![0u8; 64 << 10];
-    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
-    let (n, fds, truncated) = {
-        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        let msg = loop {
-            match recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
-                Ok(m) => break m,
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(malformed(format!("receiving the request: {e}"))),
-            }
-        };
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        if let Ok(cmsgs) = msg.cmsgs() {
+    let (n, fds, truncated) = loop {
+        stream.readable().await.map_err(|e| malformed(e.to_string()))?;
+        match stream.try_io(tokio::io::Interest::READABLE, || recv_with_fds(stream, &mut buf)) {
+            Ok(r) => break r,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(malformed(format!("receiving the request: {e}"))),
+        }
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut fds = fds.into_iter();
+    let stdio = match (fds.next(), fds.next(), fds.next(), truncated) {
+        (Some(out), Some(err), None, false) => Stdio(out, err),
+        _ => return Err(malformed("the request must pass exactly two descriptors (stdout, stderr)".into())),
+    };
+    buf.truncate(n);
+    while buf.len() < 4 {
+        let want = 4 - buf.len();
+        if !read_more(stream, &mut buf, want).await.map_err(|e| malformed(e.to_string()))? {
+            return Err(malformed("the message ended early".into()));
+        }
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    if len > max {
+        return Err(malformed(format!("a message of {len} bytes (at most {max})")));
+    }
+    let end = 4 + len as usize;
+    while buf.len() < end {
+        let want = end - buf.len();
+        if !read_more(stream, &mut buf, want).await.map_err(|e| malformed(e.to_string()))? {
+            return Err(malformed("the message ended early".into()));
+        }
+    }
+    let request: Request = serde_json::from_slice(&buf[4..end]).map_err(|e| malformed(e.to_string()))?;
+    Ok(Some((request, stdio)))
+}
+
+/// One `recvmsg` (non-blocking) with room for every descriptor a message
+/// can carry: each one received is owned, and closed unless it is used.
+fn recv_with_fds(stream: &tokio::net::UnixStream, buf: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>, bool)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; SCM_MAX_FD]);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let flags = MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
+    let msg = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+    match msg.cmsgs() {
+        Ok(cmsgs) => {
             for c in cmsgs {
                 if let ControlMessageOwned::ScmRights(received) = c {
                     for fd in received {
@@ -237,40 +316,35 @@ fn receive(stream: &UnixStream, max: u32) -> Result<Option<(Request, Stdio)>, Re
                 }
             }
         }
-        (msg.bytes, fds, msg.flags.contains(MsgFlags::MSG_CTRUNC))
-    };
-    if n == 0 {
-        return Ok(None);
+        // Cut off although there was room for SCM_MAX_FD: a control
+        // message of another kind. Nothing of it is used.
+        Err(e) => tracing::warn!(error = %e, "store socket: a request's control data was cut off"),
     }
-    let mut fds = fds.into_iter();
-    let stdio = match (fds.next(), fds.next(), fds.next(), truncated) {
-        (Some(out), Some(err), None, false) => Stdio(out, err),
-        _ => return Err(malformed("the request must pass exactly two descriptors (stdout, stderr)".into())),
-    };
-    let request: Request = super::read_frame(&mut &*stream, &buf[..n], max)?;
-    Ok(Some((request, stdio)))
+    Ok((msg.bytes, fds, truncated))
 }
 
 fn refused(message: String) -> Reply {
     Reply { exit: crate::cli::EXIT_CONFINE_FAILED, refused: Some(message), ..Reply::default() }
 }
 
-async fn answer(request: Request, stdio: Stdio, stream: UnixStream, ctx: &Arc<Context>) -> (Reply, UnixStream) {
+async fn answer(request: Request, stdio: Stdio, stream: &Arc<tokio::net::UnixStream>, ctx: &Arc<Context>) -> Reply {
     if request.protocol != PROTOCOL {
-        let message = format!(
+        return refused(format!(
             "it speaks protocol {PROTOCOL}, this client {}: use the same confine build for both",
             request.protocol
-        );
-        return (refused(message), stream);
+        ));
     }
-    let mut theirs = request.config;
+    let ours = std::env::current_dir().unwrap_or_default();
+    let mut theirs = super::absolute(request.config, &request.cwd);
     theirs.source = ctx.config.source.clone();
-    if theirs != ctx.config {
+    if theirs != super::absolute(ctx.config.clone(), &ours) {
         let file = ctx.config.source.as_ref().map_or("the built-in defaults".into(), |p| p.display().to_string());
-        let message = format!(
+        return refused(format!(
             "it runs with another configuration ({file}): give this command the same one (--config), or stop the server"
-        );
-        return (refused(message), stream);
+        ));
+    }
+    if let Err(message) = super::resolved(&request.command) {
+        return refused(message);
     }
     match request.command {
         Command::Exec(e) => exec(e, stdio, stream, ctx).await,
@@ -284,8 +358,8 @@ async fn answer(request: Request, stdio: Stdio, stream: UnixStream, ctx: &Arc<Co
             })
             .await;
             match ran {
-                Ok(exit) => (Reply { exit, ..Reply::default() }, stream),
-                Err(e) => (refused(format!("the command failed in the server: {e}")), stream),
+                Ok(exit) => Reply { exit, ..Reply::default() },
+                Err(e) => refused(format!("the command failed in the server: {e}")),
             }
         }
     }
@@ -318,14 +392,8 @@ fn run(ctx: &Context, command: Command, io: &mut Io) -> i32 {
 
 /// A relayed `exec` on the server's supervisor. The job is killed when
 /// the client goes away, or the server shuts down.
-async fn exec(e: ExecRelay, stdio: Stdio, stream: UnixStream, ctx: &Arc<Context>) -> (Reply, UnixStream) {
-    let watch = match stream.try_clone().and_then(|w| {
-        w.set_nonblocking(true)?;
-        tokio::net::UnixStream::from_std(w)
-    }) {
-        Ok(w) => w,
-        Err(err) => return (refused(format!("cannot watch the connection: {err}")), stream),
-    };
+async fn exec(e: ExecRelay, stdio: Stdio, stream: &Arc<tokio::net::UnixStream>, ctx: &Arc<Context>) -> Reply {
+    let watch = stream.clone();
     let shutdown = ctx.shutdown.clone();
     let cancel = Box::pin(async move {
         let gone = async {
@@ -347,10 +415,8 @@ async fn exec(e: ExecRelay, stdio: Stdio, stream: UnixStream, ctx: &Arc<Context>
     let live =
         e.live.then(|| Live::To { stdout: Arc::new(File::from(stdio.0)), stderr: Arc::new(File::from(stdio.1)) });
     let ctl = ExecControl { live, cancel: Some(cancel), ..ExecControl::default() };
-    let resp = ctx.supervisor.execute(e.request, ctl).await;
-    // The watcher is gone with `ctl`: the descriptor blocks again.
-    if let Err(err) = stream.set_nonblocking(false) {
-        tracing::warn!(error = %err, "store socket: cannot answer a relayed exec");
-    }
-    (Reply { exit: 0, exec: Some(Box::new(resp)), ..Reply::default() }, stream)
+    // The job's id is the server's to give: never one a client chose.
+    let request = crate::supervisor::exec::ExecuteRequest { job_id: None, ..e.request };
+    let resp = ctx.supervisor.execute(request, ctl).await;
+    Reply { exit: 0, exec: Some(Box::new(resp)), ..Reply::default() }
 }

@@ -144,10 +144,6 @@ pub enum Live {
     To { stdout: Arc<std::fs::File>, stderr: Arc<std::fs::File> },
 }
 
-/// How long a client's output may refuse bytes before its live copy is
-/// given up (the artifact keeps everything).
-const LIVE_STALL: std::time::Duration = std::time::Duration::from_secs(5);
-
 impl Live {
     fn write(&self, stream: StreamName, bytes: &[u8]) -> std::io::Result<()> {
         use std::io::Write;
@@ -160,31 +156,14 @@ impl Live {
     }
 }
 
-/// Write to a client's descriptor without blocking for more than
-/// [`LIVE_STALL`] at a time: a client whose reader stopped (`| sleep`)
-/// must not hold the capture, and with it the job's record. The file
-/// description is the client's, so it stays blocking: each write waits
-/// for room (`POLLOUT`: at least `PIPE_BUF` bytes free in a pipe) and is
-/// at most that size.
+/// Write all of `bytes` to a client's descriptor, none of the writes
+/// blocking for more than [`crate::relay::LIVE_STALL`].
 fn write_unstalled(file: &std::fs::File, mut bytes: &[u8]) -> std::io::Result<()> {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    use std::io::Write;
-    use std::os::fd::AsFd;
-    const PIPE_BUF: usize = 4096;
-    let timeout = PollTimeout::try_from(LIVE_STALL).unwrap_or(PollTimeout::MAX);
     while !bytes.is_empty() {
-        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLOUT)];
-        match poll(&mut fds, timeout) {
-            Ok(0) => return Err(std::io::ErrorKind::TimedOut.into()),
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
+        match crate::relay::write_unstalled(file, bytes)? {
+            0 => return Err(std::io::ErrorKind::WriteZero.into()),
+            n => bytes = &bytes[n..],
         }
-        let n = (&*file).write(&bytes[..bytes.len().min(PIPE_BUF)])?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        bytes = &bytes[n..];
     }
     Ok(())
 }
