@@ -91,6 +91,19 @@ fn needs_sandbox() -> bool {
     common::sandbox_available()
 }
 
+/// `confine exec` of `code` in repository `t`, its stdout piped.
+fn spawn_exec(f: &Fixture, code: &str, stderr: Stdio) -> Child {
+    Command::new(common::bin())
+        .arg("--config")
+        .arg(&f.config)
+        .args(["exec", "--repo-id", "t", "--runtime", "shell", "--timeout", "50s", "--code", code])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
 fn summary_artifact(err: &str) -> String {
     let line = err.lines().last().unwrap_or_default();
     line.split("artifact=")
@@ -196,16 +209,7 @@ fn a_client_that_leaves_cancels_its_relayed_job() {
     }
     let f = fixture();
     let server = Server::start(&f);
-    let mut client = Command::new(common::bin())
-        .arg("--config")
-        .arg(&f.config)
-        .args(["exec", "--repo-id", "t", "--runtime", "shell", "--timeout", "50s"])
-        .args(["--code", "echo started; exec sleep 1000"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut client = spawn_exec(&f, "echo started; exec sleep 1000", Stdio::null());
     let mut line = String::new();
     std::io::BufReader::new(client.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert_eq!(line, "started\n");
@@ -326,16 +330,7 @@ fn a_client_that_stops_reading_does_not_hold_the_job() {
     }
     let f = fixture();
     let _server = Server::start(&f);
-    let mut client = Command::new(common::bin())
-        .arg("--config")
-        .arg(&f.config)
-        .args(["exec", "--repo-id", "t", "--runtime", "shell", "--timeout", "50s"])
-        .args(["--code", "yes filler | head -c 10000000"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut client = spawn_exec(&f, "yes filler | head -c 10000000", Stdio::piped());
     // Held, never read: the pipe fills after 64 KiB.
     let _unread = client.stdout.take().unwrap();
     let mut stderr = client.stderr.take().unwrap();
