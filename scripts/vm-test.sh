@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# ./dev vm-test [ENTRY...]: run confine's root integration suites on the
+# kernels users run, each in a Debian guest booted with qemu.
+#
+# Entries: debian12 (kernel 6.1, pure cgroup v2, landlock ABI 2),
+# debian11 (5.10: no landlock, no cgroup.kill), debian13 (6.12), and
+# debian12-v1 (6.1 booted with the cgroup v1 hierarchies only). No entry
+# named: all of them.
+#
+# Each guest image is built once from Debian's packages (debootstrap) and
+# cached under target/vm/ (CONFINE_VM_CACHE); a run boots it with
+# -snapshot, so the image stays as built. The checkout is shared in
+# read-only at its own path (9p), so the test binaries built here
+# (static, `cargo test --no-run`) find confine where they were built to.
+# Results come back in target/vm/results/<entry>/: the console log, each
+# suite's output, and summary.json (the test runners' result lines, each
+# test's outcome). A guest that does not finish within CONFINE_VM_LIMIT
+# seconds (default 1800) is killed; its console log is kept.
+#
+# CONFINE_VM_SUITES: the integration suites to run (tests/<name>.rs),
+# default "sandbox limits security". KVM is tried first and TCG used when
+# /dev/kvm is missing or the guest does not come up within
+# CONFINE_VM_KVM_WAIT seconds (default 60).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo="$PWD"
+cache="${CONFINE_VM_CACHE:-$repo/target/vm}"
+limit="${CONFINE_VM_LIMIT:-1800}"
+kvm_wait="${CONFINE_VM_KVM_WAIT:-60}"
+read -r -a suites <<<"${CONFINE_VM_SUITES:-sandbox limits security}"
+all=(debian12 debian11 debian13 debian12-v1)
+entries=("$@")
+[ ${#entries[@]} -gt 0 ] || entries=("${all[@]}")
+
+say() { echo "vm-test: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+suite_of() {
+  case "$1" in
+    debian11) echo bullseye ;;
+    debian12 | debian12-v1) echo bookworm ;;
+    debian13) echo trixie ;;
+    *) die "unknown entry '$1' (entries: ${all[*]})" ;;
+  esac
+}
+cgroup_of() { case "$1" in *-v1) echo v1 ;; *) echo v2 ;; esac; }
+
+[ "$(id -u)" = 0 ] || die "run as root: building an image (debootstrap) and its ext4 need it"
+missing=()
+command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v mke2fs >/dev/null || missing+=(e2fsprogs)
+command -v python3 >/dev/null || missing+=(python3)
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The guest's init: mounts what a booted system has (the cgroup layout
+# of the entry), the checkout and the results share, runs the plan,
+# powers off. Written into each image.
+guest_init() {
+  cat <<'INIT'
+#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+arg() { sed -n "s/.*confine\.$1=\([^ ]*\).*/\1/p" /proc/cmdline; }
+hostname confine-vm
+modprobe 9pnet_virtio 2>/dev/null; modprobe 9p 2>/dev/null
+if [ "$(arg cgroup)" = v1 ]; then
+  mount -t tmpfs cgroup /sys/fs/cgroup
+  for c in cpu,cpuacct memory pids freezer devices blkio; do
+    mkdir -p "/sys/fs/cgroup/$c" && mount -t cgroup -o "$c" cgroup "/sys/fs/cgroup/$c"
+  done
+else
+  mount -t cgroup2 cgroup2 /sys/fs/cgroup
+fi
+repo="$(arg repo)"
+mkdir -p "$repo" /results
+mount -t 9p -o trans=virtio,version=9p2000.L,ro repo "$repo"
+mount -t 9p -o trans=virtio,version=9p2000.L results /results
+echo "vm-guest: kernel $(uname -r), cgroup $(stat -fc %T /sys/fs/cgroup)" > /results/guest.txt
+cat /sys/kernel/security/lsm >> /results/guest.txt 2>/dev/null
+"$(cat /results/bin)" doctor > /results/doctor.txt 2>&1
+echo "doctor exit $?" >> /results/doctor.txt
+while read -r name bin; do
+  echo "vm-guest: suite $name" > /dev/console
+  ( cd "$repo" && CONFINE_REQUIRE_ISOLATION=1 CONFINE_TEST_BIN="$(cat /results/bin)" \
+      timeout 1500 "$bin" --test-threads=2 ) > "/results/suite-$name.txt" 2>&1
+  echo "exit $?" >> "/results/suite-$name.txt"
+done < /results/plan
+sync
+echo "vm-guest: done" > /dev/console
+echo o > /proc/sysrq-trigger
+sleep 10
+INIT
+}
+
+# Build (once) the image of a Debian suite: kernel, initrd, ext4 root.
+image() {
+  local suite="$1" dir="$cache/images/$1"
+  if [ -f "$dir/rootfs.ext4" ] && [ -f "$dir/vmlinuz" ] && [ -f "$dir/initrd" ]; then
+    return
+  fi
+  rm -rf "$dir" && mkdir -p "$dir"
+  say "building the $suite image (debootstrap; a few minutes, once)"
+  debootstrap --variant=minbase --include=linux-image-amd64,kmod,procps,util-linux,python3 \
+    "$suite" "$dir/tree" http://deb.debian.org/debian >"$dir/debootstrap.log" 2>&1 ||
+    die "debootstrap of $suite failed: see $dir/debootstrap.log"
+  cp "$(ls "$dir"/tree/boot/vmlinuz-* | head -n 1)" "$dir/vmlinuz"
+  cp "$(ls "$dir"/tree/boot/initrd.img-* | head -n 1)" "$dir/initrd"
+  guest_init >"$dir/tree/sbin/confine-vm-init"
+  chmod 755 "$dir/tree/sbin/confine-vm-init"
+  mke2fs -q -t ext4 -d "$dir/tree" "$dir/rootfs.ext4.tmp" 4G
+  mv "$dir/rootfs.ext4.tmp" "$dir/rootfs.ext4"
+  rm -rf "$dir/tree"
+}
+
+# The static binaries: confine, and each suite's test binary.
+target="$(rustc -vV | sed -n 's/^host: //p')"
+say "building confine and the test binaries (release, static)"
+cargo build --release --quiet
+plan="$(mktemp)"
+cargo test --release --no-run --message-format=json $(printf -- '--test %s ' "${suites[@]}") 2>/dev/null |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
+        print(m["target"]["name"], m["executable"])
+' >"$plan"
+[ -s "$plan" ] || die "no test binaries were built for: ${suites[*]}"
+
+boot() { # entry accel results-dir
+  local entry="$1" accel="$2" out="$3" suite dir
+  suite="$(suite_of "$entry")"
+  dir="$cache/images/$suite"
+  local accel_args=(-accel tcg,thread=multi -cpu max)
+  [ "$accel" = kvm ] && accel_args=(-accel kvm -cpu host)
+  timeout "$4" qemu-system-x86_64 "${accel_args[@]}" -m 4096 -smp 2 -nographic -no-reboot \
+    -kernel "$dir/vmlinuz" -initrd "$dir/initrd" -snapshot \
+    -append "root=/dev/vda rw console=ttyS0 panic=-1 init=/sbin/confine-vm-init confine.cgroup=$(cgroup_of "$entry") confine.repo=$repo" \
+    -drive "file=$dir/rootfs.ext4,if=virtio,format=raw" \
+    -virtfs "local,path=$repo,mount_tag=repo,security_model=none,readonly=on" \
+    -virtfs "local,path=$out,mount_tag=results,security_model=none" \
+    >"$out/console.log" 2>&1 </dev/null
+}
+
+failed=0
+for entry in "${entries[@]}"; do
+  suite="$(suite_of "$entry")"
+  image "$suite"
+  out="$cache/results/$entry"
+  rm -rf "$out" && mkdir -p "$out"
+  cp "$plan" "$out/plan"
+  echo "$repo/target/$target/release/confine" >"$out/bin"
+  started=$(date +%s)
+  accel=tcg
+  if [ -w /dev/kvm ]; then
+    # KVM hangs at boot on some hosts (nested virtualisation): a guest
+    # that has not mounted its shares within the wait is retried on TCG.
+    boot "$entry" kvm "$out" "$limit" &
+    qemu=$!
+    for _ in $(seq "$kvm_wait"); do
+      [ -f "$out/guest.txt" ] && break
+      kill -0 "$qemu" 2>/dev/null || break
+      sleep 1
+    done
+    if [ -f "$out/guest.txt" ]; then
+      accel=kvm
+      wait "$qemu" || true
+    else
+      kill "$qemu" 2>/dev/null || true
+      wait "$qemu" 2>/dev/null || true
+      mv "$out/console.log" "$out/console-kvm.log"
+    fi
+  fi
+  if [ "$accel" = tcg ]; then
+    say "$entry: booting on TCG (at most ${limit}s)"
+    boot "$entry" tcg "$out" "$limit" || true
+  fi
+  python3 - "$out" "$entry" "$accel" "$(($(date +%s) - started))" <<'PY'
+import json, os, re, sys
+out, entry, accel, seconds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+summary = {"entry": entry, "accel": accel, "seconds": seconds, "suites": {}}
+guest = os.path.join(out, "guest.txt")
+summary["guest"] = open(guest).read().strip() if os.path.exists(guest) else None
+for line in open(os.path.join(out, "plan")):
+    name = line.split()[0]
+    path = os.path.join(out, "suite-%s.txt" % name)
+    if not os.path.exists(path):
+        summary["suites"][name] = {"ran": False}
+        continue
+    text = open(path, errors="replace").read()
+    tests = dict(re.findall(r"^test (\S+) \.\.\. (ok|FAILED|ignored)", text, re.M))
+    result = re.findall(r"^test result: .*$", text, re.M)
+    exit_code = re.findall(r"^exit (\d+)$", text, re.M)
+    summary["suites"][name] = {"ran": True, "result": result[-1] if result else None,
+                               "exit": int(exit_code[-1]) if exit_code else None, "tests": tests}
+json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
+print("vm-test: %s (%s, %d s): %s" % (entry, accel, seconds, summary["guest"] or "the guest never came up"))
+for name, s in summary["suites"].items():
+    print("  %-12s %s" % (name, s.get("result") or ("did not run" if not s["ran"] else "no result (hung or killed)")))
+    for t, r in sorted(s.get("tests", {}).items()):
+        if r == "FAILED":
+            print("    FAILED %s" % t)
+PY
+  if ! python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["suites"] and all(v.get("exit")==0 for v in s["suites"].values()) else 1)' "$out/summary.json"; then
+    failed=1
+  fi
+done
+rm -f "$plan"
+exit "$failed"
