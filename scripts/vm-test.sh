@@ -17,6 +17,7 @@
 # test's outcome). A guest that does not finish within CONFINE_VM_LIMIT
 # seconds (default 1800) is killed; its console log is kept.
 #
+# `--images-only` builds the images and boots nothing.
 # CONFINE_VM_SUITES: the integration suites to run (tests/<name>.rs),
 # default "sandbox limits security". KVM is tried first and TCG used when
 # /dev/kvm is missing or the guest does not come up within
@@ -29,6 +30,11 @@ limit="${CONFINE_VM_LIMIT:-1800}"
 kvm_wait="${CONFINE_VM_KVM_WAIT:-60}"
 read -r -a suites <<<"${CONFINE_VM_SUITES:-sandbox limits security}"
 all=(debian12 debian11 debian13 debian12-v1)
+images_only=0
+if [ "${1:-}" = --images-only ]; then
+  images_only=1
+  shift
+fi
 entries=("$@")
 [ ${#entries[@]} -gt 0 ] || entries=("${all[@]}")
 
@@ -56,24 +62,40 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# The guest's init: mounts what a booted system has (the cgroup layout
-# of the entry), the checkout and the results share, runs the plan,
-# powers off. Written into each image.
-guest_init() {
+# The guest's init, in the image: mounts what a shell needs and the
+# results share, and hands over to the run's own script there (below), so
+# that changing the run never means rebuilding an image.
+boot_init() {
   cat <<'INIT'
 #!/bin/sh
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+modprobe 9pnet_virtio 2>/dev/null; modprobe 9p 2>/dev/null
+mkdir -p /results
+mount -t 9p -o trans=virtio,version=9p2000.L results /results
+exec /bin/sh /results/init.sh
+INIT
+}
+
+# The run, in the guest: what a booted system has (the cgroup layout of
+# the entry, loopback up), the checkout at its own path, the plan's
+# suites, then power off.
+guest_run() {
+  cat <<'RUN'
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
+# /tmp stays on the root file system, as on Debian 12 (tmpfs could not be
+# idmapped before 6.3).
+chmod 1777 /tmp
 arg() { sed -n "s/.*confine\.$1=\([^ ]*\).*/\1/p" /proc/cmdline; }
 hostname confine-vm
-modprobe 9pnet_virtio 2>/dev/null; modprobe 9p 2>/dev/null
+# A booted system's loopback is up; the tests' servers listen there.
+ip link set lo up
 if [ "$(arg cgroup)" = v1 ]; then
   mount -t tmpfs cgroup /sys/fs/cgroup
   for c in cpu,cpuacct memory pids freezer devices blkio; do
@@ -83,9 +105,13 @@ else
   mount -t cgroup2 cgroup2 /sys/fs/cgroup
 fi
 repo="$(arg repo)"
-mkdir -p "$repo" /results
+mkdir -p "$repo"
 mount -t 9p -o trans=virtio,version=9p2000.L,ro repo "$repo"
-mount -t 9p -o trans=virtio,version=9p2000.L results /results
+# The checkout is read-only; the tests' scratch directories
+# (CARGO_TARGET_TMPDIR: target/<triple>/tmp) are not.
+for d in "$repo"/target/*/tmp "$repo"/target/tmp; do
+  [ -d "$d" ] && mount -t tmpfs tmpfs "$d"
+done
 echo "vm-guest: kernel $(uname -r), cgroup $(stat -fc %T /sys/fs/cgroup)" > /results/guest.txt
 cat /sys/kernel/security/lsm >> /results/guest.txt 2>/dev/null
 "$(cat /results/bin)" doctor > /results/doctor.txt 2>&1
@@ -100,28 +126,40 @@ sync
 echo "vm-guest: done" > /dev/console
 echo o > /proc/sysrq-trigger
 sleep 10
-INIT
+RUN
 }
+
+# What the suites need in a guest: git (the workspace protections'
+# tests), iproute2 (loopback up), python3 (the tests' probes).
+packages=linux-image-amd64,kmod,procps,util-linux,iproute2,git,python3
+image_dir() { echo "$cache/images/$1-$( (echo "$packages"; boot_init) | cksum | cut -d' ' -f1)"; }
 
 # Build (once) the image of a Debian suite: kernel, initrd, ext4 root.
 image() {
-  local suite="$1" dir="$cache/images/$1"
+  local suite="$1" dir
+  dir="$(image_dir "$1")"
   if [ -f "$dir/rootfs.ext4" ] && [ -f "$dir/vmlinuz" ] && [ -f "$dir/initrd" ]; then
     return
   fi
   rm -rf "$dir" && mkdir -p "$dir"
   say "building the $suite image (debootstrap; a few minutes, once)"
-  debootstrap --variant=minbase --include=linux-image-amd64,kmod,procps,util-linux,python3 \
+  debootstrap --variant=minbase --include="$packages" \
     "$suite" "$dir/tree" http://deb.debian.org/debian >"$dir/debootstrap.log" 2>&1 ||
     die "debootstrap of $suite failed: see $dir/debootstrap.log"
   cp "$(ls "$dir"/tree/boot/vmlinuz-* | head -n 1)" "$dir/vmlinuz"
   cp "$(ls "$dir"/tree/boot/initrd.img-* | head -n 1)" "$dir/initrd"
-  guest_init >"$dir/tree/sbin/confine-vm-init"
+  boot_init >"$dir/tree/sbin/confine-vm-init"
   chmod 755 "$dir/tree/sbin/confine-vm-init"
   mke2fs -q -t ext4 -d "$dir/tree" "$dir/rootfs.ext4.tmp" 4G
   mv "$dir/rootfs.ext4.tmp" "$dir/rootfs.ext4"
   rm -rf "$dir/tree"
 }
+
+if [ "$images_only" = 1 ]; then
+  for entry in "${entries[@]}"; do image "$(suite_of "$entry")"; done
+  say "images ready in $cache/images"
+  exit 0
+fi
 
 # The static binaries: confine, and each suite's test binary.
 target="$(rustc -vV | sed -n 's/^host: //p')"
@@ -141,7 +179,7 @@ for line in sys.stdin:
 boot() { # entry accel results-dir
   local entry="$1" accel="$2" out="$3" suite dir
   suite="$(suite_of "$entry")"
-  dir="$cache/images/$suite"
+  dir="$(image_dir "$suite")"
   local accel_args=(-accel tcg,thread=multi -cpu max)
   [ "$accel" = kvm ] && accel_args=(-accel kvm -cpu host)
   timeout "$4" qemu-system-x86_64 "${accel_args[@]}" -m 4096 -smp 2 -nographic -no-reboot \
@@ -160,13 +198,14 @@ for entry in "${entries[@]}"; do
   out="$cache/results/$entry"
   rm -rf "$out" && mkdir -p "$out"
   cp "$plan" "$out/plan"
+  guest_run >"$out/init.sh"
   echo "$repo/target/$target/release/confine" >"$out/bin"
   started=$(date +%s)
   accel=tcg
   if [ -w /dev/kvm ]; then
     # KVM hangs at boot on some hosts (nested virtualisation): a guest
     # that has not mounted its shares within the wait is retried on TCG.
-    boot "$entry" kvm "$out" "$limit" &
+    boot "$entry" kvm "$out" "$limit" 2>/dev/null &
     qemu=$!
     for _ in $(seq "$kvm_wait"); do
       [ -f "$out/guest.txt" ] && break
@@ -180,6 +219,7 @@ for entry in "${entries[@]}"; do
       kill "$qemu" 2>/dev/null || true
       wait "$qemu" 2>/dev/null || true
       mv "$out/console.log" "$out/console-kvm.log"
+      say "$entry: no guest on KVM within ${kvm_wait}s (console-kvm.log: $(tail -n 1 "$out/console-kvm.log"))"
     fi
   fi
   if [ "$accel" = tcg ]; then
