@@ -208,19 +208,14 @@ fn a_client_that_leaves_cancels_its_relayed_job() {
         return;
     }
     let f = fixture();
-    let server = Server::start(&f);
+    let mut server = Server::start(&f);
     let mut client = spawn_exec(&f, "echo started; exec sleep 1000", Stdio::null());
-    let mut line = String::new();
-    std::io::BufReader::new(client.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line, "started\n");
+    wait_started(&mut client);
     let started = Instant::now();
     client.kill().unwrap();
     client.wait().unwrap();
     let status = loop {
-        let ls = confine(&f.config, &["audit", "ls", "--json"]);
-        let records: Vec<serde_json::Value> =
-            common::stdout(&ls).lines().map(|l| serde_json::from_str(l).expect(l)).collect();
-        if let Some(r) = records.first() {
+        if let Some(r) = audit_records(&f).first() {
             break r["status"].as_str().unwrap().to_string();
         }
         assert!(started.elapsed() < Duration::from_secs(20), "the relayed job outlived its client");
@@ -228,12 +223,35 @@ fn a_client_that_leaves_cancels_its_relayed_job() {
     };
     assert_eq!(status, "cancelled");
     assert!(started.elapsed() < Duration::from_secs(20));
+    // SIGTERM with a relayed job running: the job is killed and recorded
+    // before the server lets go of the store, and the socket is removed.
+    let mut second = spawn_exec(&f, "echo started; exec sleep 1000", Stdio::null());
+    wait_started(&mut second);
     server.signal(libc::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while f.store.join("serve.sock").exists() {
-        assert!(Instant::now() < deadline, "a server stopped with SIGTERM left its socket");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the server did not stop on SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert!(!f.store.join("serve.sock").exists(), "a server stopped with SIGTERM left its socket");
+    let records = audit_records(&f);
+    assert_eq!(records.len(), 2, "{records:?}");
+    assert_eq!(records[0]["status"], "cancelled", "{records:?}");
+    second.wait().unwrap();
+}
+
+/// Wait for a spawned `exec`'s first line, `started`.
+fn wait_started(client: &mut Child) {
+    let mut line = String::new();
+    std::io::BufReader::new(client.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+}
+
+/// The audit records, newest first.
+fn audit_records(f: &Fixture) -> Vec<serde_json::Value> {
+    let ls = confine(&f.config, &["audit", "ls", "--json"]);
+    assert!(ls.status.success(), "{}", common::stderr(&ls));
+    common::stdout(&ls).lines().map(|l| serde_json::from_str(l).expect(l)).collect()
 }
 
 /// The attack: a process that is not the store's holder listens at the
@@ -278,40 +296,28 @@ fn the_server_answers_only_its_own_uid() {
     std::fs::set_permissions(&f.store, std::fs::Permissions::from_mode(0o711)).unwrap();
     std::fs::set_permissions(f.store.join("serve.sock"), std::fs::Permissions::from_mode(0o666)).unwrap();
     // A well-formed request for `audit verify`, with stdout and stderr.
-    let client = r#"
-import json, socket, struct, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-body = json.dumps({"protocol": 1, "config": {}, "command": {"Audit": "Verify"}}).encode()
-socket.send_fds(s, [struct.pack("<I", len(body)) + body], [1, 2])
-got = b""
-while True:
-    try:
-        part = s.recv(65536)
-    except ConnectionResetError:
-        break
-    if not part:
-        break
-    got += part
-sys.stderr.write("reply:%d:%s" % (len(got), got[4:].decode(errors="replace")))
-"#;
+    let request = r#"{"protocol": 1, "config": {}, "command": {"Audit": "Verify"}}"#;
     let sock = f.store.join("serve.sock");
     let run = |uid: Option<u32>, userns: bool| {
         let mut cmd = Command::new(if userns { "unshare" } else { "python3" });
         if userns {
             cmd.args(["--user", "--map-root-user", "python3"]);
         }
-        cmd.args(["-c", client]).arg(&sock);
+        cmd.args(["-c", RAW_CLIENT]).arg(&sock).args([request, "stdio"]);
         if let Some(u) = uid {
             std::os::unix::process::CommandExt::uid(&mut cmd, u);
         }
         common::output_within(&mut cmd, RUN_LIMIT)
     };
     let nobody = run(Some(65534), false);
-    assert_eq!(common::stderr(&nobody), "reply:0:", "another uid was answered");
+    assert!(common::stderr(&nobody).starts_with("reply:0:\n"), "another uid was answered: {}", common::stderr(&nobody));
     assert_eq!(common::stdout(&nobody), "", "a command ran for another uid");
     let nested = run(None, true);
-    assert_eq!(common::stderr(&nested), "reply:0:", "a client in another user namespace was answered");
+    assert!(
+        common::stderr(&nested).starts_with("reply:0:\n"),
+        "a client in another user namespace was answered: {}",
+        common::stderr(&nested)
+    );
     assert_eq!(common::stdout(&nested), "", "a command ran for another user namespace");
     // Root is answered (refused: its configuration is not the server's).
     let root = run(None, false);
@@ -372,9 +378,14 @@ body = sys.argv[2].encode()
 spec = sys.argv[3]
 r, w = os.pipe()
 fds = {"stdio": [1, 2], "three": [w, w, w], "many": [w] * 200}[spec]
-socket.send_fds(s, [struct.pack("<I", len(body)) + body], fds)
 got = b""
-while True:
+try:
+    socket.send_fds(s, [struct.pack("<I", len(body)) + body], fds)
+except (BrokenPipeError, ConnectionResetError):
+    # Refused before the request was sent: closed, unanswered.
+    s.close()
+    s = None
+while s:
     try:
         part = s.recv(65536)
     except ConnectionResetError:

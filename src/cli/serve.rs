@@ -99,7 +99,8 @@ async fn run(config: Option<&Path>, args: ServeArgs) -> Result<(), McpError> {
     // Transports are closed: no new calls. Kill what still runs, keep the
     // session's usage, and let the service flush its store.
     shutdown.cancel();
-    // Relayed jobs are killed and the socket removed before the store closes.
+    // Relayed jobs are killed and recorded, and the socket removed, before
+    // the store closes.
     if let Some(relay) = relay {
         let _ = relay.await;
     }

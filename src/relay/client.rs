@@ -1,7 +1,7 @@
 //! The client side: find a running server at the store's socket, check
 //! that it is the store's holder, and relay one command to it.
 
-use super::{Command, RelayError, Reply, MAX_REPLY_BYTES, PROTOCOL, SOCKET_NAME};
+use super::{Command, RelayError, Reply, PROTOCOL, SOCKET_NAME};
 use crate::config::Config;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
@@ -80,8 +80,7 @@ impl Connection {
         let request = RequestRef { protocol: PROTOCOL, cwd: &cwd, config, command };
         let bytes = super::frame(&request).map_err(io)?;
         send_with_stdio(&self.stream, &bytes).map_err(io)?;
-        let mut reader = &self.stream;
-        let reply: Reply = super::read_frame(&mut reader, &[], MAX_REPLY_BYTES)?;
+        let reply = read_reply(&self.stream)?;
         match reply.refused {
             Some(message) => Err(RelayError::Refused { pid: self.pid, message }),
             None => Ok(reply),
@@ -115,4 +114,28 @@ fn send_with_stdio(stream: &UnixStream, bytes: &[u8]) -> std::io::Result<()> {
     let mut w = stream;
     w.write_all(&bytes[sent..])?;
     w.flush()
+}
+
+/// The largest reply read (a relayed `exec --json` carries the rendered
+/// output).
+const MAX_REPLY_BYTES: u32 = 256 << 20;
+
+/// Read the server's one frame.
+fn read_reply(mut stream: &UnixStream) -> Result<Reply, RelayError> {
+    use std::io::Read;
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => RelayError::Malformed(
+            "the server closed the connection without an answer (too many clients at once, or it is stopping)".into(),
+        ),
+        _ => RelayError::Malformed(e.to_string()),
+    };
+    let mut head = [0u8; 4];
+    stream.read_exact(&mut head).map_err(io)?;
+    let len = u32::from_le_bytes(head);
+    if len > MAX_REPLY_BYTES {
+        return Err(RelayError::Malformed(format!("a message of {len} bytes (at most {MAX_REPLY_BYTES})")));
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body).map_err(io)?;
+    serde_json::from_slice(&body).map_err(|e| RelayError::Malformed(e.to_string()))
 }

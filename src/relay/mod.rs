@@ -37,17 +37,12 @@ use crate::cli::audit::AuditCommand;
 use crate::cli::memory::MemoryCommand;
 use crate::config::Config;
 use serde::{Deserialize, Serialize};
-use std::io::Read;
 
 /// The socket's name in the store's directory.
 pub const SOCKET_NAME: &str = "serve.sock";
 
 /// The wire's version: a server refuses a request of another version.
 pub const PROTOCOL: u32 = 1;
-
-/// The largest reply a client reads (a relayed `exec --json` carries the
-/// rendered output).
-pub(crate) const MAX_REPLY_BYTES: u32 = 256 << 20;
 
 /// A command a client relays.
 #[derive(Debug, Serialize, Deserialize)]
@@ -179,14 +174,15 @@ pub(crate) fn write_unstalled(file: &std::fs::File, bytes: &[u8]) -> std::io::Re
     }
 }
 
-/// A client's descriptor, written with [`write_unstalled`].
+/// A client's descriptor (owned or borrowed), written with
+/// [`write_unstalled`].
 #[cfg(target_os = "linux")]
-pub(crate) struct Unstalled(pub std::fs::File);
+pub(crate) struct Unstalled<F>(pub F);
 
 #[cfg(target_os = "linux")]
-impl std::io::Write for Unstalled {
+impl<F: std::borrow::Borrow<std::fs::File>> std::io::Write for Unstalled<F> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        write_unstalled(&self.0, bytes)
+        write_unstalled(self.0.borrow(), bytes)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -202,36 +198,4 @@ pub(crate) fn frame<T: Serialize>(value: &T) -> std::io::Result<Vec<u8>> {
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&body);
     Ok(out)
-}
-
-/// Read one frame of at most `max` bytes, the first `have` of which (its
-/// length included) were read already.
-pub(crate) fn read_frame<T: for<'de> Deserialize<'de>>(
-    r: &mut impl Read,
-    have: &[u8],
-    max: u32,
-) -> Result<T, RelayError> {
-    let io = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => RelayError::Malformed(
-            "the server closed the connection without an answer (too many clients at once, or it is stopping)".into(),
-        ),
-        _ => RelayError::Malformed(e.to_string()),
-    };
-    let mut head = [0u8; 4];
-    let from_have = have.len().min(4);
-    head[..from_have].copy_from_slice(&have[..from_have]);
-    r.read_exact(&mut head[from_have..]).map_err(io)?;
-    let len = u32::from_le_bytes(head);
-    if len > max {
-        return Err(RelayError::Malformed(format!("a message of {len} bytes (at most {max})")));
-    }
-    let mut body = Vec::with_capacity(len as usize);
-    let rest = &have[from_have..];
-    body.extend_from_slice(&rest[..rest.len().min(len as usize)]);
-    let missing = len as usize - body.len();
-    r.take(missing as u64).read_to_end(&mut body).map_err(io)?;
-    if body.len() != len as usize {
-        return Err(RelayError::Malformed("the message ended early".into()));
-    }
-    serde_json::from_slice(&body).map_err(|e| RelayError::Malformed(e.to_string()))
 }

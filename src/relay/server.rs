@@ -24,6 +24,8 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once; one more is closed unanswered. Each holds
 /// a few descriptors, and a command being run a thread.
 const MAX_CLIENTS: usize = 64;
+/// How long a stopping server waits for its relayed commands to end.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 /// Descriptors one message can carry (`SCM_MAX_FD`): room for all of
 /// them, so that none is ever cut off, left open and unowned.
 const SCM_MAX_FD: usize = 253;
@@ -31,6 +33,9 @@ const SCM_MAX_FD: usize = 253;
 /// What relayed commands run on: the server's configuration and handles.
 pub struct Context {
     pub config: Config,
+    /// `config` with its relative paths made absolute from our working
+    /// directory: what a client's must equal.
+    absolute: Config,
     pub supervisor: Arc<Supervisor>,
     /// The MCP server's memory service, when it has one: a second one on
     /// the same store would keep its own sequence and indexes.
@@ -50,7 +55,8 @@ impl Context {
         if let Some(m) = memory {
             let _ = slot.set(Ok(m));
         }
-        Context { config, supervisor, memory: slot, shutdown }
+        let absolute = super::absolute(config.clone(), &std::env::current_dir().unwrap_or_default());
+        Context { config, absolute, supervisor, memory: slot, shutdown }
     }
 
     fn memory(&self) -> Result<&Arc<MemoryService>, String> {
@@ -105,24 +111,23 @@ impl Listener {
 
     /// Serve clients until `ctx`'s shutdown.
     pub async fn serve(self, ctx: Arc<Context>) {
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
+        let mut clients = tokio::task::JoinSet::new();
         loop {
             let accepted = tokio::select! {
                 () = ctx.shutdown.cancelled() => break,
+                Some(_) = clients.join_next(), if !clients.is_empty() => continue,
                 a = self.listener.accept() => a,
             };
             match accepted {
+                Ok(_) if clients.len() >= MAX_CLIENTS => {
+                    tracing::warn!("store socket: {MAX_CLIENTS} clients at once; one more was closed unanswered");
+                }
                 Ok((stream, _)) => {
-                    let Ok(slot) = slots.clone().try_acquire_owned() else {
-                        tracing::warn!("store socket: {MAX_CLIENTS} clients at once; one more was closed unanswered");
-                        continue;
-                    };
                     let ctx = ctx.clone();
-                    tokio::spawn(async move {
+                    clients.spawn(async move {
                         if let Err(e) = handle(stream, ctx).await {
                             tracing::warn!(error = %e, "store socket: a client's command was not run");
                         }
-                        drop(slot);
                     });
                 }
                 Err(e) => {
@@ -130,6 +135,12 @@ impl Listener {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
+        }
+        // Relayed jobs were cancelled by the same token: their records are
+        // written before the server's store closes.
+        let drained = tokio::time::timeout(SHUTDOWN_WAIT, async { while clients.join_next().await.is_some() {} });
+        if drained.await.is_err() {
+            tracing::warn!("store socket: relayed commands still running at shutdown were stopped");
         }
     }
 }
@@ -334,10 +345,9 @@ async fn answer(request: Request, stdio: Stdio, stream: &Arc<tokio::net::UnixStr
             request.protocol
         ));
     }
-    let ours = std::env::current_dir().unwrap_or_default();
     let mut theirs = super::absolute(request.config, &request.cwd);
     theirs.source = ctx.config.source.clone();
-    if theirs != super::absolute(ctx.config.clone(), &ours) {
+    if theirs != ctx.absolute {
         let file = ctx.config.source.as_ref().map_or("the built-in defaults".into(), |p| p.display().to_string());
         return refused(format!(
             "it runs with another configuration ({file}): give this command the same one (--config), or stop the server"

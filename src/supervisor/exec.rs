@@ -150,22 +150,11 @@ impl Live {
         match (self, stream) {
             (Live::Own, StreamName::Stdout) => std::io::stdout().lock().write_all(bytes),
             (Live::Own, StreamName::Stderr) => std::io::stderr().lock().write_all(bytes),
-            (Live::To { stdout, .. }, StreamName::Stdout) => write_unstalled(stdout, bytes),
-            (Live::To { stderr, .. }, StreamName::Stderr) => write_unstalled(stderr, bytes),
+            // Never blocked for long by a client whose reader stopped.
+            (Live::To { stdout, .. }, StreamName::Stdout) => crate::relay::Unstalled(&**stdout).write_all(bytes),
+            (Live::To { stderr, .. }, StreamName::Stderr) => crate::relay::Unstalled(&**stderr).write_all(bytes),
         }
     }
-}
-
-/// Write all of `bytes` to a client's descriptor, none of the writes
-/// blocking for more than [`crate::relay::LIVE_STALL`].
-fn write_unstalled(file: &std::fs::File, mut bytes: &[u8]) -> std::io::Result<()> {
-    while !bytes.is_empty() {
-        match crate::relay::write_unstalled(file, bytes)? {
-            0 => return Err(std::io::ErrorKind::WriteZero.into()),
-            n => bytes = &bytes[n..],
-        }
-    }
-    Ok(())
 }
 
 /// Output seen so far by a running job, bounded.
