@@ -112,10 +112,19 @@ fn host_layers(checks: &[Check], landlock_abi: u32) -> Layers {
         cgroupns: ns,
         landlock: LandlockLayer { abi: landlock_abi.min(target), status: status.into(), skipped: Vec::new() },
         seccomp: ok("seccomp").then(|| "default.json".to_string()),
-        // The layout's first word: v1, v2 or hybrid.
+        // The layer name a job would report (`cgroup::Job::layer`): the
+        // layout's first word, and how its tree would be killed.
         cgroup: (ok("cgroup layout") && ok("cgroup limits")).then(|| {
-            let layout = checks.iter().find(|c| c.name == "cgroup layout");
-            layout.and_then(|c| c.detail.split([' ', ';']).next()).unwrap_or("").to_string()
+            let detail = checks.iter().find(|c| c.name == "cgroup layout").map_or("", |c| c.detail.as_str());
+            let kill = detail.contains("cgroup.kill");
+            let layer = match (detail.split([' ', ';']).next().unwrap_or(""), kill) {
+                ("v2", true) => "v2",
+                ("v2", false) => "v2-freeze",
+                ("hybrid", true) => "v1+unified-kill",
+                (_, false) if !detail.contains("freezer") => "v1-signal",
+                _ => "v1",
+            };
+            layer.to_string()
         }),
         caps_dropped: ns,
         no_new_privs: true,
@@ -407,7 +416,9 @@ fn idmap_check(bin: &std::path::Path, root: bool) -> Check {
     }
     let status = dir.join("status.json");
     let out = std::process::Command::new(bin)
-        .args(["--config", "/dev/null", "run", "--backend", "linux", "--workspace"])
+        // Degraded runs allowed: this probe is about the workspace, and a
+        // kernel without landlock is the smoke test's to report.
+        .args(["--config", "/dev/null", "run", "--backend", "linux", "--allow-degraded", "--workspace"])
         .arg(&cwd)
         .arg("--json-status")
         .arg(&status)
@@ -497,6 +508,15 @@ mod tests {
         for (name, row) in g.rows() {
             assert_eq!(row.level, crate::sandbox::Level::Enforced, "{name}: {}", row.how);
         }
+        let layout = |detail: &str| {
+            let mut c = all_ok.clone();
+            c[2].detail = detail.into();
+            Guarantees::of(BackendKind::Linux, &host_layers(&c, target)).tree_kill.how
+        };
+        assert!(layout("v2; controllers: memory (v2), cgroup.kill (v2)").starts_with("cgroup.kill"));
+        assert!(layout("v2; controllers: memory (v2)").starts_with("cgroup freeze"), "5.10: no cgroup.kill");
+        assert!(layout("v1; controllers: memory freezer").starts_with("cgroup freeze"));
+        assert!(layout("v1; controllers: memory pids").starts_with("SIGKILL of what"));
         let mut no_cgroup = all_ok.clone();
         no_cgroup[3].ok = false;
         let g = Guarantees::of(BackendKind::Linux, &host_layers(&no_cgroup, 0));

@@ -176,7 +176,8 @@ pub struct Layers {
     pub landlock: LandlockLayer,
     /// Name of the seccomp profile in force, or `null`.
     pub seccomp: Option<String>,
-    /// `v1`, `v2`, `v1+unified-kill`, or `null` when no cgroup was used.
+    /// `v2`, `v2-freeze`, `v1`, `v1-signal`, `v1+unified-kill` (see
+    /// `cgroup::Job::layer`), or `null` when no cgroup was used.
     pub cgroup: Option<String>,
     pub caps_dropped: bool,
     pub no_new_privs: bool,

@@ -26,6 +26,21 @@ fn doctor_reports_this_hosts_layers() {
     assert!(find("seccomp")["detail"].as_str().unwrap().contains("libseccomp 2."));
 }
 
+/// `confine doctor --json | head -n 1`: a reader that goes away early ends
+/// the report quietly; it is not a panic with a backtrace.
+#[test]
+fn doctor_into_a_closed_pipe_does_not_panic() {
+    use std::process::Stdio;
+    for args in [&["doctor", "--json", "--no-smoke"][..], &["doctor", "--no-smoke"][..]] {
+        let mut child = Command::new(bin()).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{args:?}: {:?} {err}", out.status);
+    }
+}
+
 #[test]
 fn doctor_table_marks_each_check() {
     let out = Command::new(bin()).args(["doctor", "--no-smoke"]).output().unwrap();

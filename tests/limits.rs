@@ -57,14 +57,8 @@ fn run_json(args: &[&str]) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let status_file = dir.path().join("status.json");
     let start = Instant::now();
-    let out = Command::new(bin())
-        .arg("run")
-        .arg("--json-status")
-        .arg(&status_file)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out =
+        confine().arg("run").arg("--json-status").arg(&status_file).args(args).stdin(Stdio::null()).output().unwrap();
     let elapsed = start.elapsed();
     let json = std::fs::read(&status_file)
         .map(|b| serde_json::from_slice(&b).unwrap())
@@ -74,7 +68,7 @@ fn run_json(args: &[&str]) -> Run {
 
 /// `confine run ARGS…` in the background, output discarded.
 fn spawn(args: &[&str], json: Option<&Path>) -> Child {
-    let mut cmd = Command::new(bin());
+    let mut cmd = confine();
     cmd.arg("run");
     if let Some(j) = json {
         cmd.arg("--json-status").arg(j);
@@ -269,7 +263,7 @@ fn a_grandchild_holding_stdout_does_not_hang_confine() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         // output() reads stdout to EOF: a surviving grandchild would hold it.
-        let out = Command::new(bin()).args(["run", "--", "sh", "-c", &script]).stdin(Stdio::null()).output();
+        let out = confine().args(["run", "--", "sh", "-c", &script]).stdin(Stdio::null()).output();
         let _ = tx.send(out);
     });
     let out = rx.recv_timeout(Duration::from_secs(20)).expect("confine hung on a grandchild's stdout").unwrap();
@@ -332,7 +326,7 @@ fn a_governed_job_leaves_no_cgroup_and_no_process() {
     for i in 0..10 {
         let m = marker(20 + i);
         let code = format!("setsid sleep {m} & sleep {m} & echo started");
-        let child = Command::new(bin())
+        let child = confine()
             .arg("--config")
             .arg(&config)
             .args(["exec", "--repo-id", "t", "--runtime", "shell", "--code", &code])
@@ -380,18 +374,17 @@ fn a_crashed_supervisors_cgroups_are_removed_at_next_start() {
 
 #[test]
 fn bad_limits_are_clear_errors() {
-    let out = Command::new(bin()).args(["run", "--memory", "12X", "--", "true"]).output().unwrap();
+    let out = confine().args(["run", "--memory", "12X", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("e.g. 256M"), "{}", stderr(&out));
-    let out = Command::new(bin()).args(["run", "--timeout", "soon", "--", "true"]).output().unwrap();
+    let out = confine().args(["run", "--timeout", "soon", "--", "true"]).output().unwrap();
     assert!(stderr(&out).contains("e.g. 30s"), "{}", stderr(&out));
-    let out = Command::new(bin()).args(["run", "--cpus", "0", "--", "true"]).output().unwrap();
+    let out = confine().args(["run", "--cpus", "0", "--", "true"]).output().unwrap();
     assert!(stderr(&out).contains("between 0.01"), "{}", stderr(&out));
     if !ready() {
         return;
     }
-    let out =
-        Command::new(bin()).args(["run", "--cgroup-parent", "relative", "--pids", "5", "--", "true"]).output().unwrap();
+    let out = confine().args(["run", "--cgroup-parent", "relative", "--pids", "5", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("absolute cgroup path"), "{}", stderr(&out));
 }
@@ -405,17 +398,18 @@ fn the_config_sets_the_cgroup_parent_and_the_flag_wins() {
     let config = dir.path().join("confine.toml");
     let repo = dir.path().display();
     let text = format!(
-        "[runtime]\nenabled = true\n[store]\npath = \"{repo}/store\"\n[sandbox]\ncgroup_parent = \"not/absolute\"\n[[repos]]\nid = \"r\"\nroot = \"{repo}\"\n"
+        "[runtime]\nenabled = true\n{}[store]\npath = \"{repo}/store\"\n[sandbox]\ncgroup_parent = \"not/absolute\"\n[[repos]]\nid = \"r\"\nroot = \"{repo}\"\n",
+        degraded_runtime()
     );
     std::fs::write(&config, text).unwrap();
     let cfg = config.to_str().unwrap();
     // The config's parent is used (and this one is refused, naming the key)...
-    let out = Command::new(bin()).args(["--config", cfg, "run", "--", "true"]).output().unwrap();
+    let out = confine().args(["--config", cfg, "run", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     assert!(stderr(&out).contains("sandbox.cgroup_parent"), "{}", stderr(&out));
     assert!(stderr(&out).contains("not/absolute"), "{}", stderr(&out));
     // The governed path reads it too.
-    let out = Command::new(bin())
+    let out = confine()
         .args(["--config", cfg, "exec", "--repo-id", "r", "--runtime", "shell", "--code", "true"])
         .output()
         .unwrap();
@@ -423,7 +417,6 @@ fn the_config_sets_the_cgroup_parent_and_the_flag_wins() {
     assert!(stderr(&out).contains("sandbox.cgroup_parent"), "{}", stderr(&out));
     // ...unless the flag names another ("/": the hierarchies' roots, which
     // only an explicit choice may pick).
-    let out =
-        Command::new(bin()).args(["--config", cfg, "run", "--cgroup-parent", "/", "--", "true"]).output().unwrap();
+    let out = confine().args(["--config", cfg, "run", "--cgroup-parent", "/", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }

@@ -45,9 +45,9 @@ pub fn main(config: Option<&Path>, args: DoctorArgs) -> i32 {
             "missing": kind.lost(),
             "guarantees": guarantees,
         });
-        println!("{report}");
+        outln!("{report}");
     } else {
-        println!(
+        outln!(
             "backend: {} (degraded; runs need --allow-degraded)\nmissing: {}\nwhat it guarantees here:\n{}\
 fix: use a Linux host (or the Vagrant VMs in vagrant/) for full isolation",
             kind.name(),
@@ -68,14 +68,17 @@ pub fn main(config: Option<&Path>, args: DoctorArgs) -> i32 {
     }
     if args.json {
         match serde_json::to_string_pretty(&report) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => outln!("{s}"),
             Err(e) => {
                 eprintln!("confine: {e}");
                 return super::EXIT_CONFINE_FAILED;
             }
         }
     } else {
-        print!("{}", crate::doctor::render(&report));
+        {
+            use std::io::Write as _;
+            let _ = write!(std::io::stdout(), "{}", crate::doctor::render(&report));
+        }
     }
     if report.full_isolation {
         0

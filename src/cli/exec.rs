@@ -255,7 +255,7 @@ fn relay(
 fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
     if args.json {
         match serde_json::to_string_pretty(resp) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => outln!("{s}"),
             Err(e) => return fail(e),
         }
     } else if let (Some(_), Some(view)) = (args.output_mode, &resp.output) {
@@ -314,26 +314,26 @@ fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
 fn print_view(view: &crate::output::modes::OutputView) {
     // A small output is whole (`stdout`, `stderr`); a larger one summed up.
     if let Some(s) = view.stdout.as_ref().or(view.stdout_summary.as_ref()) {
-        println!("{s}");
+        outln!("{s}");
     }
     if let Some(s) = view.stderr.as_ref().or(view.stderr_summary.as_ref()) {
-        println!("--- stderr ---\n{s}");
+        outln!("--- stderr ---\n{s}");
     }
     for ex in view.excerpts.iter().flatten() {
-        println!("--- {} lines {}-{} ---\n{}", ex.source, ex.line_start, ex.line_end, ex.content);
+        outln!("--- {} lines {}-{} ---\n{}", ex.source, ex.line_start, ex.line_end, ex.content);
     }
     for sec in view.sections.iter().flatten() {
         if let Ok(s) = serde_json::to_string(sec) {
-            println!("section: {s}");
+            outln!("section: {s}");
         }
     }
     if let Some(d) = &view.digest {
         if let Ok(s) = serde_json::to_string_pretty(d) {
-            println!("{s}");
+            outln!("{s}");
         }
     }
     for n in &view.notes {
-        println!("note: {n}");
+        outln!("note: {n}");
     }
 }
 

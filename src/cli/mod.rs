@@ -1,6 +1,16 @@
 //! Command-line interface: one file per subcommand. Parsing and exit codes
 //! live here; everything else is a library call.
 
+/// `println!` for a command's report: a reader that closed the pipe
+/// (`confine doctor --json | head`) ends the report, not the process with
+/// a panic.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 pub mod artifacts;
 pub mod audit;
 pub mod doctor;

@@ -142,7 +142,9 @@ impl Guarantees {
         };
         let (memory, cpu, pids) = match &l.cgroup {
             Some(v) => {
-                let cg = if v.is_empty() { "cgroup".to_string() } else { format!("cgroup {v}") };
+                // The hierarchy (`v2`, `v1`), not how its tree is killed.
+                let base = v.split(['-', '+']).next().unwrap_or("");
+                let cg = if base.is_empty() { "cgroup".to_string() } else { format!("cgroup {base}") };
                 (
                     row(Level::Enforced, format!("{cg} memory limit of the whole tree, no swap; OOM reported")),
                     row(Level::Enforced, format!("{cg} CPU quota; CPU time of the whole tree")),
@@ -155,10 +157,19 @@ impl Guarantees {
                 row(Level::Partial, "no cgroup: RLIMIT_NPROC, which counts per user"),
             ),
         };
-        let tree_kill = match (l.pidns, &l.cgroup) {
-            (true, Some(_)) => row(Level::Enforced, "cgroup kill, then the pid namespace's teardown"),
+        // How the cgroup kills (see `cgroup::Job::layer`): at once, or by
+        // freezing first so that nothing forks away, or (no freezer) by
+        // signalling what it lists, which a fork can outrun.
+        let cgroup_kill = l.cgroup.as_deref().map(|v| match v {
+            "v2-freeze" | "v1" => ("cgroup freeze, SIGKILL of every member, thaw", true),
+            "v1-signal" => ("SIGKILL of what the cgroup lists (no freezer)", false),
+            _ => ("cgroup.kill", true),
+        });
+        let tree_kill = match (l.pidns, cgroup_kill) {
+            (true, Some((how, _))) => row(Level::Enforced, format!("{how}, then the pid namespace's teardown")),
             (true, None) => row(Level::Enforced, "the pid namespace's teardown (init is killed)"),
-            (false, Some(_)) => row(Level::Enforced, "cgroup kill"),
+            (false, Some((how, true))) => row(Level::Enforced, how),
+            (false, Some((how, false))) => row(Level::Partial, how),
             (false, None) => row(Level::None, "no pid namespace and no cgroup"),
         };
         Guarantees { filesystem, network, syscalls, memory, cpu, pids, tree_kill, env_scrub: env_scrub() }

@@ -14,7 +14,109 @@ pub fn bin() -> &'static str {
 
 /// `confine run ARGS…` with captured output.
 pub fn run(args: &[&str]) -> Output {
-    Command::new(bin()).arg("run").args(args).stdin(Stdio::null()).output().expect("start confine")
+    confine().arg("run").args(args).stdin(Stdio::null()).output().expect("start confine")
+}
+
+/// Whether this kernel has landlock. Without it (Linux before 5.13, or
+/// the LSM left out) confine refuses every job unless degraded mode is
+/// asked for, so the tests ask for it there ([`degraded_env`],
+/// [`degraded_runtime`]), and `tests/sandbox.rs` proves both the refusal
+/// and what still holds.
+#[cfg(target_os = "linux")]
+pub fn kernel_has_landlock() -> bool {
+    confine::sandbox::linux::landlock::kernel_abi() > 0
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn kernel_has_landlock() -> bool {
+    false
+}
+
+/// The environment that lets a job run on this kernel: nothing where
+/// landlock exists; else `CONFINE_CONFIG` naming a configuration with
+/// `allow_degraded = true` (a test's own `--config` still wins).
+pub fn degraded_env() -> Vec<(&'static str, String)> {
+    static CONFIG: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let config = CONFIG.get_or_init(|| {
+        if kernel_has_landlock() {
+            return None;
+        }
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let path = dir.join("allow-degraded.toml");
+        let tmp = dir.join(format!("allow-degraded.toml.{}", std::process::id()));
+        std::fs::write(&tmp, degraded_runtime_toml()).expect("write the degraded configuration");
+        std::fs::rename(&tmp, &path).expect("place the degraded configuration");
+        Some(path.display().to_string())
+    });
+    config.iter().map(|c| ("CONFINE_CONFIG", c.clone())).collect()
+}
+
+fn degraded_runtime_toml() -> &'static str {
+    "[runtime]\nallow_degraded = true\n"
+}
+
+/// The line a test's own `[runtime]` table needs on this kernel: `""`, or
+/// `allow_degraded = true` where there is no landlock.
+pub fn degraded_runtime() -> &'static str {
+    if kernel_has_landlock() {
+        ""
+    } else {
+        "allow_degraded = true\n"
+    }
+}
+
+/// Whether this kernel can idmap a mount of the file system holding
+/// `path` (Linux 5.12 for ext4 and xfs, 5.15 for btrfs, 6.3 for tmpfs).
+/// Without it a workspace is bound as it is, so only one the job's uid
+/// can use is usable, and confine says so when it is not.
+#[cfg(target_os = "linux")]
+pub fn idmap_supported(path: &std::path::Path) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a path without NUL");
+    // SAFETY: statfs writes into the zeroed struct we own; the path is a
+    // valid NUL-terminated string.
+    let magic = unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        if libc::statfs(c_path.as_ptr(), &mut st) != 0 {
+            return false;
+        }
+        st.f_type
+    };
+    let since = match magic {
+        libc::EXT4_SUPER_MAGIC | libc::XFS_SUPER_MAGIC => (5, 12),
+        libc::BTRFS_SUPER_MAGIC => (5, 15),
+        libc::TMPFS_MAGIC => (6, 3),
+        _ => return false,
+    };
+    version >= since
+}
+
+/// `git ARGS…` in `dir`, trusting `dir` whoever owns it, and succeeded.
+/// Git before 2.36 (Debian 11 has 2.30) takes `safe.directory` only from
+/// the global and system files, not from `-c`: a throwaway HOME holds it.
+pub fn git_in(dir: &std::path::Path, args: &[&str]) -> bool {
+    let home = tempfile::tempdir().expect("a HOME for git");
+    let config =
+        format!("[safe]\n\tdirectory = *\n\tdirectory = {}\n[user]\n\temail = t@t\n\tname = t\n", dir.display());
+    std::fs::write(home.path().join(".gitconfig"), config).expect("write .gitconfig");
+    Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", home.path())
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `confine`, to be given its arguments, able to run a job on this
+/// kernel ([`degraded_env`]).
+pub fn confine() -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.envs(degraded_env());
+    cmd
 }
 
 /// `cmd`'s output, as `Command::output` gives it, but a failure instead of
@@ -111,7 +213,8 @@ pub fn readable_repo(dir: &std::path::Path) -> std::path::PathBuf {
 /// repository `id` at `root`.
 pub fn exec_config(store: &std::path::Path, id: &str, root: &std::path::Path) -> String {
     format!(
-        "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"{id}\"\nroot = \"{}\"\n",
+        "[runtime]\nenabled = true\n{}\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"{id}\"\nroot = \"{}\"\n",
+        degraded_runtime(),
         store.display(),
         root.display()
     )

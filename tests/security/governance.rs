@@ -41,7 +41,7 @@ impl Gov {
 
     /// `confine --config <ours> exec --json ARGS…`, within a minute.
     fn exec_json(&self, args: &[&str]) -> (serde_json::Value, Output) {
-        let mut cmd = Command::new(bin());
+        let mut cmd = confine();
         cmd.arg("--config").arg(&self.config).args(["exec", "--json"]).args(args);
         let out = output_within(&mut cmd, Duration::from_secs(60));
         let v = serde_json::from_slice(&out.stdout)
@@ -224,7 +224,7 @@ impl Serve {
     fn start(g: &Gov, args: &[&str], env: &[(&str, &str)]) -> Serve {
         use std::io::BufRead;
         let runtime = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(bin());
+        let mut cmd = confine();
         cmd.arg("--config")
             .arg(&g.config)
             .args(["serve", "--http", "127.0.0.1:0"])
@@ -498,7 +498,7 @@ fn class11_no_token_is_loopback_only_and_warned() {
     // sled lets one process open the store: the next servers need it.
     drop(open);
     let refused = |args: &[&str], env: &[(&str, &str)]| {
-        let mut cmd = Command::new(bin());
+        let mut cmd = confine();
         cmd.arg("--config").arg(&g.config).arg("serve").args(args).env_remove("CONFINE_TOKEN");
         for (k, v) in env {
             cmd.env(k, v);
@@ -531,10 +531,11 @@ fn two_tenants() -> (Gov, &'static str, &'static str) {
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     use sha2::Digest;
     let config = format!(
-        "[runtime]\nenabled = true\n\n[store]\npath = \"{store}\"\n\n\
+        "[runtime]\nenabled = true\n{degraded}\n[store]\npath = \"{store}\"\n\n\
          [[repos]]\nid = \"alpha\"\nroot = \"{a}\"\n\n[[repos]]\nid = \"beta\"\nroot = \"{b}\"\n\n\
          [[mcp.tokens]]\nid = \"a\"\nfile = \"{tf}\"\nrepos = [\"alpha\"]\n\n\
          [[mcp.tokens]]\nid = \"b\"\nsha256 = \"{hb}\"\nrepos = [\"beta\"]\n",
+        degraded = degraded_runtime(),
         store = g.path("store").display(),
         a = g.repo.display(),
         b = beta.display(),
@@ -634,7 +635,7 @@ impl Gov {
     /// `confine memory ARGS…` within 30 s: a FIFO that blocked an open
     /// would hang it, and fail the test here instead.
     fn memory(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(bin());
+        let mut cmd = confine();
         cmd.arg("--config").arg(&self.config).arg("memory").args(args).env_remove("CONFINE_CONFIG");
         output_within(&mut cmd, Duration::from_secs(30))
     }

@@ -22,12 +22,24 @@ pub const TARGET_ABI: ABI = ABI::V7;
 /// (`/dev/tty` too, when the job has a terminal of its own).
 const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 
+const NOT_AVAILABLE: &str = "not available on this kernel (Linux 5.13 or later with landlock in the LSM list: \
+lsm=landlock,… on the kernel command line), or pass --allow-degraded to run without it";
+
 fn err(step: &'static str, e: impl std::fmt::Display) -> SysError {
     SysError::other(step, e)
 }
 
 /// Build and enforce the ruleset on the calling thread (inherited by exec).
 pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer, SysError> {
+    // A kernel without landlock (before 5.13, or not in the LSM list):
+    // ABI v1 can't be a requirement of a ruleset that can't exist. The
+    // job runs without it only when degraded mode was asked for.
+    if kernel_abi() == 0 {
+        if allow_degraded {
+            return Ok(LandlockLayer { abi: 0, status: "none".into(), skipped: Vec::new() });
+        }
+        return Err(SysError::other("landlock", NOT_AVAILABLE));
+    }
     let abi = TARGET_ABI;
     let mut ruleset = Ruleset::default()
         // ABI v1's filesystem rights are the floor: if landlock exists, they hold.
@@ -80,10 +92,7 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
         _ => "none",
     };
     if status_name == "none" && !allow_degraded {
-        return Err(SysError::other(
-            "landlock",
-            "not enforced by this kernel (enable the LSM, or pass --allow-degraded to run without it)",
-        ));
+        return Err(SysError::other("landlock", NOT_AVAILABLE));
     }
     Ok(LandlockLayer { abi: enforced_abi, status: status_name.into(), skipped })
 }

@@ -864,7 +864,7 @@ fn protect(ops: &[MountOp], sources: &[Source], now: impl Fn(&Path) -> bool) -> 
         }
         let done: PathBuf = path.components().take(fds.len()).collect();
         let shown = base.join(&done);
-        bind_read_only_onto_itself(leaf).map_err(|e| SysError::path("protect", &shown, e))?;
+        bind_read_only_onto_itself(leaf, &shown)?;
         protected.push(shown.display().to_string());
     }
     pins.sort_by_key(|(depth, ..)| std::cmp::Reverse(*depth));
@@ -875,11 +875,24 @@ fn protect(ops: &[MountOp], sources: &[Source], now: impl Fn(&Path) -> bool) -> 
     Ok(protected)
 }
 
-/// Bind the object `fd` refers to onto itself, read-only.
-fn bind_read_only_onto_itself(fd: &OwnedFd) -> Result<(), nix::errno::Errno> {
-    let tree = sys::open_tree_clone(fd)?;
-    sys::set_mount_attrs_fd(&tree, sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV)?;
-    sys::move_mount_onto(&tree, fd)
+/// Bind the object `fd` refers to onto itself, read-only. Before
+/// `mount_setattr` (Linux 5.12) a detached tree can't be made read-only:
+/// it is moved in place first and then remounted through its own fd
+/// (`/proc/self/fd/N` is that mount, whatever its path has become). The
+/// job does not run yet, so nothing sees it writable in between.
+fn bind_read_only_onto_itself(fd: &OwnedFd, shown: &Path) -> Result<(), SysError> {
+    let protect = |e| SysError::path("protect", shown, e);
+    let attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    let tree = sys::open_tree_clone(fd).map_err(protect)?;
+    match sys::set_mount_attrs_fd(&tree, attrs) {
+        Ok(()) => sys::move_mount_onto(&tree, fd).map_err(protect),
+        Err(nix::errno::Errno::ENOSYS) => {
+            sys::move_mount_onto(&tree, fd).map_err(protect)?;
+            let mount = PathBuf::from(format!("/proc/self/fd/{}", tree.as_raw_fd()));
+            sys::set_mount_attrs(&mount, attrs, false)
+        }
+        Err(e) => Err(protect(e)),
+    }
 }
 
 /// Pivot into the built root, detach the host's root, and make `/` itself

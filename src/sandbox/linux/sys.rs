@@ -6,7 +6,7 @@
 
 use nix::errno::Errno;
 use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 /// A failed step of building the sandbox, with the path it was about.
@@ -133,7 +133,8 @@ struct MountAttr {
 
 /// Add mount attributes to `path` (and its submounts when `recursive`),
 /// with `mount_setattr(2)` (Linux 5.12). Older kernels fall back to a
-/// remount of the top mount, which keeps the flags the kernel locked.
+/// remount of each mount, the top one and (when `recursive`) every one
+/// below it, keeping the flags the kernel locked on each.
 pub fn set_mount_attrs(path: &Path, attrs: u64, recursive: bool) -> Result<(), SysError> {
     let cpath = cstr(path)?;
     let attr = MountAttr { attr_set: attrs, attr_clr: 0, propagation: 0, userns_fd: 0 };
@@ -152,9 +153,59 @@ pub fn set_mount_attrs(path: &Path, attrs: u64, recursive: bool) -> Result<(), S
     };
     match Errno::result(ret) {
         Ok(_) => Ok(()),
-        Err(Errno::ENOSYS) => remount_fallback(path, attrs),
+        Err(Errno::ENOSYS) => {
+            remount_fallback(path, attrs)?;
+            if recursive {
+                let file = Path::new("/proc/self/mountinfo");
+                let info = std::fs::read_to_string(file).map_err(|e| SysError::io("read mountinfo", file, e))?;
+                for below in mounts_below(&info, path) {
+                    remount_fallback(&below, attrs)?;
+                }
+            }
+            Ok(())
+        }
         Err(e) => Err(SysError::path("set mount flags", path, e)),
     }
+}
+
+/// The mount points strictly below `path` in `/proc/self/mountinfo`'s
+/// text, parents before children. A mount point's name is escaped there
+/// (`\040` for a space, and tab, newline and backslash alike), since a
+/// directory's name can hold any of them.
+pub fn mounts_below(info: &str, path: &Path) -> Vec<PathBuf> {
+    let mut below: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|escaped| PathBuf::from(std::ffi::OsString::from_vec(unescape_mountinfo(escaped))))
+        .filter(|p| p != path && p.starts_with(path))
+        .collect();
+    below.sort_by_key(|p| p.components().count());
+    below.dedup();
+    below
+}
+
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .map(|d| d.iter().fold(0u16, |n, c| n * 8 + u16::from(c - b'0')))
+            .and_then(|n| u8::try_from(n).ok());
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 fn remount_fallback(path: &Path, attrs: u64) -> Result<(), SysError> {
@@ -356,4 +407,32 @@ pub fn move_mount_to(tree: &std::os::fd::OwnedFd, target: &Path) -> Result<(), E
         )
     };
     Errno::result(ret).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fallback before `mount_setattr` remounts what is below a bind:
+    /// it must find every mount under it, by its real name, and no other.
+    #[test]
+    fn mounts_below_finds_every_submount_by_its_real_name() {
+        let info = "\
+22 1 8:1 / / rw,relatime - ext4 /dev/vda rw
+40 22 0:30 / /ws rw - ext4 /dev/vdb rw
+41 40 0:31 / /ws/a\\040b rw - tmpfs tmpfs rw
+42 41 0:32 / /ws/a\\040b/deep rw - tmpfs tmpfs rw
+43 22 0:33 / /wsx rw - tmpfs tmpfs rw
+44 40 0:34 / /ws/new\\012line\\134 rw - tmpfs tmpfs rw
+45 40 0:35 / /ws/odd\\9 rw - tmpfs tmpfs rw
+";
+        let below = mounts_below(info, Path::new("/ws"));
+        let names: Vec<&Path> = below.iter().map(PathBuf::as_path).collect();
+        assert_eq!(
+            names,
+            [Path::new("/ws/a b"), Path::new("/ws/new\nline\\"), Path::new("/ws/odd\\9"), Path::new("/ws/a b/deep")],
+            "parents first; /wsx is not below /ws"
+        );
+        assert!(mounts_below(info, Path::new("/ws/a b/deep")).is_empty());
+    }
 }

@@ -210,12 +210,18 @@ impl JobCgroup {
         self.dirs.iter().map(|d| d.path.as_path()).collect()
     }
 
-    /// For `Layers::cgroup`: `v2`, `v1`, or `v1+unified-kill`.
+    /// For `Layers::cgroup`, the hierarchies and how the tree is killed:
+    /// `v2` (`cgroup.kill`), `v2-freeze` (a kernel before `cgroup.kill`:
+    /// freeze, SIGKILL, thaw), `v1` (the v1 freezer), `v1-signal` (no
+    /// freezer: SIGKILL of what the cgroup lists), `v1+unified-kill`.
     pub fn layer(&self) -> &'static str {
         let v1 = self.dirs.iter().any(|d| d.version == Version::V1);
+        let cgroup_kill = |i: usize| self.dirs[i].path.join("cgroup.kill").exists();
         match (v1, self.kill) {
-            (false, _) => "v2",
-            (true, KillMode::V2(i)) if self.dirs[i].path.join("cgroup.kill").exists() => "v1+unified-kill",
+            (false, KillMode::V2(i)) if cgroup_kill(i) => "v2",
+            (false, _) => "v2-freeze",
+            (true, KillMode::V2(i)) if cgroup_kill(i) => "v1+unified-kill",
+            (true, KillMode::Members) => "v1-signal",
             (true, _) => "v1",
         }
     }

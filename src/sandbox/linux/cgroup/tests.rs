@@ -119,6 +119,30 @@ fn v2_limits_kill_stats_and_removal() {
     assert!(root.join("svc").exists(), "the parent is not ours");
 }
 
+/// Kernel 5.10 (Debian 11): pure v2 without `cgroup.kill`. The tree is
+/// frozen, every member killed, then thawed, and the outcome says so.
+#[test]
+fn v2_before_cgroup_kill_freezes_then_kills() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let files: Vec<(&str, &str)> = V2_FILES.iter().copied().filter(|(n, _)| *n != "cgroup.kill").collect();
+    cgroup_dir(root, &files);
+    let cgroups = v2_cgroups(root, "/", None);
+    let job = cgroups.create("job-5", &Limits::default()).unwrap();
+    let dir = root.join("confine").join(job.name());
+    // A fake cgroup: the freeze is reported done at once.
+    fs::write(dir.join("cgroup.events"), "populated 1\nfrozen 1\n").unwrap();
+    assert_eq!(job.layer(), "v2-freeze");
+    job.kill_tree().unwrap();
+    assert!(!dir.join("cgroup.kill").exists());
+    assert_eq!(read(dir.join("cgroup.freeze")), "0", "frozen, killed, thawed");
+    let g = crate::sandbox::Guarantees::of(
+        crate::sandbox::BackendKind::Linux,
+        &crate::job::Layers { pidns: true, cgroup: Some(job.layer().into()), ..Default::default() },
+    );
+    assert!(g.tree_kill.how.starts_with("cgroup freeze"), "{}", g.tree_kill.how);
+}
+
 #[test]
 fn v2_without_controllers_still_kills_and_counts_cpu() {
     // The unified hierarchy of a hybrid host: no controllers, cgroup.kill works.
