@@ -132,8 +132,13 @@ def main():
             level = guarantees.get(name, {}).get("level", "?")
             ran = [outcomes.get(t) for t in tests]
             ok = sum(1 for r in ran if r == "ok")
-            mark = "✓" if ok == len(tests) else "✗"
-            cells.append("%s %s %d/%d" % (level, mark, ok, len(tests)))
+            failed = sum(1 for r in ran if r == "FAILED")
+            if ok == len(tests):
+                cells.append("%s ✓ %d/%d" % (level, ok, len(tests)))
+            elif failed:
+                cells.append("%s ✗ %d/%d (%d failed)" % (level, ok, len(tests), failed))
+            else:
+                cells.append("%s – %d/%d (%d did not run)" % (level, ok, len(tests), len(tests) - ok))
         lines.append("| %s | %s |" % (name, " | ".join(cells)))
     known = set().union(*(outcomes for _, _, outcomes in rows))
     missing = [t for tests in BACKING.values() for t in tests if t not in known]

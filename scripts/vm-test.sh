@@ -9,28 +9,31 @@
 #
 # Each guest image is built once from Debian's packages (debootstrap) and
 # cached in ~/.cache/confine/vm (CONFINE_VM_CACHE), which clean clones
-# share; a run boots it with
-# -snapshot, so the image stays as built. The checkout is shared in
-# read-only at its own path (9p), so the test binaries built here
-# (static, `cargo test --no-run`) find confine where they were built to.
-# Results come back in target/vm/results/<entry>/: the console log, each
-# suite's output, and summary.json (the test runners' result lines, each
-# test's outcome). A guest that does not finish within CONFINE_VM_LIMIT
-# seconds (default 1800) is killed; its console log is kept.
+# share; a run boots it with -snapshot, so the image stays as built. The
+# checkout is shared in read-only at its own path (9p), and the guest runs
+# its own links to the static binaries built here: the suites' test
+# binaries (`cargo test --no-run`) and confine. Results come back in
+# target/vm/results/<entry>/: the console log, each suite's output, the
+# guest's doctor and the outcome of a job there (status.json), and
+# summary.json (each test's outcome). A guest that does not finish within
+# CONFINE_VM_LIMIT seconds (default 1800) is killed; its console log is
+# kept. Running every entry writes docs/vm-matrix.md (scripts/vm-report.py).
 #
 # `--images-only` builds the images and boots nothing.
 # CONFINE_VM_SUITES: the integration suites to run (tests/<name>.rs),
-# default "sandbox limits security". CONFINE_VM_PROFILE: debug (default,
-# the binaries `./dev test` builds) or release. KVM is tried first and TCG used when
-# /dev/kvm is missing or the guest does not come up within
-# CONFINE_VM_KVM_WAIT seconds (default 60).
+# default "sandbox limits security". CONFINE_VM_PROFILE: confine's build,
+# release (default) or debug. CONFINE_VM_JOBS: guests at once (default:
+# the host's cores). KVM is tried first and TCG used when /dev/kvm is
+# missing or the guest does not come up within CONFINE_VM_KVM_WAIT seconds
+# (default 60); CONFINE_VM_TCG_THREAD: single (default) or multi.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
 cache="${CONFINE_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/confine/vm}"
 limit="${CONFINE_VM_LIMIT:-1800}"
 kvm_wait="${CONFINE_VM_KVM_WAIT:-60}"
-profile="${CONFINE_VM_PROFILE:-debug}"
+profile="${CONFINE_VM_PROFILE:-release}"
+jobs="${CONFINE_VM_JOBS:-$(nproc)}"
 tcg_thread="${CONFINE_VM_TCG_THREAD:-single}"
 source scripts/vm-matrix.sh
 read -r -a suites <<<"${CONFINE_VM_SUITES:-${vm_suites[*]}}"
@@ -169,18 +172,19 @@ if [ "$images_only" = 1 ]; then
   exit 0
 fi
 
-# The static binaries: confine, and each suite's test binary. The debug
-# profile by default: what `./dev test` has built already.
+# The static binaries: each suite's test binary, as `./dev test` builds
+# them (debug), and confine, which they run, in the release profile by
+# default: a debug confine is several times slower in an emulated guest.
 target="$(rustc -vV | sed -n 's/^host: //p')"
 case "$profile" in
   debug) profile_flag=() ;;
   release) profile_flag=(--release) ;;
   *) die "CONFINE_VM_PROFILE is debug or release, not '$profile'" ;;
 esac
-say "building confine and the test binaries ($profile, static)"
+say "building confine ($profile) and the test binaries (static)"
 cargo build "${profile_flag[@]}" --quiet
 plan="$(mktemp)"
-cargo test "${profile_flag[@]}" --no-run --message-format=json $(printf -- '--test %s ' "${suites[@]}") 2>/dev/null |
+cargo test --no-run --message-format=json $(printf -- '--test %s ' "${suites[@]}") 2>/dev/null |
   python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -208,15 +212,23 @@ boot() { # entry accel results-dir
     >"$out/console.log" 2>&1 </dev/null
 }
 
-failed=0
-for entry in "${entries[@]}"; do
-  suite="$(suite_of "$entry")"
-  image "$suite"
+# One entry: its own links to the binaries, a boot (KVM, else TCG), and
+# its summary. The exit status says whether every suite passed.
+run_entry() {
+  local entry="$1" out started accel qemu
   out="$repo/target/vm/results/$entry"
   rm -rf "$out" && mkdir -p "$out"
-  cp "$plan" "$out/plan"
+  # The guest runs its own links to the binaries: a build here while it
+  # runs makes new files and leaves these as they were.
+  mkdir -p "$out/bin.d"
+  take() { ln -f "$1" "$out/bin.d/$2" 2>/dev/null || cp "$1" "$out/bin.d/$2"; }
+  take "$repo/target/$target/$profile/confine" confine
+  echo /results/bin.d/confine >"$out/bin"
+  while read -r name exe; do
+    take "$exe" "$name"
+    echo "$name /results/bin.d/$name"
+  done <"$plan" >"$out/plan"
   guest_run >"$out/init.sh"
-  echo "$repo/target/$target/$profile/confine" >"$out/bin"
   started=$(date +%s)
   accel=tcg
   if [ -w /dev/kvm ]; then
@@ -271,10 +283,23 @@ for name, s in summary["suites"].items():
         if r == "FAILED":
             print("    FAILED %s" % t)
 PY
-  if ! python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["suites"] and all(v.get("exit")==0 for v in s["suites"].values()) else 1)' "$out/summary.json"; then
-    failed=1
+  python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["suites"] and all(v.get("exit")==0 for v in s["suites"].values()) else 1)' "$out/summary.json"
+}
+
+# Images first (two entries may share one), then the guests, CONFINE_VM_JOBS
+# at a time (default: one per host core, as each TCG guest runs on one).
+for entry in "${entries[@]}"; do image "$(suite_of "$entry")"; done
+failed=0
+running=()
+for entry in "${entries[@]}"; do
+  if [ ${#running[@]} -ge "$jobs" ]; then
+    wait "${running[0]}" || failed=1
+    running=("${running[@]:1}")
   fi
+  run_entry "$entry" &
+  running+=($!)
 done
+for pid in "${running[@]}"; do wait "$pid" || failed=1; done
 rm -f "$plan"
 # The whole matrix ran: its report is the one in docs/.
 if [ ${#entries[@]} -eq ${#all[@]} ]; then

@@ -97,11 +97,7 @@ fn host_layers(checks: &[Check], landlock_abi: u32) -> Layers {
     let ok = |name: &str| checks.iter().find(|c| c.name == name).is_none_or(|c| c.ok);
     let ns = ok("user namespaces") && ok("apparmor userns restriction");
     let target = crate::sandbox::linux::landlock::TARGET_ABI as u32;
-    let status = match landlock_abi {
-        0 => "none",
-        a if a >= target => "full",
-        _ => "partial",
-    };
+    let status = crate::sandbox::linux::landlock::expected_status(landlock_abi);
     Layers {
         userns: ns,
         mountns: ns,

@@ -65,15 +65,20 @@ pub fn degraded_runtime() -> &'static str {
     }
 }
 
+/// The running kernel's (major, minor) version.
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
 /// Whether this kernel can idmap a mount of the file system holding
 /// `path` (Linux 5.12 for ext4 and xfs, 5.15 for btrfs, 6.3 for tmpfs).
 /// Without it a workspace is bound as it is, so only one the job's uid
 /// can use is usable, and confine says so when it is not.
 #[cfg(target_os = "linux")]
 pub fn idmap_supported(path: &std::path::Path) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
-    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let version = kernel_version();
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a path without NUL");
     // SAFETY: statfs writes into the zeroed struct we own; the path is a
     // valid NUL-terminated string.

@@ -31,7 +31,11 @@ impl Gov {
     fn in_dir(dir: tempfile::TempDir, extra: &str) -> Gov {
         let repo = readable_repo(dir.path());
         let config = dir.path().join("confine.toml");
-        std::fs::write(&config, exec_config(&dir.path().join("store"), "demo", &repo) + extra).unwrap();
+        // The policy's deadline is not what these tests are about: it is
+        // ten times the default, so that they hold in an emulated VM guest
+        // (`./dev vm-test`), where an evaluation takes ten times longer.
+        let deadline = "\n[policy]\ntimeout_ms = 10000\n";
+        std::fs::write(&config, exec_config(&dir.path().join("store"), "demo", &repo) + extra + deadline).unwrap();
         Gov { dir, repo, config }
     }
 

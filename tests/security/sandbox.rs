@@ -46,6 +46,19 @@ fn root_sandbox() -> bool {
     sandbox_available()
 }
 
+/// The I/O priority a process that never set one reads here: the
+/// kernel's default, `IOPRIO_CLASS_NONE` at level 0 since Linux 5.18
+/// (IOPRIO_NORM, 4, before), read by a fresh python3 as the jobs' are.
+fn default_ioprio() -> String {
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", "import ctypes; print(ctypes.CDLL(None).syscall(252, 1, 0))"])
+        .output()
+        .unwrap();
+    let v = stdout(&out).trim().to_string();
+    assert!(v == "0" || v == "4", "the host's default I/O priority is class none: {v}");
+    v
+}
+
 // ---- class 1: the supervisor never writes through what the job planted ----
 
 /// The job replaces its `--json-status` file with a symlink to a host
@@ -764,7 +777,12 @@ time.sleep(30)
     assert!(fd >= 0, "root's inotify_init1 failed while 9 jobs held theirs: {err}");
     // SAFETY: fd is ours.
     unsafe { libc::close(fd) };
-    assert_eq!(answers(&stdout(&out)).get("sigqueue").map(String::as_str), Some("0"), "{}", stderr(&out));
+    // Before Linux 5.14 queued signals count per user, not per user
+    // namespace: jobs running as the same host uid share one count, which
+    // no namespace of confine's can split (docs/design.md).
+    let shared = kernel_version() < (5, 14);
+    let want = if shared { "-1" } else { "0" };
+    assert_eq!(answers(&stdout(&out)).get("sigqueue").map(String::as_str), Some(want), "{}", stderr(&out));
 }
 
 // ---- class 7: session, terminal and the caller's files ----
@@ -958,9 +976,10 @@ print(f"raise_nice={'ok' if libc.setpriority(0, 0, -5) == 0 else 'refused'}")
         .output()
         .unwrap();
     let a = answers(&stdout(&out));
+    let ioprio = default_ioprio();
     for (k, v) in [
         ("nice", "0"),
-        ("ioprio", "0"),
+        ("ioprio", ioprio.as_str()),
         ("oom", "1000"),
         ("rtprio", "0"),
         ("nicelimit", "0"),
@@ -1162,7 +1181,7 @@ print(json.dumps(st))
     assert_eq!(v["sid_is_self"], true);
     assert_eq!(v["tty_nr"], 0);
     assert_eq!(v["nice"], 0);
-    assert_eq!(v["ioprio"], 0);
+    assert_eq!(v["ioprio"].to_string(), default_ioprio());
     assert_eq!(v["oom_score_adj"], 1000);
     assert_eq!(v["sched_policy"], 0, "SCHED_OTHER");
     let uc = &v["ucounts"];

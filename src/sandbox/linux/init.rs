@@ -45,10 +45,14 @@ fn run() -> i32 {
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
     // Anything the supervisor's caller leaked to us (a shell's fd 5, say)
     // must not reach the job.
-    close_range_cloexec(CONTROL_FD as u32);
+    let cloexec = close_range_cloexec(CONTROL_FD as u32);
     // SAFETY: the supervisor placed its end of the control socket at fd 3
     // for us; nothing else in this process owns that fd.
     let mut ctl = unsafe { File::from_raw_fd(CONTROL_FD) };
+    if let Err(e) = cloexec {
+        report(&ctl, &Report::SetupFailed { step: "close inherited fds".into(), error: e.to_string() });
+        return 125;
+    }
     let spec = match read_spec(&mut ctl) {
         Ok(spec) => spec,
         Err(e) => {
@@ -70,13 +74,32 @@ fn report(ctl: &File, r: &Report) {
     let _ = (&*ctl).write_all(&encode_report(r));
 }
 
-fn close_range_cloexec(first: u32) {
+/// Mark every fd from `first` on close-on-exec. `CLOSE_RANGE_CLOEXEC` is
+/// Linux 5.11; before it (Debian 11's 5.10 refuses the flag) each open fd
+/// listed in /proc/self/fd is marked instead. Neither possible: an error,
+/// not a job with the caller's fds.
+fn close_range_cloexec(first: u32) -> std::io::Result<()> {
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our
-    // own fds; it takes no pointers. Failure (old kernel) leaves fds as they
-    // were, which std's own CLOEXEC default mostly covers.
-    unsafe {
-        libc::syscall(libc::SYS_close_range, first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+    // own fds; it takes no pointers.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    if ret == 0 {
+        return Ok(());
     }
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd >= first as i32)
+        .collect();
+    for fd in fds {
+        // SAFETY: F_SETFD on an fd number; a closed one (the listing's own
+        // directory fd, gone by now) fails with EBADF, which is fine.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EBADF) {
+                return Err(err);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn forwarded_set() -> SigSet {

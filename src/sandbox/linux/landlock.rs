@@ -97,6 +97,27 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
     Ok(LandlockLayer { abi: enforced_abi, status: status_name.into(), skipped })
 }
 
+/// The status a job's ruleset gets on a kernel offering `kernel_abi`:
+/// `none` without landlock; `full` when that ABI has every right and scope
+/// confine asks for (ABI 7 added none: only logging); else `partial`.
+pub fn expected_status(kernel_abi: u32) -> &'static str {
+    if kernel_abi == 0 {
+        return "none";
+    }
+    if kernel_abi >= TARGET_ABI as u32 {
+        return "full";
+    }
+    let kernel = ABI::from(kernel_abi as i32);
+    let same = AccessFs::from_all(kernel) == AccessFs::from_all(TARGET_ABI)
+        && AccessNet::from_all(kernel) == AccessNet::from_all(TARGET_ABI)
+        && Scope::from_all(kernel) == Scope::from_all(TARGET_ABI);
+    if same {
+        "full"
+    } else {
+        "partial"
+    }
+}
+
 /// The ABI the running kernel offers (0 when landlock is absent or off).
 pub fn kernel_abi() -> u32 {
     // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attr and size 0
@@ -106,5 +127,20 @@ pub fn kernel_abi() -> u32 {
         0
     } else {
         ret as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_expected_follows_the_rights_each_abi_has() {
+        assert_eq!(expected_status(0), "none");
+        assert_eq!(expected_status(2), "partial", "no truncate, ioctl, network or scopes");
+        assert_eq!(expected_status(5), "partial", "no scopes");
+        assert_eq!(expected_status(6), "full", "ABI 7 added only logging");
+        assert_eq!(expected_status(TARGET_ABI as u32), "full");
+        assert_eq!(expected_status(99), "full");
     }
 }

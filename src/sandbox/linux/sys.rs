@@ -156,9 +156,18 @@ pub fn set_mount_attrs(path: &Path, attrs: u64, recursive: bool) -> Result<(), S
         Err(Errno::ENOSYS) => {
             remount_fallback(path, attrs)?;
             if recursive {
+                // mountinfo names mounts by their real path: one reached
+                // through a symbolic link would match nothing below it.
+                let real = std::fs::canonicalize(path).map_err(|e| SysError::io("resolve", path, e))?;
                 let file = Path::new("/proc/self/mountinfo");
-                let info = std::fs::read_to_string(file).map_err(|e| SysError::io("read mountinfo", file, e))?;
-                for below in mounts_below(&info, path) {
+                let info = std::fs::read(file).map_err(|e| SysError::io("read mountinfo", file, e))?;
+                if !mount_points(&info).any(|p| p == real) {
+                    return Err(SysError::other(
+                        "set mount flags",
+                        format!("{} is not a mount point in /proc/self/mountinfo", real.display()),
+                    ));
+                }
+                for below in mounts_below(&info, &real) {
                     remount_fallback(&below, attrs)?;
                 }
             }
@@ -172,20 +181,22 @@ pub fn set_mount_attrs(path: &Path, attrs: u64, recursive: bool) -> Result<(), S
 /// text, parents before children. A mount point's name is escaped there
 /// (`\040` for a space, and tab, newline and backslash alike), since a
 /// directory's name can hold any of them.
-pub fn mounts_below(info: &str, path: &Path) -> Vec<PathBuf> {
-    let mut below: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|escaped| PathBuf::from(std::ffi::OsString::from_vec(unescape_mountinfo(escaped))))
-        .filter(|p| p != path && p.starts_with(path))
-        .collect();
+pub fn mounts_below(info: &[u8], path: &Path) -> Vec<PathBuf> {
+    let mut below: Vec<PathBuf> = mount_points(info).filter(|p| p != path && p.starts_with(path)).collect();
     below.sort_by_key(|p| p.components().count());
     below.dedup();
     below
 }
 
-fn unescape_mountinfo(field: &str) -> Vec<u8> {
-    let bytes = field.as_bytes();
+/// Every mount point of a mountinfo text, unescaped (names need not be
+/// UTF-8).
+fn mount_points(info: &[u8]) -> impl Iterator<Item = PathBuf> + '_ {
+    info.split(|b| *b == b'\n')
+        .filter_map(|line| line.split(|b| *b == b' ').nth(4))
+        .map(|escaped| PathBuf::from(std::ffi::OsString::from_vec(unescape_mountinfo(escaped))))
+}
+
+fn unescape_mountinfo(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -417,7 +428,7 @@ mod tests {
     /// it must find every mount under it, by its real name, and no other.
     #[test]
     fn mounts_below_finds_every_submount_by_its_real_name() {
-        let info = "\
+        let info = b"\
 22 1 8:1 / / rw,relatime - ext4 /dev/vda rw
 40 22 0:30 / /ws rw - ext4 /dev/vdb rw
 41 40 0:31 / /ws/a\\040b rw - tmpfs tmpfs rw
@@ -425,12 +436,19 @@ mod tests {
 43 22 0:33 / /wsx rw - tmpfs tmpfs rw
 44 40 0:34 / /ws/new\\012line\\134 rw - tmpfs tmpfs rw
 45 40 0:35 / /ws/odd\\9 rw - tmpfs tmpfs rw
+46 40 0:36 / /ws/\xff rw - tmpfs tmpfs rw
 ";
         let below = mounts_below(info, Path::new("/ws"));
         let names: Vec<&Path> = below.iter().map(PathBuf::as_path).collect();
         assert_eq!(
             names,
-            [Path::new("/ws/a b"), Path::new("/ws/new\nline\\"), Path::new("/ws/odd\\9"), Path::new("/ws/a b/deep")],
+            [
+                Path::new("/ws/a b"),
+                Path::new("/ws/new\nline\\"),
+                Path::new("/ws/odd\\9"),
+                Path::new(std::ffi::OsStr::from_bytes(b"/ws/\xff")),
+                Path::new("/ws/a b/deep")
+            ],
             "parents first; /wsx is not below /ws"
         );
         assert!(mounts_below(info, Path::new("/ws/a b/deep")).is_empty());
