@@ -85,7 +85,7 @@ fn marker(n: u32) -> String {
 fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        assert!(start.elapsed() < timeout * slow(), "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -114,12 +114,13 @@ fn fork_bomb_is_contained_and_the_host_stays_responsive() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("s.json");
     // Every process loops forking; $0 (the token) marks them all on the host.
+    let timeout = format!("{}s", 4 * slow());
     let mut child = spawn(
         &[
             "--pids",
             "64",
             "--timeout",
-            "4s",
+            &timeout,
             "--kill-grace",
             "1s",
             "--",
@@ -132,14 +133,15 @@ fn fork_bomb_is_contained_and_the_host_stays_responsive() {
     );
     let start = Instant::now();
     // While it rages, the host still starts processes promptly.
+    let prompt = Duration::from_secs(slow().into());
     for _ in 0..5 {
         let t = Instant::now();
         assert!(Command::new("/bin/true").status().unwrap().success());
-        assert!(t.elapsed() < Duration::from_secs(1), "host unresponsive: /bin/true took {:?}", t.elapsed());
+        assert!(t.elapsed() < prompt, "host unresponsive: /bin/true took {:?}", t.elapsed());
         std::thread::sleep(Duration::from_millis(100));
     }
     let status = child.wait().unwrap();
-    assert!(start.elapsed() < Duration::from_secs(15), "the run did not end");
+    assert!(start.elapsed() < Duration::from_secs(15) * slow(), "the run did not end");
     let out: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let peak = out["usage"]["pidsPeak"].as_u64().unwrap();
     assert!((8..=64).contains(&peak), "pids peak {peak} (limit 64): {out}");
@@ -197,7 +199,7 @@ fn cpu_time_limit_ends_as_timeout() {
     assert!(r.stderr.contains("CPU time limit of 1s"), "{}", r.stderr);
     let cpu = r.usage("cpuUserMs") + r.usage("cpuSysMs");
     assert!((900..3000).contains(&cpu), "{cpu} ms of CPU");
-    assert!(r.elapsed < Duration::from_secs(10));
+    assert!(r.elapsed < Duration::from_secs(10) * slow(), "{:?}", r.elapsed);
 }
 
 #[test]
@@ -208,7 +210,11 @@ fn timeout_ends_sleep_near_one_second() {
     let r = run_json(&["--timeout", "1s", "--", "sleep", "100"]);
     assert_eq!(r.status(), "timeout", "{}", r.json);
     assert_eq!(r.status.code(), Some(124));
-    assert!(r.elapsed >= Duration::from_millis(950) && r.elapsed < Duration::from_millis(2500), "{:?}", r.elapsed);
+    assert!(
+        r.elapsed >= Duration::from_millis(950) && r.elapsed < Duration::from_millis(2500) * slow(),
+        "{:?}",
+        r.elapsed
+    );
     assert_eq!(r.stderr.trim(), "confine: timed out after 1s; the job was stopped");
     assert_eq!(r.json["limits"]["timeoutMs"], 1000);
 }
@@ -249,7 +255,7 @@ fn stopped_processes_are_killed() {
     let r = run_json(&["--timeout", "1s", "--kill-grace", "1s", "--", "sh", "-c", &script]);
     assert_eq!(r.status(), "timeout", "{}", r.json);
     assert_eq!(r.status.code(), Some(124));
-    assert!(r.elapsed < Duration::from_secs(5), "{:?}", r.elapsed);
+    assert!(r.elapsed < Duration::from_secs(5) * slow(), "{:?}", r.elapsed);
     assert_no_survivors(&m);
 }
 
@@ -266,7 +272,8 @@ fn a_grandchild_holding_stdout_does_not_hang_confine() {
         let out = confine().args(["run", "--", "sh", "-c", &script]).stdin(Stdio::null()).output();
         let _ = tx.send(out);
     });
-    let out = rx.recv_timeout(Duration::from_secs(20)).expect("confine hung on a grandchild's stdout").unwrap();
+    let out =
+        rx.recv_timeout(Duration::from_secs(20) * slow()).expect("confine hung on a grandchild's stdout").unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "done");
     assert_no_survivors(&m);
@@ -288,7 +295,7 @@ fn sigterm_to_confine_cancels_and_kills_the_tree() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     let took = t.elapsed();
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(4), "{took:?}");
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(4) * slow(), "{took:?}");
     let out: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(out["status"], "cancelled", "{out}");
     assert_eq!(status.code(), Some(137), "killed by SIGKILL after the grace");

@@ -65,6 +65,13 @@ pub fn degraded_runtime() -> &'static str {
     }
 }
 
+/// How much slower than a real machine this one is, for the few bounds on
+/// time that a test asserts: `CONFINE_TEST_SLOW` (an emulated VM guest of
+/// `./dev vm-test` sets 10), else 1.
+pub fn slow() -> u32 {
+    std::env::var("CONFINE_TEST_SLOW").ok().and_then(|v| v.parse().ok()).filter(|n| *n >= 1).unwrap_or(1)
+}
+
 /// The running kernel's (major, minor) version.
 pub fn kernel_version() -> (u32, u32) {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
