@@ -252,7 +252,7 @@ run_entry() {
       kill "$qemu" 2>/dev/null || true
       wait "$qemu" 2>/dev/null || true
       mv "$out/console.log" "$out/console-kvm.log"
-      say "$entry: no guest on KVM within ${kvm_wait}s (console-kvm.log: $(tail -n 1 "$out/console-kvm.log"))"
+      say "$entry: no guest on KVM (console-kvm.log: $(tail -n 1 "$out/console-kvm.log")); TCG instead"
     fi
   fi
   if [ "$accel" = tcg ]; then
