@@ -86,7 +86,7 @@ def main():
         passed = sum(1 for r in outcomes.values() if r == "ok")
         failed = sum(1 for r in outcomes.values() if r == "FAILED")
         head.append(
-            "| %s | %s | %s | %s | %s | %d passed, %d failed | %s, %d s |"
+            "| %s | %s | %s | %s | %s | %d passed, %d failed | %s, %d s, at %s |"
             % (
                 entry,
                 (summary.get("guest") or "did not boot").split(",")[0].replace("vm-guest: kernel ", ""),
@@ -97,6 +97,7 @@ def main():
                 failed,
                 summary.get("accel"),
                 summary.get("seconds", 0),
+                summary.get("commit") or "?",
             )
         )
         guarantees = status.get("guarantees", {})

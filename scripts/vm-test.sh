@@ -259,10 +259,10 @@ run_entry() {
     say "$entry: booting on TCG (at most ${limit}s)"
     boot "$entry" tcg "$out" "$limit" || true
   fi
-  python3 - "$out" "$entry" "$accel" "$(($(date +%s) - started))" <<'PY'
+  python3 - "$out" "$entry" "$accel" "$(($(date +%s) - started))" "$(git rev-parse --short HEAD 2>/dev/null)" <<'PY'
 import json, os, re, sys
-out, entry, accel, seconds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-summary = {"entry": entry, "accel": accel, "seconds": seconds, "suites": {}}
+out, entry, accel, seconds, commit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+summary = {"entry": entry, "accel": accel, "seconds": seconds, "commit": commit, "suites": {}}
 guest = os.path.join(out, "guest.txt")
 summary["guest"] = open(guest).read().strip() if os.path.exists(guest) else None
 degraded = os.path.join(out, "degraded.json")

@@ -200,7 +200,10 @@ fn cpu_time_limit_ends_as_timeout() {
         return;
     }
     let _g = heavy();
-    let r = run_json(&["--cpu-time", "1s", "--timeout", "20s", "--", "sh", "-c", "while :; do :; done"]);
+    // The wall-clock timeout is only the backstop: long enough for a
+    // second of CPU on a loaded, emulated guest.
+    let backstop = format!("{}s", 20 * slow());
+    let r = run_json(&["--cpu-time", "1s", "--timeout", &backstop, "--", "sh", "-c", "while :; do :; done"]);
     assert_eq!(r.status(), "timeout", "{}", r.json);
     assert_eq!(r.status.code(), Some(124));
     assert!(r.stderr.contains("CPU time limit of 1s"), "{}", r.stderr);
@@ -411,8 +414,11 @@ fn the_config_sets_the_cgroup_parent_and_the_flag_wins() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("confine.toml");
     let repo = dir.path().display();
+    // (The policy's deadline is not this test's subject: ten times the
+    // default, for an emulated guest.)
     let text = format!(
-        "[runtime]\nenabled = true\n{}[store]\npath = \"{repo}/store\"\n[sandbox]\ncgroup_parent = \"not/absolute\"\n[[repos]]\nid = \"r\"\nroot = \"{repo}\"\n",
+        "[runtime]\nenabled = true\n{}[store]\npath = \"{repo}/store\"\n[sandbox]\ncgroup_parent = \"not/absolute\"\n[[repos]]\nid = \"r\"\nroot = \"{repo}\"\n\
+         [policy]\ntimeout_ms = 10000\n",
         degraded_runtime()
     );
     std::fs::write(&config, text).unwrap();
