@@ -187,6 +187,8 @@ case "$profile" in
 esac
 say "building confine ($profile) and the test binaries (static)"
 cargo build "${profile_flag[@]}" --quiet
+# The commit the binaries are built from, for the report.
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 plan="$(mktemp)"
 cargo test --no-run --message-format=json $(printf -- '--test %s ' "${suites[@]}") 2>/dev/null |
   python3 -c '
@@ -259,7 +261,7 @@ run_entry() {
     say "$entry: booting on TCG (at most ${limit}s)"
     boot "$entry" tcg "$out" "$limit" || true
   fi
-  python3 - "$out" "$entry" "$accel" "$(($(date +%s) - started))" "$(git rev-parse --short HEAD 2>/dev/null)" <<'PY'
+  python3 - "$out" "$entry" "$accel" "$(($(date +%s) - started))" "$commit" <<'PY'
 import json, os, re, sys
 out, entry, accel, seconds, commit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 summary = {"entry": entry, "accel": accel, "seconds": seconds, "commit": commit, "suites": {}}
