@@ -44,15 +44,11 @@ pub fn degraded_env() -> Vec<(&'static str, String)> {
         let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
         let path = dir.join("allow-degraded.toml");
         let tmp = dir.join(format!("allow-degraded.toml.{}", std::process::id()));
-        std::fs::write(&tmp, degraded_runtime_toml()).expect("write the degraded configuration");
+        std::fs::write(&tmp, format!("[runtime]\n{}", degraded_runtime())).expect("write the degraded configuration");
         std::fs::rename(&tmp, &path).expect("place the degraded configuration");
         Some(path.display().to_string())
     });
     config.iter().map(|c| ("CONFINE_CONFIG", c.clone())).collect()
-}
-
-fn degraded_runtime_toml() -> &'static str {
-    "[runtime]\nallow_degraded = true\n"
 }
 
 /// The line a test's own `[runtime]` table needs on this kernel: `""`, or
