@@ -133,6 +133,8 @@ pub fn confine() -> Command {
 /// deadlock in the store.
 pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
     use std::io::Read;
+    // A hang detector, not a time bound: an emulated guest stretches it.
+    let limit = limit * slow();
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
     let drain = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
