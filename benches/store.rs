@@ -30,6 +30,7 @@ fn entry(id: &str) -> AuditEntry {
         signal: None,
         stdout_bytes: 3,
         stderr_bytes: 0,
+        network: None,
     }
 }
 

@@ -7,13 +7,19 @@
 #
 # input: {operation, runtime, command, args, cwd, env_keys, timeoutMs, limits,
 #         network, repoId, code, code_truncated, code_sha256, code_bytes}
+#   network: {mode: "none"|"host"|"allow", allow: [entries]}, the entries
+#   with confine.toml's @lists expanded, normalized (lowercase, no
+#   trailing dot; "host:port", "*.suffix", "+nosni").
 #   code: the inline code's first 64 KiB (null in args mode); code_truncated:
 #   true when there was more; code_bytes and code_sha256 cover all of it.
 #   policies/examples/no-network-tools.rego reads code and args.
-# data.confine_config: {allow_host_network}; data.confine_data: [policy.data]
+# data.confine_config: {allow_host_network, network_allowlisted (every entry
+# of confine.toml's [network.allow] lists)}; data.confine_data: [policy.data]
 #
 # What it allows: the 16 runtimes, inside a configured repository, with no
-# network. --net host only when policy.allow_host_network = true.
+# network. --net host only when policy.allow_host_network = true; an
+# allowlisted network only with entries of the operator's [network.allow]
+# lists (a client can't widen it to a host of its own choosing).
 package confine
 
 runtimes := {
@@ -47,8 +53,19 @@ deny_reasons contains msg if {
 }
 
 deny_reasons contains "host networking is not allowed (set policy.allow_host_network = true)" if {
-	input.network != "none"
+	input.network.mode == "host"
 	not data.confine_config.allow_host_network
+}
+
+allowlisted contains entry if {
+	some entry in data.confine_config.network_allowlisted
+}
+
+deny_reasons contains msg if {
+	input.network.mode == "allow"
+	some entry in input.network.allow
+	not allowlisted[entry]
+	msg := sprintf("network allowlist entry '%s' is not in confine.toml's [network.allow] lists", [entry])
 }
 
 deny_reasons contains "a repository is required (name a repoId)" if {

@@ -48,6 +48,8 @@ pub struct Config {
     pub output: crate::output::OutputConfig,
     /// `[mcp]`: the MCP server's bearer tokens.
     pub mcp: McpConfig,
+    /// `[network]`: allowlisted networks' limits and named allowlists.
+    pub network: NetworkConfig,
     /// Where this configuration came from (`None`: the embedded defaults).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -134,6 +136,11 @@ pub struct PolicyConfig {
     /// Evaluate the embedded `policies/default.rego` first.
     pub builtin: bool,
     pub allow_host_network: bool,
+    /// Every entry of `[network.allow]`'s lists, normalized: the built-in
+    /// policy allows an allowlisted network only within these. Filled
+    /// from `[network]` when the file is read; not a key of `[policy]`.
+    #[serde(skip)]
+    pub network_allowlisted: Vec<String>,
     pub evaluators: Vec<EvaluatorConfig>,
     /// Extra data for local policies (`data.confine_data`).
     pub data: BTreeMap<String, toml::Value>,
@@ -166,6 +173,69 @@ pub struct RepoConfig {
     /// into the repository.
     #[serde(default)]
     pub memory_files: bool,
+}
+
+/// `[network]`: what a job with `--net allow:…` (MCP `network: {allow}`)
+/// may use, and allowlists by name (`[network.allow] python = [...]`,
+/// used as `allow:@python`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkConfig {
+    /// Connections to the job's proxy open at once.
+    pub max_connections: usize,
+    /// Bytes through the proxy per job, both ways (unset: no cap).
+    pub max_bytes: Option<u64>,
+    /// A connection idle this long is cut.
+    pub idle_timeout_ms: u64,
+    /// Named allowlists.
+    pub allow: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        let l = crate::job::NetLimits::default();
+        NetworkConfig {
+            max_connections: l.max_connections,
+            max_bytes: l.max_bytes,
+            idle_timeout_ms: l.idle_timeout_ms,
+            allow: Default::default(),
+        }
+    }
+}
+
+impl NetworkConfig {
+    /// The limits a job's proxy enforces.
+    pub fn limits(&self) -> crate::job::NetLimits {
+        crate::job::NetLimits {
+            max_connections: self.max_connections,
+            max_bytes: self.max_bytes,
+            idle_timeout_ms: self.idle_timeout_ms,
+        }
+    }
+
+    /// Every entry of the named lists, normalized, sorted, once each.
+    pub fn allowlisted(&self) -> Vec<String> {
+        let mut all: Vec<String> = self
+            .allow
+            .values()
+            .filter_map(|l| crate::proxy::allowlist::Allowlist::parse(l).ok())
+            .flat_map(|l| l.to_strings())
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// A request's network with its `@name`s expanded and every entry
+    /// parsed and normalized; `none` and `host` as they are.
+    pub fn expand(&self, net: &crate::job::Network) -> Result<crate::job::Network, String> {
+        match net {
+            crate::job::Network::Allow(entries) => crate::proxy::allowlist::expand(entries, &self.allow)
+                .map(|l| crate::job::Network::Allow(l.to_strings()))
+                .map_err(|e| e.to_string()),
+            other => Ok(other.clone()),
+        }
+    }
 }
 
 /// `[mcp]`: what `confine serve --http` accepts.
@@ -240,6 +310,7 @@ impl Default for PolicyConfig {
             timeout_ms: 1000,
             builtin: true,
             allow_host_network: false,
+            network_allowlisted: Vec::new(),
             evaluators: Vec::new(),
             data: BTreeMap::new(),
         }
@@ -306,6 +377,7 @@ impl Config {
         })?;
         config.source = Some(path.to_path_buf());
         config.validate()?;
+        config.policy.network_allowlisted = config.network.allowlisted();
         Ok(config)
     }
 
@@ -371,7 +443,31 @@ impl Config {
                 return Err(self.invalid("repos", format!("root of '{}' must be an absolute path", r.id)));
             }
         }
+        self.validate_network()?;
         self.validate_tokens()
+    }
+
+    /// `[network]`: limits above zero, and named allowlists whose entries
+    /// all parse (an error names the list and the entry).
+    fn validate_network(&self) -> Result<(), ConfigError> {
+        let n = &self.network;
+        if n.max_connections == 0 {
+            return Err(self.invalid("network.max_connections", "must be at least 1"));
+        }
+        if n.idle_timeout_ms == 0 {
+            return Err(self.invalid("network.idle_timeout_ms", "must be greater than 0"));
+        }
+        if n.max_bytes == Some(0) {
+            return Err(self.invalid("network.max_bytes", "must be greater than 0 (or unset: no cap)"));
+        }
+        for (name, entries) in &n.allow {
+            let key = format!("network.allow.{name}");
+            if let Some(e) = entries.iter().find(|e| e.trim_start().starts_with('@')) {
+                return Err(self.invalid(&key, format!("'{e}': a named list can't name another")));
+            }
+            crate::proxy::allowlist::Allowlist::parse(entries).map_err(|e| self.invalid(&key, e.to_string()))?;
+        }
+        Ok(())
     }
 
     /// `[[mcp.tokens]]`: unique ids, one secret each, and repositories that

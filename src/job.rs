@@ -6,8 +6,9 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// Network mode of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+/// Network mode of a job. In JSON: `"none"`, `"host"`, or
+/// `{"allow": ["registry.example.org", "@python", …]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
     /// A fresh network namespace holding only `lo`.
@@ -15,6 +16,120 @@ pub enum Network {
     None,
     /// The host's network namespace (policy must allow it).
     Host,
+    /// Only `lo`, and on it a proxy (in the supervisor) that reaches these
+    /// hosts and nothing else: entries of `proxy::allowlist`, and `@name`s
+    /// of confine.toml's `[network.allow]` lists until the planner expands them.
+    Allow(Vec<String>),
+}
+
+impl Network {
+    /// `none`, `host` or `allow`.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Network::None => "none",
+            Network::Host => "host",
+            Network::Allow(_) => "allow",
+        }
+    }
+
+    /// Parse `--net`: `none`, `host`, or `allow:ENTRY,ENTRY,…` (entries of
+    /// `proxy::allowlist`, `@name` for a list of confine.toml's
+    /// `[network.allow]`). Entries are checked here, names when expanded.
+    pub fn parse_arg(text: &str) -> Result<Network, String> {
+        match text {
+            "none" => Ok(Network::None),
+            "host" => Ok(Network::Host),
+            _ => match text.strip_prefix("allow:") {
+                Some(list) => {
+                    let entries: Vec<String> = list.split(',').map(|e| e.trim().to_string()).collect();
+                    for e in entries.iter().filter(|e| !e.starts_with('@')) {
+                        crate::proxy::allowlist::Entry::parse(e).map_err(|e| e.to_string())?;
+                    }
+                    Ok(Network::Allow(entries))
+                }
+                None => Err(format!(
+                    "'{text}': give none, host, or allow:HOST[,HOST…] (e.g. allow:registry.example.org,@python)"
+                )),
+            },
+        }
+    }
+
+    /// A fresh network namespace (none and allow).
+    pub fn isolated(&self) -> bool {
+        !matches!(self, Network::Host)
+    }
+}
+
+/// Limits of an allowlisted job's network (`[network]` of confine.toml).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NetLimits {
+    /// Connections to the proxy open at once; more get a 503.
+    pub max_connections: usize,
+    /// Bytes through the proxy, both ways, all connections; `None`: no cap.
+    pub max_bytes: Option<u64>,
+    /// A connection with no byte either way for this long is cut.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for NetLimits {
+    fn default() -> Self {
+        NetLimits { max_connections: 32, max_bytes: None, idle_timeout_ms: 120_000 }
+    }
+}
+
+/// What the proxy decided for one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetDecision {
+    Allowed,
+    Denied,
+    /// Allowed, but the upstream could not be reached.
+    Failed,
+}
+
+/// One connection through the proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetConnection {
+    /// `CONNECT`, or the plain HTTP request's method (`-`: refused unread).
+    pub method: String,
+    pub host: String,
+    pub port: u16,
+    pub decision: NetDecision,
+    /// Why it was denied, failed, or how it ended when not cleanly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The allowlist entry that allowed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<String>,
+    /// The address connected to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Bytes from the job to the host it reached, and back.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+}
+
+/// An allowlisted job's network, for the outcome and the audit record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkReport {
+    /// Where the proxy listened, inside the job.
+    pub proxy: Vec<String>,
+    /// The allowlist, expanded and normalized.
+    pub allow: Vec<String>,
+    pub denied: u64,
+    /// Bytes through the proxy, all connections, both ways.
+    pub bytes: u64,
+    /// Allowed connections beyond the first 1000, counted but not listed.
+    pub unlisted_allowed: u64,
+    /// Denied (and failed) connections beyond the first 1000, likewise:
+    /// the two are kept apart, so denials never hide an allowed one.
+    pub unlisted_denied: u64,
+    /// In the order they were opened.
+    pub connections: Vec<NetConnection>,
 }
 
 /// A read-only or read-write bind of a host path into the sandbox.
@@ -77,6 +192,9 @@ pub struct JobSpec {
     /// Working directory inside the sandbox.
     pub cwd: PathBuf,
     pub network: Network,
+    /// The limits of an allowlisted network.
+    #[serde(default)]
+    pub net_limits: NetLimits,
     pub hostname: String,
     /// Extra binds (toolchains and the like).
     #[serde(default)]
@@ -122,6 +240,7 @@ impl JobSpec {
             workspace_rw: false,
             cwd: PathBuf::from("/tmp"),
             network: Network::None,
+            net_limits: NetLimits::default(),
             hostname: "confine".into(),
             binds: Vec::new(),
             through_symlink: Vec::new(),
@@ -173,6 +292,9 @@ pub struct Layers {
     pub ipcns: bool,
     pub utsns: bool,
     pub cgroupns: bool,
+    /// The network namespace's only way out is the allowlist's proxy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub net_proxy: bool,
     pub landlock: LandlockLayer,
     /// Name of the seccomp profile in force, or `null`.
     pub seccomp: Option<String>,
@@ -252,6 +374,9 @@ pub struct Outcome {
     /// when the command never ran: exit status 125.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup_step: Option<String>,
+    /// An allowlisted job's connections (`--net allow:…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkReport>,
 }
 
 impl Outcome {
@@ -272,6 +397,7 @@ impl Outcome {
             limits,
             error: Some(error),
             setup_step: Some(step.into()),
+            network: None,
         }
     }
 

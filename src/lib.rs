@@ -13,6 +13,7 @@ pub mod job;
 pub mod mcp;
 pub mod output;
 pub mod policy;
+pub mod proxy;
 pub mod relay;
 pub mod runtimes;
 pub mod safe_fs;

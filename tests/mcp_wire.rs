@@ -26,15 +26,22 @@ impl Server {
     }
 
     fn start() -> Server {
+        Server::start_with("", &[])
+    }
+
+    /// A server whose confine.toml ends with `extra`, its environment with `env`.
+    fn start_with(extra: &str, env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let repo = readable_repo(dir.path());
         let config = dir.path().join("confine.toml");
-        std::fs::write(&config, exec_config(&dir.path().join("store"), "demo", &repo)).unwrap();
+        let text = format!("{}{extra}", exec_config(&dir.path().join("store"), "demo", &repo));
+        std::fs::write(&config, text).unwrap();
         let mut child = Command::new(bin())
             .arg("--config")
             .arg(&config)
             .arg("serve")
             .env("XDG_DATA_HOME", dir.path())
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -273,4 +280,74 @@ class Failing(unittest.TestCase):
         out["outputLines"], failing.len(), first.len(), second.len()
     );
     assert!(pct <= 2.0, "{received} bytes received for a {log_bytes}-byte log ({pct:.2}%)");
+}
+
+/// `runtime_execute`'s `network: {allow}`: the operator's named list
+/// reaches its host through the proxy, every connection is in the answer
+/// and in the audit record; a host of the client's own choosing is the
+/// built-in policy's denial.
+#[test]
+fn a_network_allowlist_is_the_operators_and_its_connections_are_reported() {
+    if !sandbox_available() {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for sock in listener.incoming() {
+            let Ok(mut sock) = sock else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut sock, &mut buf);
+            let _ = sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\nconnection: close\r\n\r\nfrom-host");
+        }
+    });
+    let extra = format!("\n[network.allow]\nlocal = [\"app.test:{port}\", \"127.0.0.1:{port}\"]\n");
+    let resolve = "app.test=127.0.0.1".to_string();
+    let mut s = Server::start_with(&extra, &[("CONFINE_TEST_RESOLVE", &resolve)]);
+    let code = format!(
+        "import urllib.request\nprint(urllib.request.urlopen('http://app.test:{port}/', timeout=10).read().decode())"
+    );
+    let line = s.rpc(
+        "tools/call",
+        json!({"name": "runtime_execute", "arguments": {"runtime": "python", "code": code, "network": {"allow": ["@local"]}}}),
+    );
+    let v: Value = serde_json::from_str(&line).unwrap();
+    let out = &v["result"]["structuredContent"];
+    assert_eq!(out["stdout"], "from-host", "{line}");
+    let conns = out["network"]["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), 1, "{out}");
+    assert_eq!((conns[0]["host"].as_str(), conns[0]["decision"].as_str()), (Some("app.test"), Some("allowed")));
+    // The client's own host: refused by the built-in policy, before any job.
+    let line = s.rpc(
+        "tools/call",
+        json!({"name": "runtime_execute", "arguments": {"runtime": "python", "code": "print(1)", "network": {"allow": ["exfil.example"]}}}),
+    );
+    assert!(
+        line.contains("network allowlist entry 'exfil.example' is not in confine.toml's [network.allow] lists"),
+        "{line}"
+    );
+    // A malformed entry: the request's error, naming it.
+    let line = s.rpc(
+        "tools/call",
+        json!({"name": "runtime_execute", "arguments": {"runtime": "python", "code": "print(1)", "network": {"allow": ["*.com"]}}}),
+    );
+    assert!(line.contains("'*.com' opens every name under the public suffix 'com'"), "{line}");
+    // The audit trail has the job's connections.
+    let config = s._dir.path().join("confine.toml");
+    let data = s._dir.path().to_path_buf();
+    let _dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    drop(s);
+    let audit = Command::new(bin())
+        .arg("--config")
+        .arg(&config)
+        .args(["audit", "export", "--jsonl"])
+        .env("XDG_DATA_HOME", &data)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&audit.stdout);
+    assert!(
+        text.contains("\"network\"") && text.contains("app.test"),
+        "{text} / {}",
+        String::from_utf8_lossy(&audit.stderr)
+    );
 }

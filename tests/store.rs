@@ -114,6 +114,7 @@ fn entry(id: &str) -> AuditEntry {
         signal: None,
         stdout_bytes: 0,
         stderr_bytes: 0,
+        network: None,
     }
 }
 

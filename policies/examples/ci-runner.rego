@@ -57,7 +57,7 @@ deny_reasons contains msg if {
 }
 
 deny_reasons contains "network is not allowed on the CI runner" if {
-	input.network != "none"
+	input.network.mode != "none"
 }
 
 deny_reasons contains "a repository is required (name a repoId)" if {

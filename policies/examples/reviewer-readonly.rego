@@ -39,7 +39,7 @@ deny_reasons contains "the reviewer may not pass environment variables" if {
 }
 
 deny_reasons contains "network is not allowed for the reviewer" if {
-	input.network != "none"
+	input.network.mode != "none"
 }
 
 # Inline scripts are for looking, not for building: keep them small.

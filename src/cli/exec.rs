@@ -48,9 +48,10 @@ pub struct ExecArgs {
     /// Pass KEY from this environment (it must be in sandbox.env_allowlist). Repeatable.
     #[arg(long = "env", value_name = "KEY")]
     pub env: Vec<String>,
-    /// Network: none or host (host needs the policy's consent).
-    #[arg(long, default_value = "none", value_parser = ["none", "host"])]
-    pub net: String,
+    /// Network: none, host, or allow:HOST,… (a proxy reaching only those
+    /// hosts; see `confine run --help`). host and allow need the policy's consent.
+    #[arg(long, value_name = "MODE", default_value = "none", value_parser = Network::parse_arg)]
+    pub net: Network,
     /// Render the output (minimal, summary, intent, digest) instead of passing it through.
     #[arg(long, value_name = "MODE")]
     pub output_mode: Option<OutputMode>,
@@ -157,7 +158,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         stdin,
         relative_cwd: args.cwd.clone(),
         timeout_ms: args.timeout,
-        network: if args.net == "host" { Network::Host } else { Network::None },
+        network: args.net.clone(),
         env,
         persist_output: Some(!args.no_persist),
         render: RenderOptions {

@@ -11,7 +11,7 @@ use crate::policy::input::ExecRequest;
 use crate::policy::PolicyChain;
 use crate::runtimes::{self, plan};
 use crate::supervisor::cwd;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -28,12 +28,6 @@ pub enum PolicyCommand {
 confine policy check --runtime shell --repo . --executable curl -- https://example.com\n\n\
 Exit status: 0 allowed, 1 denied, 2 malformed request, 125 configuration or policy error.")]
     Check(CheckArgs),
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum NetArg {
-    None,
-    Host,
 }
 
 #[derive(Debug, Args)]
@@ -59,8 +53,9 @@ pub struct CheckArgs {
     /// Working directory relative to the repository root.
     #[arg(long, value_name = "REL")]
     pub cwd: Option<String>,
-    #[arg(long, value_enum, default_value = "none")]
-    pub net: NetArg,
+    /// none, host, or allow:HOST,… (as `confine exec --net`).
+    #[arg(long, value_name = "MODE", default_value = "none", value_parser = Network::parse_arg)]
+    pub net: Network,
     #[arg(long, value_name = "MS")]
     pub timeout_ms: Option<u64>,
     #[arg(long, value_name = "BYTES")]
@@ -130,10 +125,7 @@ fn check(config: Option<&Path>, args: CheckArgs) -> i32 {
             pids: args.pids,
             output_bytes: None,
         },
-        network: match args.net {
-            NetArg::None => Network::None,
-            NetArg::Host => Network::Host,
-        },
+        network: cfg.network.expand(&args.net).unwrap_or_else(|_| args.net.clone()),
         env_keys: args.env.clone(),
         stdin_bytes: 0,
     };

@@ -9,14 +9,6 @@ use clap::{Args, ValueEnum};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum NetArg {
-    /// A new network namespace with only `lo`.
-    None,
-    /// Share the host's network.
-    Host,
-}
-
 #[derive(Debug, Args)]
 #[command(after_help = "Defaults: the [limits] of confine.toml apply (512M of memory, 1 CPU, 256 \
 processes); lift one with `unlimited`, e.g. --pids unlimited. In a --rw workspace, .git (and a \
@@ -34,9 +26,12 @@ pub struct RunArgs {
     /// Mount the workspace read-write.
     #[arg(long, requires = "workspace")]
     pub rw: bool,
-    /// Network: `none` (only lo) or `host`.
-    #[arg(long, visible_alias = "network", value_enum, default_value = "none")]
-    pub net: NetArg,
+    /// Network: `none` (only lo), `host` (the host's network), or
+    /// `allow:HOST,…` (only lo, and a proxy in confine that reaches these
+    /// hosts on ports 443 and 80: `name`, `*.suffix`, `host:port`, an
+    /// address, `@list` of confine.toml's [network.allow]).
+    #[arg(long, visible_alias = "network", value_name = "MODE", default_value = "none", value_parser = Network::parse_arg)]
+    pub net: Network,
     /// Hostname inside the sandbox.
     #[arg(long, default_value = "confine")]
     pub hostname: String,
@@ -231,7 +226,8 @@ fn parse_bind(s: &str, writable: bool) -> Result<Bind, SandboxError> {
 
 /// Build the job from the arguments, with `defaults` for the limits they
 /// leave out.
-pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Result<JobSpec, SandboxError> {
+pub fn job_spec(args: &RunArgs, config: &Config) -> Result<JobSpec, SandboxError> {
+    let defaults = &config.limits;
     let mut spec = JobSpec::new(args.command.clone());
     let mut env = Vec::new();
     for file in &args.env_file {
@@ -258,10 +254,8 @@ pub fn job_spec(args: &RunArgs, defaults: &crate::config::LimitsConfig) -> Resul
         spec.cwd = spec.cwd.join(cwd);
     }
     spec.workspace_rw = args.rw;
-    spec.network = match args.net {
-        NetArg::None => Network::None,
-        NetArg::Host => Network::Host,
-    };
+    spec.network = config.network.expand(&args.net).map_err(SandboxError::Unavailable)?;
+    spec.net_limits = config.network.limits();
     spec.hostname = args.hostname.clone();
     spec.allow_degraded = args.allow_degraded;
     spec.limits.memory_bytes = Limit::or_default(args.memory, defaults.memory_bytes);
@@ -369,7 +363,7 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
     let outcome = rt.block_on(run(&args, &config));
     // A run that failed before its sandbox started has an outcome too.
     let failed = outcome.as_ref().err().map(|e| {
-        let limits = job_spec(&args, &config.limits).map(|s| s.limits).unwrap_or_default();
+        let limits = job_spec(&args, &config).map(|s| s.limits).unwrap_or_default();
         let named = args.backend.and_then(|b| b.to_possible_value()).map(|v| v.get_name().to_string());
         let auto = match std::env::consts::OS {
             "linux" | "windows" => std::env::consts::OS,
@@ -389,6 +383,9 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
             if let Some(msg) = limit_message(o) {
                 eprintln!("confine: {msg}");
             }
+            for line in network_denials(o) {
+                eprintln!("confine: {line}");
+            }
             o.cli_exit_code()
         }
         Err(e) => {
@@ -403,6 +400,39 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
         }
     }
     code
+}
+
+/// One line per connection the proxy denied (the first ten), for the
+/// user who wonders why a download failed. The job chose these names:
+/// anything but printable ASCII is escaped.
+fn network_denials(o: &Outcome) -> Vec<String> {
+    const SHOWN: usize = 10;
+    let Some(net) = &o.network else { return Vec::new() };
+    let clean = |s: &str| {
+        s.chars()
+            .flat_map(|c| if c.is_ascii_graphic() || c == ' ' { vec![c] } else { c.escape_default().collect() })
+            .collect::<String>()
+    };
+    let denied: Vec<_> = net.connections.iter().filter(|c| c.decision != crate::job::NetDecision::Allowed).collect();
+    let mut lines: Vec<String> = denied
+        .iter()
+        .take(SHOWN)
+        .map(|c| {
+            let verb = if c.decision == crate::job::NetDecision::Failed { "failed" } else { "denied" };
+            format!(
+                "network: {verb} {} {}:{}: {}",
+                clean(&c.method),
+                clean(&c.host),
+                c.port,
+                clean(c.reason.as_deref().unwrap_or("-"))
+            )
+        })
+        .collect();
+    let more = denied.len().saturating_sub(SHOWN) as u64 + net.unlisted_denied;
+    if more > 0 {
+        lines.push(format!("network: {more} more denied (the outcome's network lists them, --json-status)"));
+    }
+    lines
 }
 
 /// The `--json-status` file: its directory is opened up front and the file
@@ -434,7 +464,7 @@ async fn run(args: &RunArgs, config: &Config) -> Result<Outcome, SandboxError> {
         config.source.as_deref(),
         allow_degraded,
     )?;
-    let mut spec = job_spec(args, &config.limits)?;
+    let mut spec = job_spec(args, config)?;
     spec.allow_degraded = allow_degraded;
     if spec.user.is_some() && !matches!(backend, BackendKind::Linux) {
         return Err(SandboxError::Unavailable(

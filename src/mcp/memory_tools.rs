@@ -147,7 +147,7 @@ impl ConfineServer {
 impl ConfineServer {
     #[tool(
         name = "memory_store",
-        description = "Store what a later session should know about repoId, with the files and symbols it concerns (stale when those files change).",
+        description = "Store what a later session should know about repoId, with the files and symbols it concerns (stale when they change).",
         input_schema = input::<StoreRequest>(),
         output_schema = schema_for_output::<StoreResult>(),
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
@@ -169,7 +169,7 @@ impl ConfineServer {
 
     #[tool(
         name = "memory_remove",
-        description = "Remove memory memoryId of repoId: queries and surface no longer return it.",
+        description = "Remove memoryId of repoId from queries and surface.",
         input_schema = input::<RemoveRequest>(),
         output_schema = schema_for_output::<RemoveResult>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
@@ -180,7 +180,7 @@ impl ConfineServer {
 
     #[tool(
         name = "memory_surface",
-        description = "Before working on code: memories linked to the symbolIds or fileRelPaths you touch, best first. Verify stale ones.",
+        description = "Before coding: memories linked to the symbolIds or fileRelPaths you touch, best first. Verify stale ones.",
         input_schema = input::<SurfaceRequest>(),
         output_schema = schema_for_output::<SurfaceResult>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -202,7 +202,7 @@ impl ConfineServer {
 
     #[tool(
         name = "agent_feedback_query",
-        description = "Feedback recorded for repoId, newest first, with the most useful and most missed symbols.",
+        description = "Feedback for repoId, newest first, with the most useful and most missed symbols.",
         input_schema = input::<FeedbackQuery>(),
         output_schema = schema_for_output::<FeedbackQueryResult>(),
         annotations(read_only_hint = true, open_world_hint = false)

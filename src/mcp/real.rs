@@ -99,6 +99,10 @@ fn to_request(req: &ExecuteRequest) -> sup::ExecuteRequest {
         relative_cwd: req.relative_cwd.clone(),
         timeout_ms: req.timeout_ms,
         env: req.env.clone().unwrap_or_default().into_iter().collect(),
+        network: match &req.network {
+            Some(n) => crate::job::Network::Allow(n.allow.clone()),
+            None => crate::job::Network::None,
+        },
         persist_output: req.persist_output,
         render: RenderOptions {
             output_mode: req.output_mode,
@@ -143,6 +147,7 @@ fn to_response(r: &sup::ExecuteResponse) -> Result<ExecuteResponse, ServiceError
         out.layers = serde_json::to_value(&o.layers).ok();
         out.guarantees = serde_json::to_value(&o.guarantees).ok();
         out.limits = serde_json::to_value(&o.limits).ok();
+        out.network = o.network.as_ref().and_then(|n| serde_json::to_value(n).ok());
     }
     if let Some(v) = &r.output {
         out.output_lines = Some(v.output_lines);

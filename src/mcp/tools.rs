@@ -37,7 +37,7 @@ fn input<T: JsonSchema + 'static>() -> Arc<JsonObject> {
 impl ConfineServer {
     #[tool(
         name = "runtime_execute",
-        description = "Run `code`, or `args`, with `runtime` in a sandbox (no network, read-only system, timeout), under policy and audit. Returns status, exitCode, the output if under inlineBytes, and an artifactHandle for runtime_query_output.",
+        description = "Run `code` or `args` with `runtime` in a sandbox (read-only system, no network unless `network`, timeout), under policy and audit. Returns status, exitCode, output up to inlineBytes, an artifactHandle.",
         input_schema = input::<ExecuteRequest>(),
         output_schema = schema_for_output::<ExecuteResponse>(),
         annotations(read_only_hint = false, destructive_hint = true, open_world_hint = false)
@@ -93,7 +93,7 @@ impl ConfineServer {
 
     #[tool(
         name = "runtime_query_output",
-        description = "Read the stored output of a job (artifactHandle): the lines matching queryTerms, with context, or lineRange [start, end].",
+        description = "Read a job's stored output (artifactHandle): lines matching queryTerms, with context, or lineRange [start, end].",
         input_schema = input::<QueryOutputRequest>(),
         output_schema = schema_for_output::<QueryOutputResponse>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -116,7 +116,7 @@ impl ConfineServer {
 
     #[tool(
         name = "runtime_jobs",
-        description = "Recent jobs. With jobId: that job and its stdout from offset (follow output.nextOffset until output.complete).",
+        description = "Recent jobs; with jobId, that job and its stdout from offset (follow output.nextOffset to output.complete).",
         input_schema = input::<JobsRequest>(),
         output_schema = schema_for_output::<JobsResponse>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -135,7 +135,7 @@ impl ConfineServer {
 
     #[tool(
         name = "runtime_kill",
-        description = "Kill a running job's whole process tree (jobId of a background runtime_execute); returns its final outcome.",
+        description = "Kill a running job's whole process tree (a background jobId); returns its final outcome.",
         input_schema = input::<KillRequest>(),
         output_schema = schema_for_output::<ExecuteResponse>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
@@ -166,7 +166,7 @@ impl ConfineServer {
 impl ConfineServer {
     #[tool(
         name = "info",
-        description = "Call first: runtimes, limits, env allowlist, the isolation enforced here; with repoId, that workspace.",
+        description = "Call first: runtimes, limits, env allowlist, isolation here; with repoId, that workspace.",
         input_schema = input::<InfoRequest>(),
         output_schema = schema_for_output::<Info>(),
         annotations(read_only_hint = true, open_world_hint = false)

@@ -37,6 +37,27 @@ pub struct ExecRequest {
     pub stdin_bytes: u64,
 }
 
+/// The request's network as policies see it: `{mode: "none"|"host"|"allow",
+/// allow: [entries]}`, the entries expanded (`@name`s replaced by their
+/// lists) and normalized.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct NetworkInput {
+    pub mode: String,
+    pub allow: Vec<String>,
+}
+
+impl NetworkInput {
+    pub fn of(net: &Network) -> NetworkInput {
+        NetworkInput {
+            mode: net.mode().to_string(),
+            allow: match net {
+                Network::Allow(entries) => entries.clone(),
+                _ => Vec::new(),
+            },
+        }
+    }
+}
+
 /// A request that is malformed whatever the policy says.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InputError {
@@ -124,7 +145,7 @@ impl ExecRequest {
             env_keys,
             timeout_ms: limits.timeout_ms,
             limits,
-            network: self.network,
+            network: NetworkInput::of(&self.network),
             repo_id: self.repo_id.clone(),
             code_sha256: self.code.as_deref().map(|c| sha256_hex(c.as_bytes())),
             code_bytes: self.code.as_ref().map_or(0, |c| c.len() as u64),
@@ -162,7 +183,7 @@ pub struct PolicyInput {
     #[serde(rename = "timeoutMs")]
     pub timeout_ms: u64,
     pub limits: EffectiveLimits,
-    pub network: Network,
+    pub network: NetworkInput,
     #[serde(rename = "repoId")]
     pub repo_id: Option<String>,
     pub code_sha256: Option<String>,
@@ -310,7 +331,7 @@ mod tests {
         );
         assert_eq!(v["operation"], OP_CODE);
         assert_eq!(v["env_keys"], serde_json::json!(["A", "B"]));
-        assert_eq!(v["network"], "none");
+        assert_eq!(v["network"], serde_json::json!({"mode": "none", "allow": []}));
         assert_eq!(v["cwd"], ".");
         assert_eq!(v["code_bytes"], 8);
         assert_eq!(v["code_sha256"], sha256_hex(b"print(1)"));

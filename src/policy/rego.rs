@@ -28,7 +28,10 @@ const TIMER_CHECK_INTERVAL: u32 = 32;
 pub fn policy_data(cfg: &PolicyConfig) -> serde_json::Value {
     let user = serde_json::to_value(&cfg.data).unwrap_or_default();
     serde_json::json!({
-        "confine_config": { "allow_host_network": cfg.allow_host_network },
+        "confine_config": {
+            "allow_host_network": cfg.allow_host_network,
+            "network_allowlisted": cfg.network_allowlisted,
+        },
         "confine_data": user,
     })
 }

@@ -78,6 +78,38 @@ fn the_default_policy_denies_host_network_unless_configured() {
 }
 
 #[test]
+fn the_default_policy_allows_only_the_operators_allowlist_entries() {
+    let r = ExecRequest {
+        network: Network::Allow(vec!["pypi.org".into(), "files.pythonhosted.org".into()]),
+        ..request("python")
+    };
+    let d = default_chain().decide(&input_for(&r, "python3"));
+    assert!(!d.allowed);
+    assert_eq!(
+        d.deny_reasons,
+        [
+            "network allowlist entry 'files.pythonhosted.org' is not in confine.toml's [network.allow] lists",
+            "network allowlist entry 'pypi.org' is not in confine.toml's [network.allow] lists",
+        ]
+    );
+    let listed = vec!["files.pythonhosted.org".to_string(), "pypi.org".to_string()];
+    let cfg = PolicyConfig { network_allowlisted: listed.clone(), ..PolicyConfig::default() };
+    assert!(PolicyChain::from_config(&cfg).unwrap().decide(&input_for(&r, "python3")).allowed);
+    // One entry beyond the operator's lists is enough to refuse.
+    let wider =
+        ExecRequest { network: Network::Allow(vec!["pypi.org".into(), "evil.example".into()]), ..request("python") };
+    let d = PolicyChain::from_config(&cfg).unwrap().decide(&input_for(&wider, "python3"));
+    assert_eq!(
+        d.deny_reasons,
+        ["network allowlist entry 'evil.example' is not in confine.toml's [network.allow] lists"]
+    );
+    // Host networking is not implied by an allowlist, nor the reverse.
+    let host = PolicyConfig { network_allowlisted: listed, ..PolicyConfig::default() };
+    let h = ExecRequest { network: Network::Host, ..request("python") };
+    assert!(!PolicyChain::from_config(&host).unwrap().decide(&input_for(&h, "python3")).allowed);
+}
+
+#[test]
 fn the_default_policy_denies_unknown_runtimes_escaping_cwds_and_no_repo() {
     let c = default_chain();
     let d = c.decide(&input_for(&request("cobol"), "cobc"));

@@ -131,7 +131,9 @@ impl Guarantees {
             (false, true) => row(Level::Partial, "landlock only; no private root"),
             (false, false) => row(Level::None, "no mount namespace and no landlock"),
         };
-        let network = if l.netns {
+        let network = if l.netns && l.net_proxy {
+            row(Level::Enforced, "a new network namespace with only lo; a proxy in confine reaches the allowlist")
+        } else if l.netns {
             row(Level::Enforced, "a new network namespace with only lo")
         } else {
             row(Level::None, "the host's network (requested with --net host)")

@@ -20,6 +20,10 @@ use std::path::PathBuf;
 use std::process::Stdio;
 
 /// Errors of starting a sandbox. Every one maps to exit code 125.
+/// Why `--net allow:…` is refused on a backend other than Linux's.
+pub const NET_ALLOW_NEEDS_LINUX: &str = "--net allow needs the linux backend: its proxy is the only way out of a \
+network namespace, and this backend shares the host's network (use --net none, or run on Linux)";
+
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// The workspace can't be used.

@@ -230,6 +230,9 @@ pub fn spawn(spec: &JobSpec, stdio: StdioSpec, tmp: Option<PrivateTmp>) -> Resul
     if spec.argv.is_empty() {
         return Err(SandboxError::NoCommand);
     }
+    if let crate::job::Network::Allow(_) = spec.network {
+        return Err(SandboxError::Unavailable(super::NET_ALLOW_NEEDS_LINUX.into()));
+    }
     if let Some(ws) = &spec.workspace {
         if !ws.is_dir() {
             return Err(SandboxError::Workspace { path: ws.clone(), reason: "not a directory".into() });
@@ -416,6 +419,7 @@ fn outcome(
         limits: spec.limits.clone(),
         error: None,
         setup_step: None,
+        network: None,
     };
     match (report, status) {
         (Some(r), _) => {

@@ -202,6 +202,9 @@ where
     C: Future<Output = ()>,
 {
     let program = spec.argv.first().ok_or(SandboxError::NoCommand)?;
+    if let crate::job::Network::Allow(_) = spec.network {
+        return Err(SandboxError::Unavailable(super::NET_ALLOW_NEEDS_LINUX.into()));
+    }
     if let Some(ws) = &spec.workspace {
         if !ws.is_dir() {
             return Err(SandboxError::Workspace { path: ws.clone(), reason: "not a directory".into() });
@@ -342,6 +345,7 @@ fn outcome(
         limits: spec.limits.clone(),
         error: None,
         setup_step: None,
+        network: None,
     }
 }
 

@@ -78,6 +78,9 @@ pub struct AuditEntry {
     pub signal: Option<i32>,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
+    /// An allowlisted job's connections through its proxy, allowed or denied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::job::NetworkReport>,
 }
 
 impl AuditEntry {
@@ -103,6 +106,7 @@ impl AuditEntry {
             signal: None,
             stdout_bytes: 0,
             stderr_bytes: 0,
+            network: None,
         }
     }
 
@@ -115,6 +119,7 @@ impl AuditEntry {
         self.signal = outcome.signal;
         self.stdout_bytes = stdout_bytes;
         self.stderr_bytes = stderr_bytes;
+        self.network = outcome.network.clone();
         self
     }
 }

@@ -52,8 +52,7 @@ fn invalid(msg: impl Into<String>) -> FeedbackError {
     FeedbackError::Invalid(msg.into())
 }
 
-/// The kind of task the feedback is about (the only `taskType` of the
-/// tools: `memory_surface` filters by memory `types`).
+/// The kind of task (memory_surface filters by memory `types` instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskType {
@@ -68,7 +67,7 @@ pub enum TaskType {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FeedbackRequest {
     pub repo_id: String,
-    /// artifactHandle, jobId or memoryId values that helped (at least 1).
+    /// artifactHandles, jobIds or memoryIds that helped (at least 1).
     pub useful_handles: Vec<String>,
     /// What was missing (free-form).
     #[serde(default)]

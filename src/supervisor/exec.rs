@@ -281,7 +281,7 @@ impl Supervisor {
     /// Run one request through every governance step.
     pub async fn execute(&self, req: ExecuteRequest, mut ctl: ExecControl) -> ExecuteResponse {
         let job_id = req.job_id.clone().unwrap_or_else(new_job_id);
-        let policy_req = plan::policy_request(&req);
+        let policy_req = plan::policy_request(&req, &self.config.network);
         let mut limits = self.config.resolve_limits(&policy_req.limits);
         let command = req.executable.clone().unwrap_or_else(|| {
             runtimes::lookup(&req.runtime)

@@ -143,6 +143,7 @@ mod tests {
             signal: None,
             stdout_bytes: 0,
             stderr_bytes: 0,
+            network: None,
         }
     }
 

@@ -105,7 +105,7 @@ async fn speculate(
     streams: Prestart,
     seccomp: Option<&str>,
 ) -> Option<Prestarted> {
-    let policy_req = plan::policy_request(req);
+    let policy_req = plan::policy_request(req, &planner.config.network);
     let limits = planner.config.resolve_limits(&policy_req.limits);
     let timeout = Duration::from_millis(limits.timeout_ms);
     let placed = planner

@@ -63,7 +63,9 @@ pub(crate) struct Placed {
 }
 
 /// The request as the policy and the input checks see it.
-pub(crate) fn policy_request(req: &ExecuteRequest) -> ExecRequest {
+/// `@name`s of the network's allowlist are expanded here, where a name
+/// `[network.allow]` lacks is left for [`Planner::admit`] to refuse.
+pub(crate) fn policy_request(req: &ExecuteRequest, net: &crate::config::NetworkConfig) -> ExecRequest {
     ExecRequest {
         repo_id: req.repo_id.clone(),
         runtime: req.runtime.clone(),
@@ -78,7 +80,7 @@ pub(crate) fn policy_request(req: &ExecuteRequest) -> ExecRequest {
             pids: req.pids,
             output_bytes: None,
         },
-        network: req.network,
+        network: net.expand(&req.network).unwrap_or_else(|_| req.network.clone()),
         env_keys: req.env.iter().map(|(k, _)| k.clone()).collect(),
         stdin_bytes: req.stdin.as_ref().map_or(0, |s| s.len() as u64),
     }
@@ -89,6 +91,7 @@ impl Planner<'_> {
     /// policy sees the request (and audited all the same by the caller).
     pub fn admit(&self, req: &ExecuteRequest, policy_req: &ExecRequest) -> Result<Admitted, String> {
         policy_req.check(&self.config.limits).map_err(|e| e.to_string())?;
+        self.config.network.expand(&req.network)?;
         let runtime = runtimes::lookup(&req.runtime).map_err(|e| e.to_string())?;
         let repo = match req.repo_id.as_deref() {
             Some(id) => self.config.repo(id).map_err(|e| e.to_string())?.clone(),
@@ -165,7 +168,9 @@ impl Planner<'_> {
             Vec::new()
         };
         spec.cwd = prepared.jailed.in_sandbox(Path::new("/workspace"));
-        spec.network = req.network;
+        spec.network =
+            self.config.network.expand(&req.network).map_err(|message| Refusal { status: Status::Failure, message })?;
+        spec.net_limits = self.config.network.limits();
         spec.allow_degraded = self.config.runtime.allow_degraded;
         spec.binds = prepared
             .plan

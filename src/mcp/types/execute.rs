@@ -12,7 +12,7 @@ pub struct ExecuteRequest {
     /// The workspace; optional when only one is configured.
     #[serde(default)]
     pub repo_id: String,
-    /// python, node, shell, rust, go, … (`info` lists them).
+    /// python, node, shell, rust, go... (`info` lists them).
     pub runtime: String,
     /// Another executable of the runtime ("bun" for node).
     #[serde(default)]
@@ -45,23 +45,38 @@ pub struct ExecuteRequest {
     /// Keep the output for runtime_query_output. Default true.
     #[serde(default)]
     pub persist_output: Option<bool>,
-    /// minimal, summary (head and tail), intent (excerpts for queryTerms) or digest (error and warning lines).
+    /// minimal, summary (head, tail), intent (queryTerms excerpts), digest (error and warning lines).
     #[serde(default)]
     pub output_mode: OutputMode,
     /// Return a jobId at once; follow with runtime_jobs.
     #[serde(default)]
     pub background: Option<bool>,
-    /// Environment variables; keys of `info`'s allowlist only.
+    /// Variables to set; keys of `info`'s allowlist.
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
-    /// Output up to this size is in the answer. Default 1024.
+    /// Output up to this size is inline. Default 1024.
     #[serde(default)]
     #[schemars(range(max = 65_536))]
     pub inline_bytes: Option<u32>,
-    /// Add layers, guarantees, limits, usage and the policy decision.
+    /// Add layers, guarantees, limits, usage, policy decision.
     #[serde(default)]
     pub verbose: Option<bool>,
+    /// Only these hosts, via a proxy: `{allow: [pypi.org, *.example.org, host:8443, @list]}`.
+    #[serde(default)]
+    pub network: Option<NetworkRequest>,
 }
+
+/// `runtime_execute`'s `network`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    // Entries of `proxy::allowlist`, or `@name` of `[network.allow]`; the
+    // field's own description is the schema's (tools/list stays small).
+    pub allow: Vec<String>,
+}
+
+/// Most entries of `network.allow` in one request.
+pub const MAX_NET_ENTRIES: usize = 64;
 
 impl ExecuteRequest {
     /// Check shape and ranges; the first problem is the error.
@@ -105,6 +120,22 @@ impl ExecuteRequest {
             let (lo, hi) = RESPONSE_LINES_RANGE;
             if !(lo..=hi).contains(&n) {
                 return Err(invalid(format!("maxResponseLines must be between {lo} and {hi} (got {n})")));
+            }
+        }
+        if let Some(net) = &self.network {
+            if net.allow.is_empty() || net.allow.len() > MAX_NET_ENTRIES {
+                return Err(invalid(format!(
+                    "network.allow takes 1 to {MAX_NET_ENTRIES} entries (got {})",
+                    net.allow.len()
+                )));
+            }
+            for e in &net.allow {
+                if e.len() > 300 {
+                    return Err(invalid(format!("network.allow entry '{}' is too long", clip(e))));
+                }
+                if !e.trim_start().starts_with('@') {
+                    crate::proxy::allowlist::Entry::parse(e).map_err(|e| invalid(e.to_string()))?;
+                }
             }
         }
         if let Some(env) = &self.env {
@@ -195,6 +226,10 @@ pub struct ExecuteResponse {
     /// One line, when confine itself failed or the command could not start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `network.allow`: every connection through the proxy, allowed
+    /// or denied, with its reason and bytes each way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Value>,
 }
 
 impl ExecuteResponse {
@@ -226,6 +261,7 @@ impl ExecuteResponse {
             guarantees: None,
             limits: None,
             error: None,
+            network: None,
         }
     }
 }

@@ -17,7 +17,9 @@
 //!
 //! No tokio here, ever: this code forks.
 
-use super::protocol::{encode_report, read_spec, InitSpec, MountOp, Report, CONTROL_FD, RELEASE, SECCOMP_FD};
+use super::protocol::{
+    encode_report, read_spec, InitSpec, MountOp, Report, CONTROL_FD, PROXY_READY, PROXY_SOCKET, RELEASE, SECCOMP_FD,
+};
 use super::sys::{self, SysError};
 use super::{caps, exec, inherit, landlock, mounts, namespaces, rlimits, seccomp};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
@@ -60,7 +62,15 @@ fn run() -> i32 {
             return 125;
         }
     };
-    match outer(&spec, &ctl) {
+    // The proxy's socket follows the spec (`proxy_listen`).
+    let proxy = match spec.proxy_port.map(|_| receive_proxy_socket(&ctl)).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            report(&ctl, &Report::SetupFailed { step: "network proxy".into(), error: e.to_string() });
+            return 125;
+        }
+    };
+    match outer(&spec, &ctl, proxy) {
         Ok(code) => code,
         Err(e) => {
             report(&ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
@@ -112,7 +122,7 @@ fn forwarded_set() -> SigSet {
 }
 
 /// Step 1, in the host namespaces.
-fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
+fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, SysError> {
     // A supervisor run under a real-time policy (chrt, a systemd unit's
     // CPUSchedulingPolicy), a negative nice, a protective oom_score_adj or
     // raised rlimits must not hand them to untrusted code: a SCHED_FIFO
@@ -178,7 +188,7 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
         std::mem::forget(owner);
         drop(go_wr);
         drop(fds_out);
-        let code = match pid1(spec, ctl, go_rd, fds_in) {
+        let code = match pid1(spec, ctl, go_rd, fds_in, proxy) {
             Ok(code) => code,
             Err(e) => {
                 report(ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
@@ -189,6 +199,7 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
     }
     drop(go_rd);
     drop(fds_in);
+    drop(proxy);
     let pid1 = Pid::from_raw(pid);
     let left = match owner {
         Some(o) => o.leave(),
@@ -257,7 +268,7 @@ fn outer(spec: &InitSpec, ctl: &File) -> Result<i32, SysError> {
 }
 
 /// Step 2, pid 1 of the new pid namespace.
-fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32, SysError> {
+fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option<OwnedFd>) -> Result<i32, SysError> {
     // If the outer stage dies, so do we, and with us the whole namespace.
     // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
@@ -280,6 +291,11 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32
     if spec.new_netns {
         sys::loopback_up()?;
     }
+    // The listeners go to the supervisor now; its answer is awaited just
+    // before the job starts, so that it starts serving while we build.
+    if let (Some(port), Some(sock)) = (spec.proxy_port, &proxy) {
+        proxy_listen(sock, port)?;
+    }
     let built = mounts::build(&spec.mounts, &sources)?;
     drop(sources);
     // While we still hold CAP_SYS_RESOURCE in the job's user namespace,
@@ -296,6 +312,9 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32
         return Ok(125); // the outer stage failed and has reported why
     }
     drop(go);
+    if let Some(sock) = proxy {
+        proxy_ready(&sock)?;
+    }
 
     // SAFETY: this process is single-threaded (it was cloned from the
     // single-threaded outer stage), so the child may run ordinary Rust code.
@@ -328,6 +347,82 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd) -> Result<i32
             }
         }
     }
+}
+
+/// The socket to the supervisor's proxy: one byte ([`PROXY_SOCKET`])
+/// after the spec, carrying it.
+fn receive_proxy_socket(ctl: &File) -> Result<OwnedFd, SysError> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(ctl.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(|e| SysError::call("receive the proxy's socket", e))?;
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs().map_err(|e| SysError::call("receive the proxy's socket", e))? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            // SAFETY: SCM_RIGHTS gave us these fds; nothing else owns them.
+            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    match (msg.bytes, byte[0], fds.len()) {
+        (1, PROXY_SOCKET, 1) => Ok(fds.remove(0)),
+        _ => Err(SysError::other("network proxy", "the supervisor sent no socket for the proxy")),
+    }
+}
+
+/// Listen on `port` of the loopback, IPv4 and (where the kernel has it)
+/// IPv6, and hand both listeners to the supervisor's proxy. No process of
+/// the job exists yet: nothing else in this namespace can hold the port.
+fn proxy_listen(sock: &OwnedFd, port: u16) -> Result<(), SysError> {
+    use nix::sys::socket::{
+        bind, listen, sendmsg, setsockopt, socket, sockopt, AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag,
+        SockType, SockaddrIn, SockaddrIn6,
+    };
+    use std::os::fd::AsRawFd;
+    let backlog = Backlog::new(1024).unwrap_or(Backlog::MAXCONN);
+    let v4 = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(|e| SysError::call("proxy: socket", e))?;
+    bind(v4.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, port))
+        .map_err(|e| SysError::call("proxy: bind 127.0.0.1", e))?;
+    listen(&v4, backlog).map_err(|e| SysError::call("proxy: listen", e))?;
+    let mut listeners = vec![v4];
+    // Without IPv6 (disabled, or no ::1 on lo) the IPv4 listener serves alone.
+    if let Ok(v6) = socket(AddressFamily::Inet6, SockType::Stream, SockFlag::SOCK_CLOEXEC, None) {
+        let loopback = SockaddrIn6::from(std::net::SocketAddrV6::new(std::net::Ipv6Addr::LOCALHOST, port, 0, 0));
+        let bound = setsockopt(&v6, sockopt::Ipv6V6Only, &true)
+            .and_then(|()| bind(v6.as_raw_fd(), &loopback))
+            .and_then(|()| listen(&v6, backlog));
+        if bound.is_ok() {
+            listeners.push(v6);
+        }
+    }
+    let raw: Vec<i32> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    let iov = [std::io::IoSlice::new(b"L")];
+    sendmsg::<()>(sock.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&raw)], MsgFlags::empty(), None)
+        .map_err(|e| SysError::call("proxy: hand the listeners to the supervisor", e))?;
+    Ok(())
+}
+
+/// The supervisor's answer: it serves the listeners, or why it can't.
+/// The job never runs with a proxy that is not there.
+fn proxy_ready(sock: &OwnedFd) -> Result<(), SysError> {
+    let mut buf = [0u8; 512];
+    let n = loop {
+        match read(sock.as_fd(), &mut buf) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => break r.map_err(|e| SysError::call("network proxy", e))?,
+        }
+    };
+    if &buf[..n] == PROXY_READY {
+        return Ok(());
+    }
+    let why = match n {
+        0 => "the supervisor's proxy did not start (it closed its socket)".to_string(),
+        _ => format!("the supervisor's proxy did not start: {}", String::from_utf8_lossy(&buf[..n])),
+    };
+    Err(SysError::other("network proxy", why))
 }
 
 /// Write the job's files (code mode's source) into its private /tmp, as

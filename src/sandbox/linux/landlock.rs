@@ -10,8 +10,8 @@ use super::protocol::LandlockPlan;
 use super::sys::SysError;
 use crate::job::LandlockLayer;
 use landlock::{
-    Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, NetPort, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use std::path::Path;
 
@@ -79,6 +79,13 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
                 created = created.add_rule(PathBeneath::new(fd, access)).map_err(|e| err("landlock: add rule", e))?;
             }
             Err(_) => skipped.push(path.display().to_string()),
+        }
+    }
+    if plan.deny_tcp {
+        for port in &plan.connect_tcp {
+            created = created
+                .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+                .map_err(|e| err("landlock: allow the proxy's port", e))?;
         }
     }
     let status = created.restrict_self().map_err(|e| err("landlock: restrict self", e))?;

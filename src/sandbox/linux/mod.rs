@@ -45,6 +45,8 @@ pub struct RunningJob {
     /// trees (`sweep`), done after its tree is killed. A job dropped
     /// before its end leaves its record to a later supervisor.
     sweeps: sweep::Pending,
+    /// The network allowlist's proxy (`--net allow:…`).
+    proxy: Option<crate::proxy::serve::Attached>,
 }
 
 /// Which ids the job has, inside and on the host: as root, those of
@@ -70,8 +72,18 @@ pub fn sandbox_ids(spec: &JobSpec) -> (IdMap, IdMap, bool) {
 /// Landlock rules that match the mount plan: read what was bound, write
 /// only /tmp, /dev/shm and what was bound read-write.
 pub fn landlock_plan(ops: &[MountOp], spec: &JobSpec) -> LandlockPlan {
-    let mut plan =
-        LandlockPlan { deny_tcp: spec.network == Network::None, scope: true, tty: spec.tty, ..LandlockPlan::default() };
+    // An allowlisted job may connect to its proxy and to no other TCP port.
+    let connect_tcp = match spec.network {
+        Network::Allow(_) => vec![crate::proxy::serve::PROXY_PORT],
+        _ => Vec::new(),
+    };
+    let mut plan = LandlockPlan {
+        deny_tcp: spec.network.isolated(),
+        connect_tcp,
+        scope: true,
+        tty: spec.tty,
+        ..LandlockPlan::default()
+    };
     for op in ops {
         if let MountOp::Bind { dst, rw, dev: false, .. } = op {
             if *rw {
@@ -108,12 +120,20 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
     let mut mounts = mounts::plan(spec, &mounts::RealHost);
     let idmap_refused = mark_idmaps(&mut mounts, spec, (uid.outside, gid.outside));
     let landlock = Some(landlock_plan(&mounts, spec));
+    let proxy_port = matches!(spec.network, Network::Allow(_)).then_some(crate::proxy::serve::PROXY_PORT);
+    let mut env = spec.env.clone();
+    if let Some(port) = proxy_port {
+        // Ours replace any the caller passed: there is no other way out.
+        env.retain(|(k, _)| !crate::proxy::is_proxy_var(k));
+        env.extend(crate::proxy::proxy_env(port));
+    }
     InitSpec {
         argv: spec.argv.clone(),
-        env: spec.env.clone(),
+        env,
         cwd: spec.cwd.clone(),
         hostname: spec.hostname.clone(),
-        new_netns: spec.network == Network::None,
+        new_netns: spec.network.isolated(),
+        proxy_port,
         uid,
         gid,
         rootless,
@@ -396,10 +416,39 @@ impl InitStage {
         init.rlimits = limit_rlimits(&spec.limits, cgroup.is_some());
         init.cgroup_procs = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
         adjust(&mut init);
+        let proxy_sockets = match init.proxy_port.map(|_| proxy_sockets(spec)).transpose() {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = child.kill().await;
+                return Err(e);
+            }
+        };
         {
             let mut w = &ours;
             protocol::write_spec(&mut w, &init).map_err(SandboxError::Spawn)?;
         }
+        // The proxy's socket follows the spec; pid 1 sends its listeners
+        // back on it, and the job starts only once the proxy serves them.
+        let proxy = match proxy_sockets {
+            Some((allow, sup, stage)) => {
+                use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+                let iov = [std::io::IoSlice::new(&[protocol::PROXY_SOCKET])];
+                let sent = sendmsg::<()>(
+                    ours.as_raw_fd(),
+                    &iov,
+                    &[ControlMessage::ScmRights(&[stage.as_raw_fd()])],
+                    MsgFlags::empty(),
+                    None,
+                );
+                drop(stage);
+                if let Err(e) = sent {
+                    let _ = child.kill().await;
+                    return Err(SandboxError::Spawn(e.into()));
+                }
+                Some(crate::proxy::serve::attach(sup, allow, spec.net_limits.clone()))
+            }
+            None => None,
+        };
         if let (true, Some(cg)) = (limits_later, &cgroup) {
             if let Err(e) = cg.apply_limits(&spec.limits) {
                 // Killed before its job was released; the cgroups go with
@@ -415,6 +464,7 @@ impl InitStage {
             mountns: true,
             pidns: true,
             netns: init.new_netns,
+            net_proxy: init.proxy_port.is_some(),
             ipcns: true,
             utsns: true,
             cgroupns: true,
@@ -425,8 +475,26 @@ impl InitStage {
             missing,
             ..Layers::default()
         };
-        Ok(RunningJob { job_id, child, ctl, started, base_layers, spec: spec.clone(), sweeps, cgroup })
+        Ok(RunningJob { job_id, child, ctl, started, base_layers, spec: spec.clone(), sweeps, cgroup, proxy })
     }
+}
+
+/// The allowlist of a `--net allow:…` job, and the socket pair its proxy
+/// and its pid 1 talk over (the supervisor's end first).
+fn proxy_sockets(spec: &JobSpec) -> Result<(crate::proxy::allowlist::Allowlist, OwnedFd, OwnedFd), SandboxError> {
+    let Network::Allow(entries) = &spec.network else {
+        return Err(SandboxError::Unavailable("a proxy for a job without an allowlist".into()));
+    };
+    let allow =
+        crate::proxy::allowlist::Allowlist::parse(entries).map_err(|e| SandboxError::Unavailable(e.to_string()))?;
+    let (sup, stage) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| SandboxError::Spawn(e.into()))?;
+    Ok((allow, sup, stage))
 }
 
 /// The job's cgroups. Without them (rootless and not delegated, or no
@@ -642,6 +710,7 @@ impl RunningJob {
             limits: self.spec.limits.clone(),
             error: None,
             setup_step: None,
+            network: None,
         };
         let mut exited = false;
         for r in reports {

@@ -119,6 +119,9 @@ pub struct LandlockPlan {
     pub write: Vec<PathBuf>,
     /// Deny TCP bind/connect (ABI >= 4).
     pub deny_tcp: bool,
+    /// With `deny_tcp`, the ports the job may still connect to (its proxy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connect_tcp: Vec<u16>,
     /// Scope abstract unix sockets and signals to the sandbox (ABI >= 6).
     pub scope: bool,
     /// The job has a terminal of its own: `/dev/tty` is writable.
@@ -136,6 +139,12 @@ pub struct InitSpec {
     pub hostname: String,
     /// Create a new network namespace (only `lo`).
     pub new_netns: bool,
+    /// The network allowlist's proxy: pid 1 listens on this port of its
+    /// loopback (IPv4 and IPv6) and hands the listening sockets to the
+    /// supervisor, over the socket that follows the spec on the control
+    /// socket (one byte, SCM_RIGHTS), before the job runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_port: Option<u16>,
     pub uid: IdMap,
     pub gid: IdMap,
     /// We are not root on the host: write `deny` to setgroups, map only our ids.
@@ -219,6 +228,12 @@ pub fn write_spec(w: &mut impl Write, spec: &InitSpec) -> io::Result<()> {
     w.write_all(&body)
 }
 
+/// The byte that carries the proxy's socket after the spec.
+pub const PROXY_SOCKET: u8 = b'p';
+/// The supervisor's answer on the proxy's socket once it serves the
+/// listeners; anything else is why it could not.
+pub const PROXY_READY: &[u8] = b"ready";
+
 pub fn read_spec(r: &mut impl Read) -> io::Result<InitSpec> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
@@ -250,6 +265,7 @@ mod tests {
             cwd: "/tmp".into(),
             hostname: "h".into(),
             new_netns: true,
+            proxy_port: None,
             uid: IdMap { inside: 1000, outside: 1000 },
             gid: IdMap { inside: 1000, outside: 1000 },
             rootless: false,

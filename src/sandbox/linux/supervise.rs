@@ -162,6 +162,7 @@ impl RunningJob {
         self.sweeps.finish(&idmapped_in(&buf));
         let mut outcome = self.outcome(status, &buf, killed || ending.is_some());
         self.account(&mut outcome, ending);
+        outcome.network = self.proxy.as_mut().and_then(|p| p.finish());
         let removal = self.cgroup.take().map(|cg| {
             tokio::task::spawn_blocking(move || {
                 if let Err(e) = cg.remove_blocking() {

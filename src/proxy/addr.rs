@@ -1,0 +1,172 @@
+//! Where the proxy may connect: the names it resolves itself, and the
+//! addresses it refuses unless the allowlist names them (the host's own
+//! loopback, private networks, link-local, unique-local): a name on the
+//! list that resolves there is DNS rebinding into the host's services.
+
+use super::allowlist::{canonical_ip, Allowlist};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Debug builds only: `name=addr[,addr…];…`, names resolved to these
+/// addresses instead of through the host's resolver. The tests map names
+/// to their servers on the host's loopback with it; a release build
+/// ignores it.
+pub const TEST_RESOLVE_ENV: &str = "CONFINE_TEST_RESOLVE";
+
+/// What kind of address this is, when it is not a public one.
+pub fn non_public(ip: IpAddr) -> Option<&'static str> {
+    match canonical_ip(ip) {
+        IpAddr::V4(a) => v4_kind(a),
+        IpAddr::V6(a) => v6_kind(a),
+    }
+}
+
+fn v4_kind(a: Ipv4Addr) -> Option<&'static str> {
+    let o = a.octets();
+    Some(match o {
+        _ if a.is_loopback() => "loopback",
+        _ if a.is_unspecified() || o[0] == 0 => "unspecified",
+        _ if a.is_private() => "private",
+        _ if a.is_link_local() => "link-local",
+        [100, b, ..] if (64..128).contains(&b) => "shared (carrier-grade NAT)",
+        [192, 0, 0, _] => "IETF protocol assignments",
+        [198, b, ..] if b == 18 || b == 19 => "benchmarking",
+        _ if a.is_multicast() => "multicast",
+        _ if a.is_broadcast() || o[0] >= 240 => "reserved",
+        _ if a.is_documentation() => "documentation",
+        _ => return None,
+    })
+}
+
+fn v6_kind(a: Ipv6Addr) -> Option<&'static str> {
+    let s = a.segments();
+    Some(match s {
+        _ if a.is_loopback() => "loopback",
+        _ if a.is_unspecified() => "unspecified",
+        _ if a.is_multicast() => "multicast",
+        [x, ..] if x & 0xffc0 == 0xfe80 => "link-local",
+        [x, ..] if x & 0xffc0 == 0xfec0 => "site-local",
+        [x, ..] if x & 0xfe00 == 0xfc00 => "unique-local",
+        [0x2001, 0xdb8, ..] => "documentation",
+        // NAT64 (well-known and local-use), SIIT and 6to4 carry an IPv4
+        // address: it decides.
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => return v4_kind(embedded(hi, lo)),
+        [0x64, 0xff9b, 1, _, _, _, hi, lo] => return v4_kind(embedded(hi, lo)).or(Some("NAT64 local-use")),
+        [0, 0, 0, 0, 0xffff, 0, hi, lo] => return v4_kind(embedded(hi, lo)),
+        [0x2002, hi, lo, ..] => return v4_kind(embedded(hi, lo)),
+        // Teredo: a tunnel whose far end the address does not say.
+        [0x2001, 0, ..] => "Teredo",
+        // IPv4-compatible (deprecated) ::a.b.c.d.
+        [0, 0, 0, 0, 0, 0, hi, lo] => return v4_kind(embedded(hi, lo)),
+        _ => return None,
+    })
+}
+
+fn embedded(hi: u16, lo: u16) -> Ipv4Addr {
+    let [a, b] = hi.to_be_bytes();
+    let [c, d] = lo.to_be_bytes();
+    Ipv4Addr::new(a, b, c, d)
+}
+
+/// Keep the addresses the proxy may connect to: public ones, and others
+/// only where the allowlist names them. None left: why, naming the first
+/// refused address.
+pub fn permitted(addrs: Vec<SocketAddr>, list: &Allowlist, host: &str) -> Result<Vec<SocketAddr>, String> {
+    let mut refused = None;
+    let mut out = Vec::new();
+    for a in addrs {
+        let ip = canonical_ip(a.ip());
+        match non_public(ip) {
+            Some(kind) if !list.names_address(ip, a.port()) => {
+                refused.get_or_insert_with(|| {
+                    format!("{host} resolves to {ip} ({kind}), which the allowlist does not name")
+                });
+            }
+            _ => out.push(SocketAddr::new(ip, a.port())),
+        }
+    }
+    match (out.is_empty(), refused) {
+        (false, _) => Ok(out),
+        (true, Some(why)) => Err(why),
+        (true, None) => Err(format!("{host} has no address")),
+    }
+}
+
+/// The name's addresses from the test override (debug builds), if it names them.
+fn overridden(name: &str, port: u16) -> Option<Vec<SocketAddr>> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let map = std::env::var(TEST_RESOLVE_ENV).ok()?;
+    for item in map.split(';') {
+        let (n, addrs) = item.split_once('=')?;
+        if n.eq_ignore_ascii_case(name) {
+            let addrs = addrs.split(',').filter_map(|a| a.trim().parse::<IpAddr>().ok());
+            return Some(addrs.map(|ip| SocketAddr::new(ip, port)).collect());
+        }
+    }
+    None
+}
+
+/// Resolve `name` (normalized) on the host, as the proxy itself.
+pub async fn resolve(name: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    if let Some(addrs) = overridden(name, port) {
+        return Ok(addrs);
+    }
+    // Absolute (a trailing dot): the host's search domains never apply.
+    match tokio::net::lookup_host((format!("{name}."), port)).await {
+        Ok(addrs) => Ok(addrs.collect()),
+        Err(e) => Err(format!("{name} does not resolve: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_and_its_networks_are_not_public() {
+        for (ip, kind) in [
+            ("127.0.0.1", "loopback"),
+            ("127.8.9.10", "loopback"),
+            ("0.0.0.0", "unspecified"),
+            ("10.1.2.3", "private"),
+            ("172.16.0.1", "private"),
+            ("192.168.1.1", "private"),
+            ("169.254.169.254", "link-local"),
+            ("100.64.0.1", "shared (carrier-grade NAT)"),
+            ("::1", "loopback"),
+            ("::", "unspecified"),
+            ("fe80::1", "link-local"),
+            ("fd00::1", "unique-local"),
+            ("::ffff:127.0.0.1", "loopback"),
+            ("::ffff:10.0.0.1", "private"),
+            ("64:ff9b::7f00:1", "loopback"),
+            ("2002:a00:1::", "private"),
+            ("::127.0.0.1", "loopback"),
+            ("::ffff:0:7f00:1", "loopback"),
+            ("64:ff9b:1::a00:1", "private"),
+            ("64:ff9b:1::5db8:d822", "NAT64 local-use"),
+            ("2001:0:4136:e378::1", "Teredo"),
+            ("224.0.0.1", "multicast"),
+            ("255.255.255.255", "reserved"),
+        ] {
+            assert_eq!(non_public(ip.parse().unwrap()), Some(kind), "{ip}");
+        }
+        for ip in ["93.184.216.34", "1.1.1.1", "2606:4700::1111", "64:ff9b::5db8:d822"] {
+            assert_eq!(non_public(ip.parse().unwrap()), None, "{ip}");
+        }
+    }
+
+    #[test]
+    fn non_public_addresses_pass_only_when_listed() {
+        let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let list = Allowlist::parse(&["app.test", "127.0.0.1:8080"]).unwrap();
+        let e = permitted(vec![sa("127.0.0.1:443")], &list, "app.test").unwrap_err();
+        assert!(e.contains("127.0.0.1 (loopback)"), "{e}");
+        assert_eq!(permitted(vec![sa("127.0.0.1:8080")], &list, "app.test").unwrap(), [sa("127.0.0.1:8080")]);
+        // A public address beside a private one: only the public one is used.
+        let both = vec![sa("10.0.0.1:443"), sa("93.184.216.34:443")];
+        assert_eq!(permitted(both, &list, "app.test").unwrap(), [sa("93.184.216.34:443")]);
+        assert!(permitted(vec![], &list, "app.test").unwrap_err().contains("no address"));
+    }
+}
