@@ -206,7 +206,7 @@ fn cpu_time_limit_ends_as_timeout() {
     let r = run_json(&["--cpu-time", "1s", "--timeout", &backstop, "--", "sh", "-c", "while :; do :; done"]);
     assert_eq!(r.status(), "timeout", "{}", r.json);
     assert_eq!(r.status.code(), Some(124));
-    assert!(r.stderr.contains("CPU time limit of 1s"), "{}", r.stderr);
+    assert!(r.stderr.contains("CPU time limit of 1s"), "{} / {}", r.stderr, r.json);
     let cpu = r.usage("cpuUserMs") + r.usage("cpuSysMs");
     assert!((900..3000).contains(&cpu), "{cpu} ms of CPU");
     assert!(r.elapsed < Duration::from_secs(10) * slow(), "{:?}", r.elapsed);
