@@ -848,7 +848,7 @@ async fn forward(state: Arc<State>, mut req: Request<hyper::body::Incoming>) -> 
         }
         Err(_) => return text(StatusCode::BAD_REQUEST, "denied: the URL's host is not a header value"),
     }
-    let io = TokioIo::new(MeteredOwned { inner: upstream, conn: conn.clone(), state: state.clone() });
+    let io = TokioIo::new(Metered { inner: upstream, conn: conn.clone(), state: state.clone() });
     let (mut sender, connection) = match hyper::client::conn::http1::handshake::<_, hyper::body::Incoming>(io).await {
         Ok(pair) => pair,
         Err(e) => {
@@ -903,7 +903,7 @@ fn host_header_matches(value: Option<&HeaderValue>, host: &str, port: u16) -> Re
 
 /// The upstream side of a plain HTTP request, counting bytes each way
 /// against the job's total and marking activity for the idle timeout.
-struct MeteredOwned {
+struct Metered {
     inner: TcpStream,
     conn: Arc<Conn>,
     state: Arc<State>,
@@ -995,14 +995,14 @@ fn poll_write_metered(
     r
 }
 
-impl AsyncRead for MeteredOwned {
+impl AsyncRead for Metered {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         poll_read_metered(Pin::new(&mut this.inner), &this.conn, &this.state, cx, buf)
     }
 }
 
-impl AsyncWrite for MeteredOwned {
+impl AsyncWrite for Metered {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
         poll_write_metered(Pin::new(&mut this.inner), &this.conn, &this.state, cx, data)
