@@ -856,6 +856,13 @@ def raw(req):
 print("two", raw(b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: internal.vhost\r\n\r\n"))
 print("user", raw(b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: evil.vhost@127.0.0.1:{port}\r\n\r\n"))
 print("long", raw(b"CONNECT " + b"a" * 60000 + b".test:443 HTTP/1.1\r\n\r\n"))
+# A long host in the URL with a Host header that differs: the reason
+# quotes both (second red-team pass, F2: 60 KB per record before).
+s = socket.create_connection(PROXY, timeout=30)
+s.sendall((b"GET http://" + b"b" * 60000 + b".test/ HTTP/1.1\r\nHost: x\r\n\r\n") * 40)
+time.sleep(1)
+s.close()
+print("badport", raw(b"GET http://127.0.0.1:73617/ HTTP/1.1\r\n\r\n"))
 s = socket.create_connection(PROXY, timeout=30)
 s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 1005)
 time.sleep(1)
@@ -878,6 +885,8 @@ print("allowed", urllib.request.urlopen("http://127.0.0.1:{port}/late", timeout=
     assert!(text.contains("two HTTP/1.1 400"), "{text} / {err}");
     assert!(text.contains("user HTTP/1.1 403"), "{text}");
     assert!(text.contains("long HTTP/1.1 403"), "{text}");
+    // Not port 80: no port at all.
+    assert!(text.contains("badport HTTP/1.1 400"), "{text}");
     assert!(err.contains("is not a host name"), "{err}");
     assert!(text.contains("allowed 200"), "{text}");
     assert_eq!(up.conns(), 1, "only the allowed request reached the host");
@@ -895,4 +904,79 @@ print("allowed", urllib.request.urlopen("http://127.0.0.1:{port}/late", timeout=
         "the outcome is {} bytes",
         std::fs::metadata(&status).unwrap().len()
     );
+}
+
+/// Second red-team pass: a job that keeps being refused writes at most 20
+/// denial lines to the supervisor's log (F3: one line per attempt, 363 MB
+/// in 16 s before), and its report still counts every denial.
+#[test]
+fn denials_are_logged_twenty_times_per_job_and_all_counted() {
+    if !ready() {
+        return;
+    }
+    let body = r#"
+for i in range(60):
+    s, status, _ = connect("denied%d.test:443" % i)
+    s.close()
+print("done")
+"#;
+    let (out, err, outcome) = job("allow:allowed.test", "", body, &[("CONFINE_LOG", "confine=info")]);
+    assert!(out.contains("done"), "{out} / {err}");
+    // The log's lines (not the ten the CLI prints after the job).
+    let logged = err.lines().filter(|l| l.contains("INFO") && l.contains("network: denied")).count();
+    assert!((19..=21).contains(&logged), "{logged} denial lines in the log:\n{err}");
+    assert!(err.contains("further denials are logged at debug level only"), "{err}");
+    let denied = connections(&outcome).iter().filter(|c| c["decision"] == "denied").count();
+    assert_eq!(denied, 60, "{outcome}");
+}
+
+/// Second red-team pass, F5: a ClientHello that the byte cap lets only
+/// partly through is refused, and what it was granted is given back: the
+/// job's byte count is what moved, no more.
+#[test]
+fn a_refused_first_flight_gives_its_bytes_back() {
+    if !ready() {
+        return;
+    }
+    let up = Upstream::tls_port(31);
+    // The cap: room for one ClientHello of this host's Python and the
+    // upstream's short answer, not for two.
+    let hello = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &format!("{PY_HELPERS}\nprint(len(client_hello('app.test')))")])
+        .output()
+        .unwrap();
+    let hello: u64 = stdout(&hello).trim().parse().unwrap();
+    let cap = hello + 100;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("confine.toml");
+    std::fs::write(&cfg, format!("{}\n[network]\nmax_bytes = {cap}\n", degraded_runtime())).unwrap();
+    let status = dir.path().join("s.json");
+    let body = r#"
+for i in range(2):
+    s, status, _ = connect("app.test:443")
+    s.sendall(client_hello("app.test"))
+    print("tunnel", i, status, repr(recv_all(s)[:40]))
+"#;
+    let out = confine()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["run", "--timeout", "60s", "--json-status"])
+        .arg(&status)
+        .args(["--net", &format!("allow:app.test,{}:443", up.ip())])
+        .args(["--", "/usr/bin/python3", "-c", &format!("{PY_HELPERS}\n{body}")])
+        .env("CONFINE_TEST_RESOLVE", format!("app.test={}", up.ip()))
+        .output()
+        .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(text.contains("tunnel 1"), "{text} / {err}");
+    let outcome: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    let moved: u64 = connections(&outcome)
+        .iter()
+        .map(|c| c["bytesUp"].as_u64().unwrap_or(0) + c["bytesDown"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(moved > hello && moved < cap, "{outcome}");
+    assert_eq!(outcome["network"]["bytes"], moved, "bytes counted that never moved: {outcome}");
+    let reasons: Vec<String> =
+        connections(&outcome).iter().filter_map(|c| c["reason"].as_str().map(str::to_string)).collect();
+    assert!(reasons.iter().any(|r| r.contains(&format!("byte limit ({cap})"))), "{reasons:?}");
 }

@@ -419,13 +419,15 @@ fn network_denials(o: &Outcome) -> Vec<String> {
         .take(SHOWN)
         .map(|c| {
             let verb = if c.decision == crate::job::NetDecision::Failed { "failed" } else { "denied" };
-            format!(
+            // Escaping can lengthen what the job chose: the line is cut after.
+            let line = format!(
                 "network: {verb} {} {}:{}: {}",
                 clean(&c.method),
                 clean(&c.host),
                 c.port,
                 clean(c.reason.as_deref().unwrap_or("-"))
-            )
+            );
+            crate::proxy::clip_text(&line, 580)
         })
         .collect();
     let more = denied.len().saturating_sub(SHOWN) as u64 + net.unlisted_denied;

@@ -67,15 +67,33 @@ fn embedded(hi: u16, lo: u16) -> Ipv4Addr {
     Ipv4Addr::new(a, b, c, d)
 }
 
-/// Keep the addresses the proxy may connect to: public ones, and others
-/// only where the allowlist names them. None left: why, naming the first
-/// refused address.
-pub fn permitted(addrs: Vec<SocketAddr>, list: &Allowlist, host: &str) -> Result<Vec<SocketAddr>, String> {
+/// Public addresses that are a cloud host's own endpoint for its VMs,
+/// served to root on the VM only: the proxy connects as root.
+fn platform_endpoint(ip: IpAddr) -> Option<&'static str> {
+    (ip == IpAddr::V4(Ipv4Addr::new(168, 63, 129, 16))).then_some("Azure's platform endpoint (WireServer)")
+}
+
+/// Keep the addresses the proxy may connect to: public ones that are not
+/// the host's own (`own`: every address of its interfaces) nor a cloud
+/// platform's endpoint, and others only where the allowlist names them.
+/// None left: why, naming the first refused address.
+pub fn permitted(
+    addrs: Vec<SocketAddr>,
+    list: &Allowlist,
+    host: &str,
+    own: &[IpAddr],
+) -> Result<Vec<SocketAddr>, String> {
     let mut refused = None;
     let mut out = Vec::new();
     for a in addrs {
         let ip = canonical_ip(a.ip());
-        match non_public(ip) {
+        // An address of this host reaches its services from the host
+        // itself, past firewall rules that trust local traffic, whatever
+        // range it is in.
+        let kind = non_public(ip)
+            .or_else(|| own.iter().any(|o| canonical_ip(*o) == ip).then_some("an address of this host"))
+            .or_else(|| platform_endpoint(ip));
+        match kind {
             Some(kind) if !list.names_address(ip, a.port()) => {
                 refused.get_or_insert_with(|| {
                     format!("{host} resolves to {ip} ({kind}), which the allowlist does not name")
@@ -89,6 +107,21 @@ pub fn permitted(addrs: Vec<SocketAddr>, list: &Allowlist, host: &str) -> Result
         (true, Some(why)) => Err(why),
         (true, None) => Err(format!("{host} has no address")),
     }
+}
+
+/// Every address of the host's interfaces, read at each decision (they
+/// change: DHCP, hotplug). Unreadable, the decision fails closed.
+#[cfg(target_os = "linux")]
+pub fn own_addresses() -> Result<Vec<IpAddr>, String> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("cannot list this host's addresses: {e}"))?;
+    Ok(addrs
+        .filter_map(|a| {
+            let sa = a.address?;
+            sa.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| sa.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .collect())
 }
 
 /// The name's addresses from the test override (debug builds), if it names them.
@@ -161,12 +194,49 @@ mod tests {
     fn non_public_addresses_pass_only_when_listed() {
         let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
         let list = Allowlist::parse(&["app.test", "127.0.0.1:8080"]).unwrap();
-        let e = permitted(vec![sa("127.0.0.1:443")], &list, "app.test").unwrap_err();
+        let e = permitted(vec![sa("127.0.0.1:443")], &list, "app.test", &[]).unwrap_err();
         assert!(e.contains("127.0.0.1 (loopback)"), "{e}");
-        assert_eq!(permitted(vec![sa("127.0.0.1:8080")], &list, "app.test").unwrap(), [sa("127.0.0.1:8080")]);
+        assert_eq!(permitted(vec![sa("127.0.0.1:8080")], &list, "app.test", &[]).unwrap(), [sa("127.0.0.1:8080")]);
         // A public address beside a private one: only the public one is used.
         let both = vec![sa("10.0.0.1:443"), sa("93.184.216.34:443")];
-        assert_eq!(permitted(both, &list, "app.test").unwrap(), [sa("93.184.216.34:443")]);
-        assert!(permitted(vec![], &list, "app.test").unwrap_err().contains("no address"));
+        assert_eq!(permitted(both, &list, "app.test", &[]).unwrap(), [sa("93.184.216.34:443")]);
+        assert!(permitted(vec![], &list, "app.test", &[]).unwrap_err().contains("no address"));
+    }
+
+    /// A name that resolves to one of the host's own public addresses
+    /// reaches the host's services from the host itself: refused unless the
+    /// list names the address (red team, finding F1). So is Azure's
+    /// WireServer, which serves root on the VM.
+    #[test]
+    fn the_hosts_own_and_platform_addresses_are_refused() {
+        let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let own: Vec<IpAddr> = vec!["45.33.0.77".parse().unwrap(), "2600:3c01::77".parse().unwrap()];
+        let list = Allowlist::parse(&["app.test", "45.33.0.77:9000"]).unwrap();
+        let e = permitted(vec![sa("45.33.0.77:8081")], &list, "app.test", &own).unwrap_err();
+        assert!(e.contains("45.33.0.77 (an address of this host)"), "{e}");
+        let e = permitted(vec![sa("[::ffff:45.33.0.77]:443")], &list, "app.test", &own).unwrap_err();
+        assert!(e.contains("an address of this host"), "{e}");
+        let e = permitted(vec![sa("[2600:3c01::77]:443")], &list, "app.test", &own).unwrap_err();
+        assert!(e.contains("an address of this host"), "{e}");
+        assert_eq!(permitted(vec![sa("45.33.0.77:9000")], &list, "app.test", &own).unwrap(), [sa("45.33.0.77:9000")]);
+        let e = permitted(vec![sa("168.63.129.16:80")], &list, "app.test", &own).unwrap_err();
+        assert!(e.contains("WireServer"), "{e}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn own_addresses_lists_every_interface() {
+        let own = own_addresses().unwrap();
+        assert!(own.contains(&"127.0.0.1".parse().unwrap()), "{own:?}");
+        // Every global address `ip` shows is there too.
+        let shown = std::process::Command::new("ip").args(["-o", "addr"]).output();
+        if let Ok(out) = shown {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let mut words = line.split_whitespace();
+                let Some(addr) = words.find(|w| *w == "inet" || *w == "inet6").and(words.next()) else { continue };
+                let ip: IpAddr = addr.split('/').next().unwrap().parse().unwrap();
+                assert!(own.contains(&ip), "{ip} missing from {own:?}");
+            }
+        }
     }
 }

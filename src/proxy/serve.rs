@@ -8,7 +8,7 @@
 //! the audit record: the job's limits (connections at once, bytes in all,
 //! idle time) are enforced here.
 
-use super::addr::{permitted, resolve};
+use super::addr::{own_addresses, permitted, resolve};
 use super::allowlist::{normalize_name, Allowlist, Grant, Target};
 use super::tls;
 use crate::job::{NetConnection, NetDecision, NetLimits, NetworkReport};
@@ -73,10 +73,9 @@ impl Conn {
         }
     }
     fn deny(&self, reason: String) {
-        tracing::info!(host = %self.host, port = self.port, %reason, "network: denied");
         self.set(|s| {
             s.decision = Some(NetDecision::Denied);
-            s.reason = Some(reason);
+            s.reason = Some(clip_reason(reason));
         });
         self.end();
     }
@@ -85,7 +84,7 @@ impl Conn {
         self.set(|s| {
             s.decision = Some(NetDecision::Failed);
             s.entry = Some(grant.entry.clone());
-            s.reason = Some(reason);
+            s.reason = Some(clip_reason(reason));
         });
         self.end();
     }
@@ -111,7 +110,7 @@ impl Conn {
             decision: decision.unwrap_or(NetDecision::Denied),
             reason: match (decision, reason) {
                 (None, None) => Some("the job ended before the proxy decided".into()),
-                (_, r) => r,
+                (_, r) => r.map(clip_reason),
             },
             entry,
             address,
@@ -187,6 +186,21 @@ const MAX_FIELD: usize = 256;
 fn clip(s: &str) -> String {
     super::clip_text(s, MAX_FIELD)
 }
+
+/// Longest reason kept in a record: reasons quote what the job sent.
+const MAX_REASON: usize = 384;
+
+fn clip_reason(s: String) -> String {
+    if s.len() <= MAX_REASON {
+        s
+    } else {
+        super::clip_text(&s, MAX_REASON)
+    }
+}
+
+/// Denials logged at info per job; the rest at debug, so that a job that
+/// keeps asking can't fill the server's log (the report counts them all).
+const LOGGED_DENIALS: u64 = 20;
 
 /// A job's proxy. Dropped, every connection of it is cut.
 pub struct Proxy {
@@ -473,22 +487,39 @@ async fn handle(
 impl State {
     /// Deny `conn` with `reason`: recorded, and the client's answer.
     fn refuse(&self, conn: &Arc<Conn>, status: StatusCode, reason: String) -> Response<Body> {
-        self.denied.fetch_add(1, Ordering::Relaxed);
         self.keep(conn, false);
+        let reason = clip_reason(reason);
         let msg = format!("denied: {reason}");
-        conn.deny(reason);
+        self.deny(conn, reason);
         text(status, &msg)
+    }
+
+    /// Count, log (the first [`LOGGED_DENIALS`] at info) and record a denial.
+    fn deny(&self, conn: &Conn, reason: String) {
+        let n = self.denied.fetch_add(1, Ordering::Relaxed) + 1;
+        let reason = clip_reason(reason);
+        if n < LOGGED_DENIALS {
+            tracing::info!(host = %conn.host, port = conn.port, %reason, "network: denied");
+        } else if n == LOGGED_DENIALS {
+            tracing::info!(host = %conn.host, port = conn.port, %reason, "network: denied; this job's further denials are logged at debug level only (its report counts them all)");
+        } else {
+            tracing::debug!(host = %conn.host, port = conn.port, %reason, "network: denied");
+        }
+        conn.deny(reason);
     }
 }
 
 /// Decide `host:port` and connect to it: the allowlist's grant and the
-/// upstream socket, with `conn` marked allowed; else the answer to send
-/// (403 refused, 502 unreachable), with `conn` marked so.
+/// upstream socket, with `conn` marked allowed (and kept for the report
+/// as allowed when `keep`: a tunnel is kept once its first flight passed
+/// or failed its check); else the answer to send (403 refused, 502
+/// unreachable), with `conn` marked and kept so.
 async fn open_upstream(
     state: &State,
     conn: &Arc<Conn>,
     host: &str,
     port: u16,
+    keep: bool,
 ) -> Result<(Grant, TcpStream), Response<Body>> {
     let (grant, addrs) = decide(state, host, port).await.map_err(|r| state.refuse(conn, StatusCode::FORBIDDEN, r))?;
     let upstream = connect_upstream(&addrs).await.map_err(|reason| {
@@ -502,7 +533,9 @@ async fn open_upstream(
         s.entry = Some(grant.entry.clone());
         s.address = peer;
     });
-    state.keep(conn, true);
+    if keep {
+        state.keep(conn, true);
+    }
     Ok((grant, upstream))
 }
 
@@ -519,7 +552,7 @@ async fn decide(state: &State, host: &str, port: u16) -> Result<(Grant, Vec<Sock
             Err(_) => return Err(format!("resolving {name} took longer than {}s", STEP_TIMEOUT.as_secs())),
         },
     };
-    Ok((grant, permitted(addrs, &state.allow, host)?))
+    Ok((grant, permitted(addrs, &state.allow, host, &own_addresses()?)?))
 }
 
 async fn connect_upstream(addrs: &[SocketAddr]) -> Result<TcpStream, String> {
@@ -547,7 +580,7 @@ async fn connect(
         return state.refuse(&conn, StatusCode::BAD_REQUEST, "CONNECT needs host:port".into());
     };
     let conn = state.open("CONNECT", &host, port);
-    let (grant, upstream) = match open_upstream(&state, &conn, &host, port).await {
+    let (grant, upstream) = match open_upstream(&state, &conn, &host, port, false).await {
         Ok(pair) => pair,
         Err(resp) => return resp,
     };
@@ -559,6 +592,8 @@ async fn connect(
                 _ = stop.cancelled() => conn.set(|s| s.reason = Some("cut: the job ended".into())),
                 _ = run_tunnel(req, upstream, &state, &conn, &host, &grant) => {}
             }
+            // Allowed, unless its first flight was refused (kept then).
+            state.keep(&conn, true);
             conn.end();
         })
     };
@@ -594,10 +629,13 @@ async fn run_tunnel(
     // would name any site of the address in its Host header.
     let first = if !grant.allow_raw {
         match first_flight(&mut client, early, host, grant).await {
-            Ok(hello) => hello,
+            Ok(hello) => {
+                state.keep(conn, true);
+                hello
+            }
             Err(reason) => {
-                state.denied.fetch_add(1, Ordering::Relaxed);
-                conn.deny(format!("cut: {reason}"));
+                state.keep(conn, false);
+                state.deny(conn, format!("cut: {reason}"));
                 return;
             }
         }
@@ -605,7 +643,9 @@ async fn run_tunnel(
         early
     };
     if !first.is_empty() {
-        if reserve(state, first.len()).ok() != Some(first.len()) {
+        let granted = reserve(state, first.len()).unwrap_or(0);
+        if granted != first.len() {
+            refund(state, granted);
             let max = state.limits.max_bytes.unwrap_or_default();
             conn.set(|s| s.reason = Some(format!("cut: {}", byte_limit(max))));
             return;
@@ -655,6 +695,15 @@ mod splice {
         tokio::try_join!(up, down).map(|_| ())
     }
 
+    /// Bytes in the socket's receive queue (FIONREAD).
+    fn waiting(sock: &TcpStream) -> Option<usize> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int through the pointer, which points
+        // at a local that outlives the call; the fd is open (we hold it).
+        let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::FIONREAD, &mut n) };
+        (r == 0).then(|| usize::try_from(n).unwrap_or(0))
+    }
+
     fn splice(from: i32, to: i32, len: usize) -> std::io::Result<usize> {
         let flags = libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK;
         // SAFETY: splice takes two fds we hold open for the call, null
@@ -677,7 +726,13 @@ mod splice {
         loop {
             // The pipe is empty here: EAGAIN can only be the socket's.
             src.readable().await?;
-            let granted = reserve(state, chunk)?;
+            // Under a byte cap, only what is waiting is reserved: a whole
+            // pipe's worth held by each move would refuse other tunnels
+            // near the cap, though the bytes were never sent. At least one
+            // byte, so that a move of 0 still means the end of the stream.
+            let want =
+                if state.limits.max_bytes.is_some() { waiting(src).unwrap_or(chunk).clamp(1, chunk) } else { chunk };
+            let granted = reserve(state, want)?;
             let moved = src.try_io(Interest::READABLE, || splice(src.as_raw_fd(), pipe_w.as_raw_fd(), granted));
             refund(state, granted - moved.as_ref().map_or(0, |n| *n));
             let n = match moved {
@@ -715,15 +770,23 @@ async fn first_flight(
     grant: &Grant,
 ) -> Result<Vec<u8>, String> {
     let hello = tokio::time::timeout(STEP_TIMEOUT, async {
+        // Parsed when the first record header is in, then only when a
+        // record completes: the work is bounded by the records (at most
+        // 16), not by the reads.
+        let (mut complete, mut started) = (0, false);
         loop {
-            match tls::parse(&buf) {
-                tls::Parse::Incomplete => {}
-                tls::Parse::Hello(h) => return Ok(h),
-                tls::Parse::NotTls(why) => {
-                    return Err(format!(
-                        "not TLS ({why}): a tunnel carries TLS to the host it was opened for \
-                         (add +raw to the entry for another protocol)"
-                    ))
+            let end = tls::complete_records(&buf, complete);
+            if end > complete || (!started && buf.len() >= 5) {
+                (complete, started) = (end, true);
+                match tls::parse(&buf) {
+                    tls::Parse::Incomplete => {}
+                    tls::Parse::Hello(h) => return Ok(h),
+                    tls::Parse::NotTls(why) => {
+                        return Err(format!(
+                            "not TLS ({why}): a tunnel carries TLS to the host it was opened for \
+                             (add +raw to the entry for another protocol)"
+                        ))
+                    }
                 }
             }
             if buf.len() >= tls::MAX_HELLO {
@@ -813,6 +876,13 @@ async fn forward(state: Arc<State>, mut req: Request<hyper::body::Incoming>) -> 
     let method = req.method().to_string();
     let uri = req.uri().clone();
     let target = match (uri.scheme_str(), uri.authority()) {
+        // hyper reads a port past 65535 as none at all, which is 80.
+        (Some("http"), Some(a))
+            if a.port_u16().is_none() && a.as_str().rsplit_once(':').is_some_and(|(_, p)| !p.contains(']')) =>
+        {
+            let conn = state.open(&method, a.host(), 0);
+            return state.refuse(&conn, StatusCode::BAD_REQUEST, "the URL's port is not a port number".into());
+        }
         (Some("http"), Some(a)) => Some((a.host().to_string(), a.port_u16().unwrap_or(80))),
         _ => None,
     };
@@ -832,7 +902,7 @@ async fn forward(state: Arc<State>, mut req: Request<hyper::body::Incoming>) -> 
     if let Err(reason) = host_header_matches(req.headers().get(HOST), &host, port) {
         return state.refuse(&conn, StatusCode::FORBIDDEN, reason);
     }
-    let upstream = match open_upstream(&state, &conn, &host, port).await {
+    let upstream = match open_upstream(&state, &conn, &host, port, true).await {
         Ok((_, upstream)) => upstream,
         Err(resp) => return resp,
     };
@@ -885,7 +955,7 @@ async fn forward(state: Arc<State>, mut req: Request<hyper::body::Incoming>) -> 
 fn host_header_matches(value: Option<&HeaderValue>, host: &str, port: u16) -> Result<(), String> {
     let Some(value) = value else { return Ok(()) };
     let text = value.to_str().map_err(|_| "the Host header is not text".to_string())?;
-    let forged = || format!("the Host header '{}' is not the request's target '{host}:{port}'", clip(text));
+    let forged = || format!("the Host header '{}' is not the request's target '{}:{port}'", clip(text), clip(host));
     if text.contains('@') {
         return Err(forged());
     }

@@ -88,6 +88,21 @@ pub fn parse(buf: &[u8]) -> Parse {
     }
 }
 
+/// Where the complete records that start at `from` end: the first
+/// flight needs parsing again only when this moves (a record completed),
+/// not at every read of a client that sends its hello a byte at a time.
+pub fn complete_records(buf: &[u8], from: usize) -> usize {
+    let mut at = from;
+    while let Some(header) = buf.get(at..at + 5) {
+        let end = at + 5 + usize::from(u16::from_be_bytes([header[3], header[4]]));
+        if end > buf.len() {
+            break;
+        }
+        at = end;
+    }
+    at
+}
+
 struct Reader<'a> {
     buf: &'a [u8],
 }
@@ -147,8 +162,9 @@ fn client_hello(body: &[u8]) -> Option<Hello> {
     Some(hello)
 }
 
-/// The one `host_name` of a server_name extension. More than one, or one
-/// that is not a plain ASCII name, makes the hello malformed.
+/// The one `host_name` of a server_name extension. More than one, an
+/// entry of another kind, or a name that is not plain ASCII makes the
+/// hello malformed.
 fn server_name(data: &[u8]) -> Option<Option<String>> {
     let mut r = Reader { buf: data };
     let mut list = Reader { buf: r.vec16()? };
@@ -159,17 +175,17 @@ fn server_name(data: &[u8]) -> Option<Option<String>> {
     while !list.buf.is_empty() {
         let kind = list.u8()?;
         let value = list.vec16()?;
-        if kind == 0 {
-            if name.is_some() {
-                return None;
-            }
-            let text = std::str::from_utf8(value).ok()?;
-            // Printable ASCII only: the name is shown to the operator.
-            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_graphic()) {
-                return None;
-            }
-            name = Some(text.to_string());
+        // host_name is the only kind there is (RFC 6066): another one
+        // beside it is a second name some parser might take instead.
+        if kind != 0 || name.is_some() {
+            return None;
         }
+        let text = std::str::from_utf8(value).ok()?;
+        // Printable ASCII only: the name is shown to the operator.
+        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_graphic()) {
+            return None;
+        }
+        name = Some(text.to_string());
     }
     Some(name)
 }
@@ -266,5 +282,50 @@ pub mod tests {
             let cut = (seed as usize >> 8) % (bytes.len() + 1);
             let _ = parse(&bytes[..cut]);
         }
+    }
+
+    /// A server_name list with the host name and a second entry of another
+    /// kind: a parser that takes the first entry whatever its kind would see
+    /// another name than ours (red team, finding F6).
+    #[test]
+    fn a_server_name_entry_of_another_kind_is_refused() {
+        let good = client_hello_bytes(Some("app.test"), false, 16 * 1024);
+        // The list is the last extension: append an entry of kind 1 to it.
+        let mut entry = vec![1u8];
+        entry.extend_from_slice(&9u16.to_be_bytes());
+        entry.extend_from_slice(b"evil.test");
+        let name_ext = good.windows(2 + 2 + 2 + 1 + 2 + 8).position(|w| w.ends_with(b"app.test")).unwrap();
+        let mut hs = good[5..].to_vec();
+        let at = name_ext - 5;
+        // Lengths to grow: the extension's data (at+2), the list (at+4),
+        // the extensions block, the handshake message and the record.
+        let grow = |b: &mut [u8], i: usize| {
+            let v = u16::from_be_bytes([b[i], b[i + 1]]) + entry.len() as u16;
+            b[i..i + 2].copy_from_slice(&v.to_be_bytes());
+        };
+        grow(&mut hs, at + 2);
+        grow(&mut hs, at + 4);
+        grow(&mut hs, at - 2);
+        grow(&mut hs, 2);
+        hs.extend_from_slice(&entry);
+        let mut bytes = vec![22, 3, 1];
+        bytes.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+        bytes.extend_from_slice(&hs);
+        assert_eq!(parse(&bytes), Parse::NotTls("a malformed ClientHello"));
+    }
+
+    #[test]
+    fn complete_records_moves_only_when_a_record_completes() {
+        let bytes = client_hello_bytes(Some("app.test"), false, 20);
+        let mut ends = Vec::new();
+        for cut in 0..=bytes.len() {
+            ends.push(complete_records(&bytes[..cut], 0));
+        }
+        // Each end is a record boundary, and it moves once per record.
+        let mut distinct = ends.clone();
+        distinct.dedup();
+        assert_eq!(distinct.len(), bytes.len().div_ceil(25) + 1, "{distinct:?}");
+        assert_eq!(complete_records(&bytes, 0), bytes.len());
+        assert_eq!(complete_records(&bytes, 25), bytes.len());
     }
 }
