@@ -21,9 +21,12 @@
 #
 # `--images-only` builds the images and boots nothing.
 # CONFINE_VM_SUITES: the integration suites to run (tests/<name>.rs),
-# default "sandbox limits security". CONFINE_VM_PROFILE: confine's build,
-# release (default) or debug. CONFINE_VM_JOBS: guests at once (default:
-# the host's cores). KVM is tried first and TCG used when /dev/kvm is
+# default "sandbox limits security". CONFINE_VM_FILTER: run only the tests
+# whose name contains it (the test runner's filter), to chase one failure.
+# CONFINE_VM_SCRIPT: a script of the checkout to run in the guest as root
+# before the suites; its output lands in results/<entry>/script.txt.
+# CONFINE_VM_PROFILE: confine's build, release (default) or debug.
+# CONFINE_VM_JOBS: guests at once (default: the host's cores). KVM is tried first and TCG used when /dev/kvm is
 # missing or the guest does not come up within CONFINE_VM_KVM_WAIT seconds
 # (default 60); CONFINE_VM_TCG_THREAD: single (default) or multi.
 set -euo pipefail
@@ -85,6 +88,7 @@ INIT
 # suites, then power off.
 guest_run() {
   echo "v1_controllers='${vm_v1_controllers[*]}'"
+  printf 'filter=%q\nscript=%q\n' "${CONFINE_VM_FILTER:-}" "${CONFINE_VM_SCRIPT:+$(realpath "$CONFINE_VM_SCRIPT")}"
   cat <<'RUN'
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 mkdir -p /dev/pts /dev/shm
@@ -132,10 +136,15 @@ fi
 # tests' few bounds on time stretch by as much (tests/common: slow()).
 slow=1
 grep -q 'confine.accel=tcg' /proc/cmdline && slow=10
+if [ -n "$script" ]; then
+  echo "vm-guest: script $script" > /dev/console
+  ( cd "$repo" && CONFINE_BIN="$(cat /results/bin)" timeout 600 sh "$script" ) > /results/script.txt 2>&1
+  echo "exit $?" >> /results/script.txt
+fi
 while read -r name bin; do
   echo "vm-guest: suite $name" > /dev/console
   ( cd "$repo" && CONFINE_REQUIRE_ISOLATION=1 CONFINE_TEST_BIN="$(cat /results/bin)" CONFINE_TEST_SLOW="$slow" \
-      timeout 1500 "$bin" --test-threads=2 ) > "/results/suite-$name.txt" 2>&1
+      timeout 1500 "$bin" --test-threads=2 ${filter:+"$filter"} ) > "/results/suite-$name.txt" 2>&1
   echo "exit $?" >> "/results/suite-$name.txt"
 done < /results/plan
 sync
@@ -307,8 +316,8 @@ for entry in "${entries[@]}"; do
 done
 for pid in "${running[@]}"; do wait "$pid" || failed=1; done
 rm -f "$plan"
-# The whole matrix ran: its report is the one in docs/.
-if [ ${#entries[@]} -eq ${#all[@]} ]; then
+# The whole matrix ran, unfiltered: its report is the one in docs/.
+if [ ${#entries[@]} -eq ${#all[@]} ] && [ -z "${CONFINE_VM_FILTER:-}" ]; then
   python3 scripts/vm-report.py "$repo/target/vm/results" docs/vm-matrix.md
 else
   python3 scripts/vm-report.py "$repo/target/vm/results" "$repo/target/vm/report.md"

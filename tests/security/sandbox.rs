@@ -744,7 +744,7 @@ n = 0
 while n < 100000 and libc.sigqueue(ctypes.c_int(__import__("os").getpid()), signal.SIGRTMIN, sigval(0)) == 0:
     n += 1
 print(f"inotify={sum(1 for f in fds if f >= 0)} queued={n}", flush=True)
-time.sleep(30)
+time.sleep(3600)
 "#;
     let mut jobs = Vec::new();
     for _ in 0..9 {
@@ -758,6 +758,13 @@ time.sleep(30)
         let mut line = String::new();
         std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
         jobs.push((child, line));
+    }
+    // Every holder holds its queue full until it is killed below: one that
+    // ended early (a fixed sleep outlasted by a slow, emulated start of the
+    // nine) would give its count back and let the last job queue.
+    for (_, line) in &jobs {
+        let queued = line.split("queued=").nth(1).and_then(|n| n.trim().parse::<u32>().ok());
+        assert!(queued.is_some_and(|n| n < 100_000), "a holder did not fill its signal queue: {line:?}");
     }
     // SAFETY: inotify_init1 takes flags and returns a new fd or -1.
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };

@@ -310,6 +310,21 @@ fn v1_without_cgroup_kill_freezes() {
     let stats = job.stats();
     assert_eq!((stats.cpu_user, stats.cpu_sys), (Duration::from_millis(2), Duration::from_millis(1)));
     assert_eq!(job.cpu_usage(), Some(Duration::from_millis(3)));
+    // Ticks that missed time (as in an emulated guest, where user and sys
+    // added up to 912 ms of the 1007 ms the limit saw): the exact total,
+    // split in the ticks' proportion, so a job stopped at its CPU-time
+    // limit never reports less than the limit.
+    fs::write(d("cpuacct").join("cpuacct.usage_user"), "128000000\n").unwrap();
+    fs::write(d("cpuacct").join("cpuacct.usage_sys"), "784000000\n").unwrap();
+    fs::write(d("cpuacct").join("cpuacct.usage"), "1007000000\n").unwrap();
+    let stats = job.stats();
+    assert_eq!(stats.cpu_user + stats.cpu_sys, Duration::from_millis(1007));
+    assert_eq!(stats.cpu_user, Duration::from_nanos(1_007_000_000 * 128 / 912));
+    // No ticks at all: the whole total is user time.
+    fs::write(d("cpuacct").join("cpuacct.usage_user"), "0\n").unwrap();
+    fs::write(d("cpuacct").join("cpuacct.usage_sys"), "0\n").unwrap();
+    let stats = job.stats();
+    assert_eq!((stats.cpu_user, stats.cpu_sys), (Duration::from_millis(1007), Duration::ZERO));
     drop(job);
 
     // Hybrid whose kernel predates cgroup.kill: the v1 freezer does the kill.

@@ -65,19 +65,17 @@ pub fn read_stats(dir: &JobDir, stats: &mut Stats) {
     }
     if dir.has("cpuacct") {
         let ns = |f: &str| dir.read_u64(f).map(Duration::from_nanos);
-        match (ns("cpuacct.usage_user"), ns("cpuacct.usage_sys")) {
-            (Some(user), Some(sys)) => {
-                stats.cpu_user = user;
-                stats.cpu_sys = sys;
-            }
+        let (user, sys) = match (ns("cpuacct.usage_user"), ns("cpuacct.usage_sys")) {
+            (Some(user), Some(sys)) => (user, sys),
             _ => {
                 // Linux < 4.7: only clock ticks.
                 let stat = dir.read_flat("cpuacct.stat");
                 let tick = clock_tick();
-                stats.cpu_user = tick * stat.get("user").copied().unwrap_or(0).max(0) as u32;
-                stats.cpu_sys = tick * stat.get("system").copied().unwrap_or(0).max(0) as u32;
+                let ticks = |k: &str| tick * stat.get(k).copied().unwrap_or(0).max(0) as u32;
+                (ticks("user"), ticks("system"))
             }
-        }
+        };
+        (stats.cpu_user, stats.cpu_sys) = split_total(user, sys, cpu_usage(dir));
     }
     if dir.has("pids") {
         stats.pids_peak = dir.read_u64("pids.peak").or(stats.pids_peak);
@@ -87,6 +85,24 @@ pub fn read_stats(dir: &JobDir, stats: &mut Stats) {
 /// Total CPU time, for the CPU-time limit.
 pub fn cpu_usage(dir: &JobDir) -> Option<Duration> {
     dir.read_u64("cpuacct.usage").map(Duration::from_nanos)
+}
+
+/// User and system time that add up to `total`, the scheduler's exact
+/// count (`cpuacct.usage`, what the CPU-time limit is checked against), in
+/// the proportion of the sampled `user` and `sys`. v1's split is sampled at
+/// clock ticks, which can miss a share of the time (a guest whose timer
+/// ticks are emulated): reported as read, a job stopped at its CPU-time
+/// limit would show less than the limit. This is what the kernel does for
+/// v2's `cpu.stat` and for a process's times (`cputime_adjust`).
+fn split_total(user: Duration, sys: Duration, total: Option<Duration>) -> (Duration, Duration) {
+    let Some(total) = total.filter(|t| *t > Duration::ZERO) else { return (user, sys) };
+    let (u, s, t) = (user.as_nanos(), sys.as_nanos(), total.as_nanos());
+    if u + s == 0 {
+        return (total, Duration::ZERO);
+    }
+    let user = u64::try_from(t * u / (u + s)).unwrap_or(u64::MAX);
+    let user = Duration::from_nanos(user);
+    (user, total.saturating_sub(user))
 }
 
 fn clock_tick() -> Duration {
