@@ -9,6 +9,8 @@ pub mod dirfd;
 #[cfg(target_os = "linux")]
 pub mod doctor;
 pub mod env;
+#[cfg(all(target_os = "linux", any(test, fuzzing)))]
+pub mod fuzz;
 pub mod job;
 pub mod mcp;
 pub mod output;

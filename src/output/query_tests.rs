@@ -1,34 +1,7 @@
 use super::*;
-use crate::store::artifacts::{ArtifactMeta, JobInfo, StreamMeta, DEFAULT_TTL_MS};
 use crate::store::Store;
 
-/// Store two texts as an artifact (chunks of 4 KiB, to cross boundaries).
-pub(crate) fn store_texts(a: &Artifacts, stdout: &[u8], stderr: &[u8]) -> ArtifactMeta {
-    let w = a.begin("test", DEFAULT_TTL_MS).unwrap();
-    let mut metas = Vec::new();
-    for (s, text) in [(StreamName::Stdout, stdout), (StreamName::Stderr, stderr)] {
-        let mut sink = w.chunk_sink(s);
-        for c in text.chunks(4096) {
-            sink.write_chunk(c).unwrap();
-        }
-        let crate::store::artifacts::StoredStream { chunks, compressed_bytes, blob } = sink.finish().unwrap();
-        let lines =
-            memchr::memchr_iter(b'\n', text).count() as u64 + u64::from(text.last().is_some_and(|&b| b != b'\n'));
-        metas.push(StreamMeta {
-            total_bytes: text.len() as u64,
-            total_lines: lines,
-            stored_bytes: text.len() as u64,
-            stored_lines: lines,
-            compressed_bytes,
-            chunks,
-            blob,
-            ..Default::default()
-        });
-    }
-    let err = metas.pop().unwrap();
-    let out = metas.pop().unwrap();
-    w.finish(JobInfo::default(), out, err).unwrap()
-}
+pub(crate) use crate::fuzz::store_texts;
 
 fn numbered(n: u32, mark: impl Fn(u32) -> Option<&'static str>) -> Vec<u8> {
     (1..=n).flat_map(|i| format!("{i} {}\n", mark(i).unwrap_or("ok")).into_bytes()).collect()

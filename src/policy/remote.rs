@@ -96,16 +96,23 @@ impl PolicyEvaluator for RemoteEvaluator {
                 ureq::Error::Timeout(_) => PolicyError::Timeout { evaluator: self.name.clone(), after: self.timeout },
                 other => self.err(format!("reading the answer: {other}")),
             })?;
-        if status != 200 {
-            let snippet: String = text.chars().take(200).collect();
-            return Err(self.err(format!("the OPA server answered HTTP {status}: {snippet}")));
-        }
-        let doc: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| self.err(format!("the answer is not JSON: {e}")))?;
-        match doc.get("result") {
-            Some(result) => Verdict::from_json(&self.name, result),
-            None => Err(self.err("the policy path is undefined on the server (check policy_path)")),
-        }
+        read_answer(&self.name, status, &text)
+    }
+}
+
+/// The verdict in an OPA server's answer (HTTP `status`, body `text`) to
+/// `evaluator`'s query. Whatever the server sent, garbage included, is a
+/// verdict or an error that says what was wrong, never a panic.
+pub fn read_answer(evaluator: &str, status: u16, text: &str) -> Result<Verdict, PolicyError> {
+    let err = |message: String| PolicyError::Remote { evaluator: evaluator.to_string(), message };
+    if status != 200 {
+        let snippet: String = text.chars().take(200).collect();
+        return Err(err(format!("the OPA server answered HTTP {status}: {snippet}")));
+    }
+    let doc: serde_json::Value = serde_json::from_str(text).map_err(|e| err(format!("the answer is not JSON: {e}")))?;
+    match doc.get("result") {
+        Some(result) => Verdict::from_json(evaluator, result),
+        None => Err(err("the policy path is undefined on the server (check policy_path)".into())),
     }
 }
 

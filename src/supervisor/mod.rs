@@ -12,7 +12,7 @@ mod malloc;
 #[cfg(target_os = "linux")]
 mod one_shot;
 #[cfg(target_os = "linux")]
-mod plan;
+pub(crate) mod plan;
 pub mod queue;
 mod stores;
 

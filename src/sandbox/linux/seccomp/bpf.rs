@@ -30,14 +30,14 @@ use super::SeccompError;
 const fn op(parts: u32) -> u16 {
     parts as u16
 }
-const LD_W_ABS: u16 = op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS);
-const ALU_AND_K: u16 = op(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K);
-const JA: u16 = op(libc::BPF_JMP | libc::BPF_JA);
-const JEQ_K: u16 = op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K);
-const JGT_K: u16 = op(libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K);
-const JGE_K: u16 = op(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K);
-const JSET_K: u16 = op(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K);
-const RET_K: u16 = op(libc::BPF_RET | libc::BPF_K);
+pub(crate) const LD_W_ABS: u16 = op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS);
+pub(crate) const ALU_AND_K: u16 = op(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K);
+pub(crate) const JA: u16 = op(libc::BPF_JMP | libc::BPF_JA);
+pub(crate) const JEQ_K: u16 = op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K);
+pub(crate) const JGT_K: u16 = op(libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K);
+pub(crate) const JGE_K: u16 = op(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K);
+pub(crate) const JSET_K: u16 = op(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K);
+pub(crate) const RET_K: u16 = op(libc::BPF_RET | libc::BPF_K);
 
 /// Offsets into `struct seccomp_data`: nr, arch, then ip and the arguments.
 const NR: u32 = 0;

@@ -4,89 +4,25 @@
 //! values where a condition can flip; and the kernel's own verdict on the
 //! programs.
 
+use super::super::interp::{self, Data};
 use super::super::profile::{self, Plan};
-use super::super::{compile, DEFAULT_PROFILE};
+use super::super::DEFAULT_PROFILE;
 use super::*;
 
-/// `struct seccomp_data`, as the filter sees it.
-struct Data {
-    nr: u32,
-    arch: u32,
-    args: [u64; 6],
-}
-
-impl Data {
-    fn word(&self, off: u32) -> u32 {
-        match off {
-            0 => self.nr,
-            4 => self.arch,
-            8 | 12 => 0,
-            16..=63 if off.is_multiple_of(4) => {
-                let arg = self.args[((off - 16) / 8) as usize];
-                if off.is_multiple_of(8) {
-                    arg as u32
-                } else {
-                    (arg >> 32) as u32
-                }
-            }
-            _ => panic!("load outside seccomp_data: {off}"),
-        }
-    }
-}
-
-/// Run a classic BPF program the way the kernel does; panics on an
-/// instruction seccomp would refuse or this test does not know.
 fn run(prog: &[libc::sock_filter], d: &Data) -> u32 {
-    let (mut pc, mut a) = (0usize, 0u32);
-    loop {
-        let i = prog[pc];
-        let k = i.k;
-        let jump = |cond: bool| pc + 1 + usize::from(if cond { i.jt } else { i.jf });
-        pc = match i.code {
-            LD_W_ABS => {
-                a = d.word(k);
-                pc + 1
-            }
-            ALU_AND_K => {
-                a &= k;
-                pc + 1
-            }
-            JA => pc + 1 + k as usize,
-            JEQ_K => jump(a == k),
-            JGT_K => jump(a > k),
-            JGE_K => jump(a >= k),
-            JSET_K => jump(a & k != 0),
-            RET_K => return k,
-            c => panic!("unexpected BPF opcode {c:#x} at {pc}"),
-        };
-    }
+    interp::run(prog, d).unwrap()
 }
 
 fn from_bytes(bytes: &[u8]) -> Vec<libc::sock_filter> {
-    bytes
-        .chunks_exact(8)
-        .map(|c| libc::sock_filter {
-            code: u16::from_ne_bytes([c[0], c[1]]),
-            jt: c[2],
-            jf: c[3],
-            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
-        })
-        .collect()
+    interp::from_bytes(bytes)
 }
 
 fn libseccomp_program(plan: &Plan) -> Vec<libc::sock_filter> {
-    let ctx = compile::filter("p", plan).unwrap();
-    let mut file = tempfile::tempfile().unwrap();
-    compile::export("p", &ctx, &file).unwrap();
-    use std::io::{Read, Seek};
-    file.rewind().unwrap();
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).unwrap();
-    from_bytes(&bytes)
+    interp::libseccomp_program(plan).unwrap()
 }
 
 fn ours(plan: &Plan) -> Vec<libc::sock_filter> {
-    program("p", plan, native_arch().unwrap()).unwrap()
+    interp::ours(plan).unwrap()
 }
 
 fn plan_of(json: &str) -> Plan {
@@ -105,77 +41,13 @@ fn docker_plan() -> Plan {
     plan_of(&text)
 }
 
-/// Argument values around every constant of `plan`'s conditions: the
-/// value, its neighbours, its high and low halves alone, with every
-/// masked bit flipped, and some fixed and random others.
-fn interesting_args(plan: &Plan) -> Vec<u64> {
-    let mut v = vec![0, 1, u64::MAX, 0xffff_ffff, 0x1_0000_0000, 0x8000_0000_0000_0000];
-    for c in plan.rules.iter().flat_map(|r| &r.conds) {
-        let x = c.value;
-        v.extend([x, x.wrapping_add(1), x.wrapping_sub(1), x & 0xffff_ffff, x | 0xdead_0000_0000, x ^ (1 << 32)]);
-        v.extend([x | 0xffff_ffff_0000_0000, x ^ 0x8000_0000]);
-        if let profile::Op::MaskedEq(m) = c.op {
-            for bit in 0..64 {
-                if m & (1 << bit) != 0 {
-                    v.push(x ^ (1 << bit));
-                }
-            }
-            v.extend([m, !m, x | !m]);
-        }
-    }
-    let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
-    for i in 0..512 {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        v.push(if i % 2 == 0 { s } else { s & 0xffff_ffff });
-    }
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
 /// Both programs give the same return value for every syscall number up
 /// to 1100, the x32 and tracer-skip numbers, a foreign architecture, and,
 /// for every number that has conditions, every interesting value in every
 /// argument the conditions name (the others 0, and all at once).
 fn assert_same(plan: &Plan) {
-    let (arch, _) = native_arch().unwrap();
-    let a = ours(plan);
-    let b = libseccomp_program(plan);
-    let values = interesting_args(plan);
-    let numbers: Vec<u32> =
-        (0..1100).chain([0x4000_0000, 0x4000_0001, 0x4000_0000 + 59, u32::MAX, 0x7fff_ffff]).collect();
-    let mut checked = 0u64;
-    for &nr in &numbers {
-        for arch in [arch, 0x4000_0003 /* i386 */] {
-            let d = Data { nr, arch, args: [0; 6] };
-            assert_eq!(run(&a, &d), run(&b, &d), "nr {nr} arch {arch:#x}");
-            checked += 1;
-        }
-        let name = plan.rules.iter().find(|r| {
-            matches!(compile::resolve(&r.name), Some(compile::Resolved::Native(n)) if n as u32 == nr)
-                && !r.conds.is_empty()
-        });
-        let Some(rule) = name else { continue };
-        let indexes: Vec<usize> = plan
-            .rules
-            .iter()
-            .filter(|r| r.name == rule.name)
-            .flat_map(|r| r.conds.iter().map(|c| c.index as usize))
-            .collect();
-        for &x in &values {
-            for &i in &indexes {
-                let mut args = [0u64; 6];
-                args[i] = x;
-                let d = Data { nr, arch, args };
-                assert_eq!(run(&a, &d), run(&b, &d), "{} nr {nr} args {args:x?}", rule.name);
-                let d = Data { nr, arch, args: [x; 6] };
-                assert_eq!(run(&a, &d), run(&b, &d), "{} nr {nr} all args {x:#x}", rule.name);
-                checked += 2;
-            }
-        }
-    }
+    let checked =
+        interp::compare(plan, &ours(plan), &libseccomp_program(plan), &interp::interesting_args(plan), &[]).unwrap();
     assert!(checked > 2000, "{checked}");
 }
 

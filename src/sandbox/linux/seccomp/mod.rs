@@ -16,6 +16,8 @@
 pub mod bpf;
 pub mod cache;
 pub mod compile;
+#[cfg(any(test, fuzzing))]
+pub mod interp;
 pub mod profile;
 
 use super::sys::SysError;
