@@ -80,6 +80,9 @@ async fn run(config: Option<&Path>, args: ServeArgs) -> Result<(), McpError> {
         Some(memory) => ConfineServer::new(service.clone()).with_memory(memory),
         None => ConfineServer::new(service.clone()),
     };
+    // After the config set the cgroup parent (services), before any call.
+    #[cfg(target_os = "linux")]
+    tokio::spawn(crate::sandbox::linux::startup_sweep());
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone());
     let relay = start_relay(&services, memory, shutdown.clone());

@@ -233,6 +233,19 @@ fn sweeps_for(init: &InitSpec) -> Vec<sweep::Sweep> {
     out
 }
 
+/// What a long-lived supervisor (`confine serve`) does as it starts, not
+/// at its first job: remove the job cgroups of crashed supervisors (their
+/// trees are killed with them: `cgroup::supervisor`) and sweep what they
+/// left unswept. An idle server would otherwise keep them until a job.
+pub async fn startup_sweep() {
+    match tokio::task::spawn_blocking(cgroup::supervisor).await {
+        Ok(Err(e)) => tracing::debug!(error = %e, "no cgroups here; nothing of a crashed supervisor to remove"),
+        Err(e) => tracing::warn!(error = %e, "the start-up sweep failed"),
+        Ok(Ok(_)) => {}
+    }
+    sweep_stale_once().await;
+}
+
 /// Sweep what crashed supervisors left unswept (`sweep::sweep_stale`),
 /// after `cgroup::supervisor` removed their jobs: at a process's first
 /// job, and in a long-lived one (`serve`) again at a job a minute later.

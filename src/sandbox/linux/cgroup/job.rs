@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Debug builds only: cgroup files (comma-separated names, such as
+/// `memory.max`) whose writes fail with EACCES.
+pub const TEST_REFUSE_ENV: &str = "CONFINE_TEST_CGROUP_REFUSE";
+
 fn apply_limits(job: &JobCgroup, limits: &Limits) -> Result<(), CgroupError> {
     for dir in &job.dirs {
         if let (Some(bytes), true) = (limits.memory_bytes, dir.has("memory")) {
@@ -74,12 +78,16 @@ impl JobDir {
     }
 
     pub(super) fn set(&self, file: &'static str, value: &str) -> Result<(), CgroupError> {
-        write_file(&self.path.join(file), value).map_err(|source| CgroupError::Write {
-            cgroup: self.cgroup.clone(),
-            file,
-            value: value.into(),
-            source,
-        })
+        // Debug builds: the tests' way to see a cgroup file system that
+        // refuses a write (a job must then never run, exit 125).
+        let refused =
+            cfg!(debug_assertions) && std::env::var(TEST_REFUSE_ENV).is_ok_and(|f| f.split(',').any(|f| f == file));
+        let written = if refused {
+            Err(io::Error::from_raw_os_error(libc::EACCES))
+        } else {
+            write_file(&self.path.join(file), value)
+        };
+        written.map_err(|source| CgroupError::Write { cgroup: self.cgroup.clone(), file, value: value.into(), source })
     }
 
     /// Like `set`, but a file the kernel does not have is fine.

@@ -1,0 +1,256 @@
+//! A soak of `confine serve`: CONFINE_SOAK_JOBS jobs (default 200; the
+//! full soak is 2,000) through the official MCP Python SDK over streamable
+//! HTTP, four sessions at once, of every kind (tests/mcp_client/soak.py):
+//! success, failure, timeout, OOM, output floods, background jobs killed,
+//! calls cancelled mid-run, requests denied. Then what must hold: no fd
+//! leaked by the server, no zombie or orphan, no job cgroup left, the
+//! host's mount table as it was, the server's RSS within 10% of its size
+//! after warm-up, the store within its cap after `confine gc`, and an
+//! audit trail that verifies with one record per request.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::mcp::{setup_venv, skip as mcp_skip};
+use common::{readable_repo, sandbox_available};
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_confine")
+}
+
+fn fds(pid: u32) -> BTreeSet<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            Some(format!("{} -> {}", e.file_name().to_string_lossy(), target.display()))
+        })
+        .collect()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// The host's mounts: mount point and file system type, as this process
+/// (in the host's mount namespace) sees them.
+fn mounts() -> BTreeSet<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-").unwrap_or(f.len() - 1);
+            format!("{} {}", f[4], f.get(sep + 1).unwrap_or(&""))
+        })
+        .collect()
+}
+
+/// Processes that are the server's zombie children, or that carry the
+/// soak's marker in their command line (a job that outlived its end).
+fn leftovers(server: u32, marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Ok(pid) = name.parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (state, ppid) = (f[0], f[1].parse::<u32>().unwrap_or(0));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if (ppid == server && state == "Z") || String::from_utf8_lossy(&cmdline).contains(marker) {
+            found.push(format!("{pid} {state} ppid {ppid}: {}", String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        }
+    }
+    found
+}
+
+/// Job cgroup directories named after the server (`<job>.<pid>.<start>`),
+/// anywhere under /sys/fs/cgroup.
+fn job_cgroups(server: u32) -> Vec<String> {
+    let mark = format!(".{server}.");
+    let mut found = Vec::new();
+    let mut stack = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let path = e.path();
+                if e.file_name().to_string_lossy().contains(&mark) {
+                    found.push(path.display().to_string());
+                }
+                stack.push(path);
+            }
+        }
+    }
+    found
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn a_soak_through_a_real_client_leaks_nothing_and_loses_nothing() {
+    if !sandbox_available() {
+        return;
+    }
+    let python = match setup_venv() {
+        Ok(p) => p,
+        Err(e) => return mcp_skip(&format!("the MCP Python SDK: {e}")),
+    };
+    let jobs: usize = std::env::var("CONFINE_SOAK_JOBS").ok().and_then(|n| n.parse().ok()).unwrap_or(200);
+    let dir = tempfile::tempdir().unwrap();
+    let repo = readable_repo(dir.path());
+    let store = dir.path().join("store");
+    // A cap below what the jobs store, so that the server's own GC and
+    // `confine gc` have work: a flood is 4 MB of output before compression.
+    let cap: u64 = 2 << 20;
+    let config = dir.path().join("confine.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runtime]\nenabled = true\nmax_concurrent_jobs = 4\n\n[limits]\nmemory_bytes = 67108864\n\n[store]\npath = \"{}\"\n\n[output]\nmax_store_bytes = {cap}\n\n\
+             [[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
+            store.display(),
+            repo.display()
+        ),
+    )
+    .unwrap();
+    let token = "soak-token-0123456789abcdef0123456789";
+    let mut server = Command::new(exe())
+        .arg("--config")
+        .arg(&config)
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .env("CONFINE_TOKEN", token)
+        .env("CONFINE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = server.id();
+    let (tx, rx) = mpsc::channel();
+    let stderr = BufReader::new(server.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("streamable HTTP at http://").nth(1) {
+                let _ = tx.send(rest.split("/mcp").next().unwrap_or_default().to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("the server did not print its address");
+    let mounts_before = mounts();
+    let marker = format!("soakmark{}", std::process::id());
+    // Warm-up: the first 100 jobs or quarter, whichever is more (the
+    // store's 16 MiB cache fills in that time); then two marks between it
+    // and the end, where the idle server is measured again.
+    let warm = (jobs / 4).max(100).min(jobs / 2);
+    let marks = [warm, warm + (jobs - warm) / 3, warm + 2 * (jobs - warm) / 3];
+    let checkpoints = dir.path().join("checkpoints");
+    std::fs::create_dir(&checkpoints).unwrap();
+    let mut client = Command::new(&python)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client/soak.py"))
+        .arg(format!("http://{addr}/mcp"))
+        .args(["--token", token, "--jobs", &jobs.to_string(), "--workers", "4", "--marker", &marker])
+        .arg("--checkpoint-dir")
+        .arg(&checkpoints)
+        .args(["--marks", &marks.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(",")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let limit = Duration::from_secs(120 + jobs as u64);
+    // At each mark the client stops: the idle server's fds and RSS.
+    let mut idle: Vec<(BTreeSet<String>, u64)> = Vec::new();
+    let status = loop {
+        let k = idle.len() + 1;
+        if checkpoints.join(format!("checkpoint-{k}")).exists() {
+            // Teardowns of the jobs just ended finish off the request path.
+            std::thread::sleep(Duration::from_secs(2));
+            idle.push((fds(pid), rss_kib(pid)));
+            std::fs::write(checkpoints.join(format!("ack-{k}")), "").unwrap();
+        }
+        if let Some(s) = client.try_wait().unwrap() {
+            break s;
+        }
+        assert!(started.elapsed() < limit, "the soak did not end within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut report = String::new();
+    std::io::Read::read_to_string(client.stdout.as_mut().unwrap(), &mut report).unwrap();
+    let mut errors = String::new();
+    std::io::Read::read_to_string(client.stderr.as_mut().unwrap(), &mut errors).unwrap();
+    assert!(status.success(), "the soak failed:\n{report}\n{errors}");
+    let summary: serde_json::Value = serde_json::from_str(report.lines().last().unwrap()).unwrap();
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("soak: {summary} in {seconds:.1} s");
+    assert_eq!(summary["jobs"], jobs as u64, "{summary}");
+
+    // Cancelled and killed jobs end within their grace: give them it.
+    let settle = Instant::now();
+    let mut left = (leftovers(pid, &marker), job_cgroups(pid));
+    while (!left.0.is_empty() || !left.1.is_empty()) && settle.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(200));
+        left = (leftovers(pid, &marker), job_cgroups(pid));
+    }
+    assert!(left.0.is_empty(), "processes left behind: {:#?}", left.0);
+    assert!(left.1.is_empty(), "job cgroups left behind: {:#?}", left.1);
+    std::thread::sleep(Duration::from_secs(2));
+    idle.push((fds(pid), rss_kib(pid)));
+    let rss: Vec<u64> = idle.iter().map(|(_, r)| *r).collect();
+    let nfds: Vec<usize> = idle.iter().map(|(f, _)| f.len()).collect();
+    eprintln!("soak: the idle server after {marks:?} and {jobs} jobs: RSS {rss:?} KiB, fds {nfds:?}");
+    assert_eq!(idle.len(), 4, "{} checkpoints", idle.len());
+    // From the end of the warm-up: no fd more and at most 10% more memory.
+    let (fds_warm, rss_warm) = &idle[0];
+    let (fds_end, rss_end) = &idle[3];
+    let grown: Vec<&String> = fds_end.difference(fds_warm).collect();
+    assert!(fds_end.len() <= fds_warm.len(), "fds grew from {} to {}: {grown:#?}", fds_warm.len(), fds_end.len());
+    assert!(rss_end * 10 <= rss_warm * 11, "the server's RSS grew from {rss_warm} KiB to {rss_end} KiB: {rss:?}");
+    assert_eq!(mounts(), mounts_before, "the host's mount table changed");
+
+    // SIGTERM: the server ends cleanly and lets go of the store.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let ended = common::mcp::wait_for(&mut server, Duration::from_secs(30));
+    assert!(ended.is_some_and(|s| s.success()), "the server did not end cleanly: {ended:?}");
+
+    // The store after gc: the artifacts within the cap, and the directory
+    // not much past it (sled's records and log besides).
+    let gc = Command::new(exe()).arg("--config").arg(&config).args(["gc", "--json"]).output().unwrap();
+    assert!(gc.status.success(), "gc: {}", String::from_utf8_lossy(&gc.stderr));
+    let gc: serde_json::Value = serde_json::from_slice(&gc.stdout).unwrap();
+    let kept = gc["keptBytes"].as_u64().or_else(|| gc["kept_bytes"].as_u64()).unwrap();
+    eprintln!("soak: gc {gc}; the store is {} bytes", dir_bytes(&store));
+    assert!(kept <= cap, "{kept} bytes of artifacts kept past the cap of {cap}: {gc}");
+    let verify = Command::new(exe()).arg("--config").arg(&config).args(["audit", "verify"]).output().unwrap();
+    let said = String::from_utf8_lossy(&verify.stdout).to_string();
+    assert!(verify.status.success(), "audit verify: {said}");
+    let records: u64 = said.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap();
+    assert_eq!(records, summary["executeCalls"].as_u64().unwrap(), "one audit record per request: {said}");
+}
