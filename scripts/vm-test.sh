@@ -194,8 +194,11 @@ case "$profile" in
   release) profile_flag=(--release) ;;
   *) die "CONFINE_VM_PROFILE is debug or release, not '$profile'" ;;
 esac
+# CONFINE_VM_TARGET_DIR: where confine's own build goes (default: the
+# checkout's target/); .ci/run builds it there while the host's suites run.
+vm_target_dir="${CONFINE_VM_TARGET_DIR:-$repo/target}"
 say "building confine ($profile) and the test binaries (static)"
-cargo build "${profile_flag[@]}" --quiet
+CARGO_TARGET_DIR="$vm_target_dir" cargo build "${profile_flag[@]}" --quiet --bin confine
 # The commit the binaries are built from, for the report.
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 plan="$(mktemp)"
@@ -237,7 +240,7 @@ run_entry() {
   # runs makes new files and leaves these as they were.
   mkdir -p "$out/bin.d"
   take() { ln -f "$1" "$out/bin.d/$2" 2>/dev/null || cp "$1" "$out/bin.d/$2"; }
-  take "$repo/target/$target/$profile/confine" confine
+  take "$vm_target_dir/$target/$profile/confine" confine
   echo /results/bin.d/confine >"$out/bin"
   while read -r name exe; do
     take "$exe" "$name"

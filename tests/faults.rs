@@ -9,25 +9,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::rpc::job_cgroups;
 use common::{readable_repo, sandbox_available};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_confine")
 }
 
-/// `confine serve` over stdio, spoken to one JSON-RPC line at a time.
-struct Server {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-    next: u64,
-}
+/// `confine serve` over stdio.
+struct Server(common::rpc::Rpc);
 
 impl Server {
     fn start(config: &Path) -> Server {
@@ -36,53 +32,17 @@ impl Server {
 
     /// With `cmd` (the binary, with the caller's environment) for the server.
     fn start_with(config: &Path, mut cmd: Command) -> Server {
-        let mut child = cmd
-            .arg("--config")
-            .arg(config)
-            .arg("serve")
-            .env("CONFINE_LOG", "warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut s = Server { child, stdin, stdout, next: 1 };
-        let init = json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "faults", "version": "0"}});
-        s.request("initialize", init);
-        s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        s
+        cmd.arg("--config").arg(config).arg("serve").env("CONFINE_LOG", "warn");
+        Server(common::rpc::Rpc::start(cmd, "faults"))
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn send(&mut self, v: &Value) {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{v}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    /// The answer to one request (notifications before it are skipped).
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.next;
-        self.next += 1;
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        loop {
-            let mut line = String::new();
-            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the server closed its stdout");
-            let v: Value = serde_json::from_str(&line).unwrap();
-            if v["id"] == id {
-                return v;
-            }
-        }
+        self.0.child.id()
     }
 
     /// A tool's structured answer, or its error text as `{"error": …}`.
     fn call(&mut self, tool: &str, args: Value) -> Value {
-        let v = self.request("tools/call", json!({"name": tool, "arguments": args}));
+        let v = self.0.request("tools/call", json!({"name": tool, "arguments": args}));
         let r = &v["result"];
         if r["structuredContent"].is_object() {
             r["structuredContent"].clone()
@@ -93,16 +53,9 @@ impl Server {
 
     /// Close stdin: the server ends its session and exits.
     fn stop(mut self) {
-        drop(self.stdin.take());
-        let ended = common::mcp::wait_for(&mut self.child, Duration::from_secs(30));
+        self.0.close();
+        let ended = common::mcp::wait_for(&mut self.0.child, Duration::from_secs(30));
         assert!(ended.is_some_and(|s| s.success()), "the server did not end cleanly: {ended:?}");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -131,24 +84,6 @@ fn with_marker(marker: &str) -> Vec<u32> {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
         })
         .collect()
-}
-
-/// Job cgroup directories of the server `pid` (`<job>.<pid>.<start>`).
-fn job_cgroups(pid: u32) -> Vec<PathBuf> {
-    let mark = format!(".{pid}.");
-    let mut found = Vec::new();
-    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                if e.file_name().to_string_lossy().contains(&mark) {
-                    found.push(e.path());
-                }
-                stack.push(e.path());
-            }
-        }
-    }
-    found
 }
 
 fn eventually(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
@@ -190,7 +125,7 @@ fn a_server_killed_mid_job_leaves_nothing_running_and_a_whole_store() {
         std::thread::sleep(Duration::from_millis(delay_ms));
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        let _ = server.child.wait();
+        let _ = server.0.child.wait();
         // Its init stages die with it (parent-death signal), and with them
         // every process of the jobs' pid namespaces.
         eventually(&format!("round {round}: the jobs die with their server"), Duration::from_secs(10), || {

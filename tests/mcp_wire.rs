@@ -10,13 +10,11 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::Write;
+use std::process::Command;
 
 struct Server {
-    child: std::process::Child,
-    out: BufReader<std::process::ChildStdout>,
-    next: u64,
+    rpc: common::rpc::Rpc,
     _dir: tempfile::TempDir,
 }
 
@@ -36,50 +34,14 @@ impl Server {
         let config = dir.path().join("confine.toml");
         let text = format!("{}{extra}", exec_config(&dir.path().join("store"), "demo", &repo));
         std::fs::write(&config, text).unwrap();
-        let mut child = Command::new(bin())
-            .arg("--config")
-            .arg(&config)
-            .arg("serve")
-            .env("XDG_DATA_HOME", dir.path())
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let mut s = Server { child, out, next: 1, _dir: dir };
-        s.rpc("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "1"}}));
-        s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        s
-    }
-
-    fn send(&mut self, v: &Value) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{v}").unwrap();
-        stdin.flush().unwrap();
+        let mut cmd = Command::new(bin());
+        cmd.arg("--config").arg(&config).arg("serve").env("XDG_DATA_HOME", dir.path()).envs(env.iter().copied());
+        Server { rpc: common::rpc::Rpc::start(cmd, "wire"), _dir: dir }
     }
 
     /// The response line to one request, as the client reads it.
     fn rpc(&mut self, method: &str, params: Value) -> String {
-        let id = self.next;
-        self.next += 1;
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        loop {
-            let mut line = String::new();
-            assert!(self.out.read_line(&mut line).unwrap() > 0, "the server closed its output");
-            let v: Value = serde_json::from_str(&line).unwrap();
-            if v["id"] == id {
-                return line.trim_end().to_string();
-            }
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.rpc.rpc(method, params)
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod common;
 use common::mcp::{setup_venv, skip as mcp_skip};
+use common::rpc::job_cgroups;
 use common::{readable_repo, sandbox_available};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -71,27 +72,6 @@ fn leftovers(server: u32, marker: &str) -> Vec<String> {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if (ppid == server && state == "Z") || String::from_utf8_lossy(&cmdline).contains(marker) {
             found.push(format!("{pid} {state} ppid {ppid}: {}", String::from_utf8_lossy(&cmdline).replace('\0', " ")));
-        }
-    }
-    found
-}
-
-/// Job cgroup directories named after the server (`<job>.<pid>.<start>`),
-/// anywhere under /sys/fs/cgroup.
-fn job_cgroups(server: u32) -> Vec<String> {
-    let mark = format!(".{server}.");
-    let mut found = Vec::new();
-    let mut stack = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                let path = e.path();
-                if e.file_name().to_string_lossy().contains(&mark) {
-                    found.push(path.display().to_string());
-                }
-                stack.push(path);
-            }
         }
     }
     found

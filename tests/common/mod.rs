@@ -235,6 +235,7 @@ pub fn token(name: &str) -> String {
     format!("confinetest-{name}-{}", std::process::id())
 }
 pub mod mcp;
+pub mod rpc;
 
 /// Open the store at `path`, waiting up to 4 s for a handle just dropped
 /// in this process: sled lets go of its file lock a moment after the last
