@@ -53,7 +53,7 @@ run_one() {
   local rc=$?
   set -e
   # The targets' scratch stores (src/fuzz.rs: scratch_root) of fuzzers that ended.
-  for d in "${TMPDIR:-/tmp}"/confine-fuzz-*; do
+  for d in /dev/shm/confine-fuzz-* "${TMPDIR:-/tmp}"/confine-fuzz-*; do
     [ -d "$d" ] && ! kill -0 "${d##*-}" 2>/dev/null && rm -rf "$d"
   done
   local after

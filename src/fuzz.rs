@@ -11,11 +11,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 /// Where this process's targets keep their stores and repositories:
-/// `confine-fuzz-<pid>` in the temporary directory. The fuzzers' statics
-/// are never dropped (libFuzzer ends with exit), so `fuzz/run.sh` and the
-/// replay test remove it.
+/// `confine-fuzz-<pid>` in /dev/shm (a store syncs every artifact, which
+/// costs nothing on tmpfs), else in the temporary directory. The fuzzers'
+/// statics are never dropped (libFuzzer ends with exit), so `fuzz/run.sh`
+/// and the replay test remove it.
 pub fn scratch_root() -> PathBuf {
-    std::env::temp_dir().join(format!("confine-fuzz-{}", std::process::id()))
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+    base.join(format!("confine-fuzz-{}", std::process::id()))
 }
 
 fn scratch(what: &str) -> PathBuf {

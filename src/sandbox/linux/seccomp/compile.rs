@@ -161,6 +161,27 @@ pub(super) fn group<'a>(file: &str, plan: &'a Plan) -> Result<BTreeMap<i32, PerS
             if let Some(u) = slot.unconditional.filter(|u| u.action != rule.action) {
                 return Err(conflict(u, "an unconditional rule for this syscall"));
             }
+            // Two conditional rules with other actions on other arguments
+            // can both hold, and which wins then is each generator's own
+            // order (libseccomp's is by argument): refused, as ambiguous.
+            let indexes = |r: &Rule| r.conds.iter().map(|c| c.index).collect::<std::collections::BTreeSet<u32>>();
+            if let Some(other) =
+                slot.conditional.iter().find(|c| c.action != rule.action && indexes(c) != indexes(rule))
+            {
+                return Err(SeccompError::Rule {
+                    file: file.into(),
+                    index: rule.entry,
+                    name: rule.name.clone(),
+                    reason: format!(
+                        "the rule in syscalls[{}] has another action and tests other arguments ({:?} here, {:?} \
+                         there): when both hold, which one wins is not defined; test the same arguments in \
+                         both, or give them the same action",
+                        other.entry,
+                        indexes(rule),
+                        indexes(other)
+                    ),
+                });
+            }
             slot.conditional.push(rule);
         }
     }
