@@ -149,12 +149,13 @@ pub fn policy(data: &[u8]) {
 }
 
 /// A remote OPA server's answer, whatever it is: a verdict or an error.
-/// The first two bytes are the HTTP status.
+/// The first two bytes are the HTTP status when the first has its high
+/// bit set, else the status is 200.
 pub fn opa_answer(data: &[u8]) {
     if data.len() < 2 {
         return;
     }
-    let status = 200 + u16::from_le_bytes([data[0], data[1]]) % 4 * 100 * u16::from(data[0] & 0x80 != 0);
+    let status = if data[0] & 0x80 != 0 { u16::from_le_bytes([data[0], data[1]]) } else { 200 };
     let text = String::from_utf8_lossy(&data[2..]);
     let _ = crate::policy::remote::read_answer("opa fuzz", status, &text);
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&data[2..]) {

@@ -980,3 +980,34 @@ for i in range(2):
         connections(&outcome).iter().filter_map(|c| c["reason"].as_str().map(str::to_string)).collect();
     assert!(reasons.iter().any(|r| r.contains(&format!("byte limit ({cap})"))), "{reasons:?}");
 }
+
+/// Review of the second pass's fixes: a tunnel the job holds open until it
+/// ends (a `+raw` one, or a TLS one before its ClientHello) is in the
+/// report, not only the tunnels that ended first.
+#[test]
+fn tunnels_open_when_the_job_ends_are_reported() {
+    if !ready() {
+        return;
+    }
+    let quiet = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = quiet.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for sock in quiet.incoming().flatten() {
+            held.push(sock);
+        }
+    });
+    let body = format!(
+        r#"
+raw, status, _ = connect("127.0.0.1:{port}")
+print("raw", status)
+"#
+    );
+    let (out, err, outcome) = job(&format!("allow:127.0.0.1:{port}+raw"), "", &body, &[]);
+    assert!(out.contains("raw 200"), "{out} / {err}");
+    let conns = connections(&outcome);
+    assert!(
+        conns.iter().any(|c| c["decision"] == "allowed" && c["port"] == port),
+        "the open tunnel is missing from the report: {outcome}"
+    );
+}

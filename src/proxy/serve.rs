@@ -246,6 +246,10 @@ impl Proxy {
     /// Stop serving and say what happened: connections still open are cut.
     pub fn finish(self) -> NetworkReport {
         self.state.stop.cancel();
+        let denied = self.state.denied.load(Ordering::Relaxed);
+        if denied >= LOGGED_DENIALS {
+            tracing::info!(denied, "network: the job's denials in all (past the first, logged at debug level)");
+        }
         let (mut conns, unlisted_allowed, unlisted_denied) = match self.state.conns.lock() {
             Ok(k) => {
                 let all = k.allowed.iter().chain(&k.denied).map(|c| (c.started, c.record())).collect::<Vec<_>>();
@@ -510,16 +514,15 @@ impl State {
 }
 
 /// Decide `host:port` and connect to it: the allowlist's grant and the
-/// upstream socket, with `conn` marked allowed (and kept for the report
-/// as allowed when `keep`: a tunnel is kept once its first flight passed
-/// or failed its check); else the answer to send (403 refused, 502
-/// unreachable), with `conn` marked and kept so.
+/// upstream socket, with `conn` marked allowed and kept for the report at
+/// once (a tunnel open when the job ends is listed, and one whose first
+/// flight is refused then says so in its record); else the answer to send
+/// (403 refused, 502 unreachable), with `conn` marked and kept so.
 async fn open_upstream(
     state: &State,
     conn: &Arc<Conn>,
     host: &str,
     port: u16,
-    keep: bool,
 ) -> Result<(Grant, TcpStream), Response<Body>> {
     let (grant, addrs) = decide(state, host, port).await.map_err(|r| state.refuse(conn, StatusCode::FORBIDDEN, r))?;
     let upstream = connect_upstream(&addrs).await.map_err(|reason| {
@@ -533,9 +536,7 @@ async fn open_upstream(
         s.entry = Some(grant.entry.clone());
         s.address = peer;
     });
-    if keep {
-        state.keep(conn, true);
-    }
+    state.keep(conn, true);
     Ok((grant, upstream))
 }
 
@@ -580,7 +581,7 @@ async fn connect(
         return state.refuse(&conn, StatusCode::BAD_REQUEST, "CONNECT needs host:port".into());
     };
     let conn = state.open("CONNECT", &host, port);
-    let (grant, upstream) = match open_upstream(&state, &conn, &host, port, false).await {
+    let (grant, upstream) = match open_upstream(&state, &conn, &host, port).await {
         Ok(pair) => pair,
         Err(resp) => return resp,
     };
@@ -592,8 +593,6 @@ async fn connect(
                 _ = stop.cancelled() => conn.set(|s| s.reason = Some("cut: the job ended".into())),
                 _ = run_tunnel(req, upstream, &state, &conn, &host, &grant) => {}
             }
-            // Allowed, unless its first flight was refused (kept then).
-            state.keep(&conn, true);
             conn.end();
         })
     };
@@ -629,12 +628,8 @@ async fn run_tunnel(
     // would name any site of the address in its Host header.
     let first = if !grant.allow_raw {
         match first_flight(&mut client, early, host, grant).await {
-            Ok(hello) => {
-                state.keep(conn, true);
-                hello
-            }
+            Ok(hello) => hello,
             Err(reason) => {
-                state.keep(conn, false);
                 state.deny(conn, format!("cut: {reason}"));
                 return;
             }
@@ -902,7 +897,7 @@ async fn forward(state: Arc<State>, mut req: Request<hyper::body::Incoming>) -> 
     if let Err(reason) = host_header_matches(req.headers().get(HOST), &host, port) {
         return state.refuse(&conn, StatusCode::FORBIDDEN, reason);
     }
-    let upstream = match open_upstream(&state, &conn, &host, port, true).await {
+    let upstream = match open_upstream(&state, &conn, &host, port).await {
         Ok((_, upstream)) => upstream,
         Err(resp) => return resp,
     };
