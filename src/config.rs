@@ -88,10 +88,18 @@ pub struct LimitsConfig {
 }
 
 /// `[store]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     pub path: Option<PathBuf>,
+    /// Bytes kept free on the store's file system: no job starts below it.
+    pub min_free_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> StoreConfig {
+        StoreConfig { path: None, min_free_bytes: 32 << 20 }
+    }
 }
 
 /// Keys that were removed, with what to use instead: a file that still has

@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod crashpoint;
 pub mod dirfd;
 #[cfg(target_os = "linux")]
 pub mod doctor;

@@ -5,7 +5,11 @@
 //!   no artifact reads back half-written;
 //! - a remote OPA that is down, slow past `policy.timeout_ms`, or answers
 //!   garbage: each request is a denial that says why, and the server goes
-//!   on answering.
+//!   on answering;
+//! - the server killed at each point of the store's write path
+//!   (`CONFINE_TEST_CRASH_AT`): nothing answered is lost;
+//! - a full disk and exhausted file descriptors: clear answers, and the
+//!   server recovers when the pressure goes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -162,6 +166,93 @@ fn a_server_killed_mid_job_leaves_nothing_running_and_a_whole_store() {
     assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
 }
 
+/// The server killed (SIGKILL, from inside: a debug build's
+/// CONFINE_TEST_CRASH_AT) at each point of the store's write path, while
+/// jobs, floods and denials come in: an artifact's first and last
+/// metadata, a blob's append, an audit record committed but not flushed,
+/// and flushed but not yet answered. Each time the next server opens the
+/// store, the trail verifies and holds a record of every request that was
+/// answered, every artifact reads back whole or is refused as incomplete,
+/// and no job outlives the server.
+#[test]
+fn a_server_killed_at_each_store_write_loses_nothing_it_answered() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "");
+    let marker = format!("crashmark{}", std::process::id());
+    let mut answered = 0;
+    let mut sent = 0;
+    for (point, n) in
+        [("artifact-meta", 1), ("artifact-meta", 4), ("blob-append", 2), ("audit-committed", 2), ("audit-flushed", 4)]
+    {
+        let mut cmd = Command::new(exe());
+        cmd.env("CONFINE_TEST_CRASH_AT", format!("{point}:{n}"));
+        let mut server = Server::start_with(&config, cmd);
+        let pid = server.pid();
+        let requests = [
+            json!({"code": format!("echo {marker}")}),
+            json!({"code": format!("head -c 3000000 /dev/urandom | od; echo {marker}")}),
+            json!({"code": "true", "network": {"allow": ["example.com"]}}),
+        ];
+        let mut died = false;
+        for i in 0..12 {
+            let mut args = requests[i % requests.len()].clone();
+            args["repoId"] = json!("demo");
+            args["runtime"] = json!("shell");
+            sent += 1;
+            match server.0.try_request("tools/call", json!({"name": "runtime_execute", "arguments": args})) {
+                Some(v) => {
+                    let r = &v["result"]["structuredContent"];
+                    assert!(r["status"].is_string(), "{point}:{n}: {v}");
+                    assert!(!r.to_string().contains("audit record"), "{point}:{n}: {r}");
+                    answered += 1;
+                }
+                None => {
+                    died = true;
+                    break;
+                }
+            }
+        }
+        assert!(died, "{point}:{n}: the server did not reach its crash point");
+        let status = server.0.child.wait().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "{point}:{n}");
+        eventually(&format!("{point}:{n}: the jobs die with their server"), Duration::from_secs(10), || {
+            with_marker(&marker).is_empty()
+        });
+        // The next server opens the store and sweeps the dead one's cgroups.
+        let mut next = Server::start(&config);
+        let info = next.call("info", json!({}));
+        assert!(info.get("error").is_none(), "{point}:{n}: {info}");
+        eventually(&format!("{point}:{n}: the dead server's cgroups are swept"), Duration::from_secs(10), || {
+            job_cgroups(pid).is_empty()
+        });
+        next.stop();
+
+        let verify = cli(&config, &["audit", "verify"]);
+        let said = String::from_utf8_lossy(&verify.stdout).to_string();
+        assert!(verify.status.success(), "{point}:{n}: {said} {}", String::from_utf8_lossy(&verify.stderr));
+        let records: usize = said.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap();
+        // Every answered request has its record; the one that died may
+        // have one too (committed, or flushed, before the kill).
+        assert!(
+            records >= answered && records <= sent,
+            "{point}:{n}: {records} records, {answered} answered, {sent} sent"
+        );
+        let ls = cli(&config, &["artifacts", "ls", "--json"]);
+        assert!(ls.status.success(), "{point}:{n}: {}", String::from_utf8_lossy(&ls.stderr));
+        for a in String::from_utf8_lossy(&ls.stdout).lines().map(|l| serde_json::from_str::<Value>(l).unwrap()) {
+            let h = a["handle"].as_str().or_else(|| a["artifactHandle"].as_str()).unwrap().to_string();
+            let shown = cli(&config, &["artifacts", "show", &h]);
+            let err = String::from_utf8_lossy(&shown.stderr);
+            assert!(shown.status.success() || err.contains("incomplete"), "{point}:{n}: {h}: {err}");
+        }
+    }
+    let gc = cli(&config, &["gc"]);
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+}
+
 /// A fake OPA on 127.0.0.1: `down` (nothing listens), `slow` (answers
 /// after 5 s), `garbage` (200 and not JSON). Returns its URL.
 fn fake_opa(kind: &'static str) -> String {
@@ -244,4 +335,214 @@ fn a_cgroup_write_refused_stops_the_job_before_it_runs() {
     let info = server.call("info", json!({}));
     assert!(info.get("error").is_none(), "the server stopped answering: {info}");
     server.stop();
+}
+
+/// A tmpfs of `bytes` on `at`, unmounted (detached) when dropped, even by
+/// a failed assertion: the store's "disk", which a test can fill.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &Path, bytes: u64) -> SmallDisk {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes},mode=0700"), "confine-faults"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount a tmpfs on {}", at.display());
+        SmallDisk(at.to_path_buf())
+    }
+
+    /// Fill the disk but `leave` bytes: a file written until then (or
+    /// until the write fails with ENOSPC).
+    fn fill(&self, leave: u64) -> PathBuf {
+        let path = self.0.join("filler");
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        let block = vec![7u8; 64 << 10];
+        loop {
+            let free = nix_free(&self.0);
+            if free <= leave {
+                break;
+            }
+            let n = block.len().min((free - leave) as usize);
+            match f.write(&block[..n]) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", path.display()),
+            }
+        }
+        f.sync_all().unwrap();
+        path
+    }
+}
+
+/// Free bytes on the file system of `path` (root's view: every free block).
+fn nix_free(path: &Path) -> u64 {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs(2) on a NUL-terminated path, into a struct we own.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bfree * st.f_frsize
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The store's disk is full: each request is refused with an answer that
+/// says the disk is full and what to do, nothing runs that could not be
+/// audited, the server goes on answering, and once space is freed the
+/// next request runs. Afterwards the trail verifies with a record for
+/// every request that was answered as run.
+#[test]
+fn a_full_disk_refuses_requests_clearly_and_the_server_recovers() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(&dir.path().join("disk"), 48 << 20);
+    let repo = readable_repo(dir.path());
+    let config = dir.path().join("confine.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
+            disk.0.join("store").display(),
+            repo.display()
+        ),
+    )
+    .unwrap();
+    let marker = format!("diskfull{}", std::process::id());
+    let mut server = Server::start(&config);
+    let mut ran = 0;
+    let run = |server: &mut Server, code: &str| {
+        server.call("runtime_execute", json!({"repoId": "demo", "runtime": "shell", "code": code}))
+    };
+    let r = run(&mut server, "echo first");
+    assert_eq!(r["status"], "success", "{r}");
+    ran += 1;
+
+    // Room for a job (the reserve is 32 MiB) but not for its output: the
+    // output stops being stored at half the reserve, the job's record is
+    // written, and the answer says what was not kept.
+    let filler = disk.fill(40 << 20);
+    // The least free space while the job runs: sampled beside it.
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let (at, watching) = (disk.0.clone(), watching.clone());
+        std::thread::spawn(move || {
+            let mut least = u64::MAX;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                least = least.min(nix_free(&at));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            least
+        })
+    };
+    let r = run(&mut server, "head -c 40000000 /dev/urandom; echo done >&2");
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let least = watcher.join().unwrap();
+    let text = r.to_string();
+    // Half the reserve stays free, less a chunk (1 MiB) in flight.
+    assert!(least >= 15 << 20, "the job's output took the reserve: {least} bytes were free at the least");
+    assert_eq!(r["status"], "success", "{text}");
+    assert!(text.contains("not stored"), "the answer does not say the output was not all stored: {text}");
+    assert!(!text.contains("audit record"), "the record was not written: {text}");
+    ran += 1;
+
+    // Full: nothing runs, the answer says why, the server goes on.
+    disk.fill(0);
+    for _ in 0..3 {
+        let r = run(&mut server, &format!("echo {marker}"));
+        let text = r.to_string();
+        assert_ne!(r["status"], "success", "{text}");
+        assert!(text.contains("disk is nearly full"), "the answer does not say the disk is full: {text}");
+        assert!(text.contains("store.min_free_bytes"), "the answer does not say what to change: {text}");
+        assert!(!text.contains(&format!("{marker}\\n")), "a job ran: {text}");
+        let info = server.call("info", json!({}));
+        assert!(info.get("error").is_none(), "the server stopped answering: {info}");
+    }
+
+    // Space again: the store was never broken, and jobs run.
+    std::fs::remove_file(&filler).unwrap();
+    let r = run(&mut server, "echo after");
+    assert_eq!(r["status"], "success", "the server did not recover when space came back: {r}");
+    assert!(r.get("error").is_none(), "{r}");
+    ran += 1;
+    server.stop();
+    let verify = cli(&config, &["audit", "verify"]);
+    let said = String::from_utf8_lossy(&verify.stdout).to_string();
+    assert!(verify.status.success(), "{said} {}", String::from_utf8_lossy(&verify.stderr));
+    let records: usize = said.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap();
+    assert_eq!(records, ran, "one record per job that ran (the refused ones found no room): {said}");
+}
+
+/// The server's file descriptors run out (a low RLIMIT_NOFILE, soft and
+/// hard, and background jobs that hold theirs): a request that can't get
+/// its fds is refused with an answer that names the limit, the server goes
+/// on answering, and once the jobs end, a request runs again.
+#[test]
+fn running_out_of_file_descriptors_refuses_clearly_and_the_server_recovers() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "");
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .replace("enabled = true", "enabled = true\nmax_concurrent_jobs = 200"),
+    )
+    .unwrap();
+    let marker = format!("fdmark{}", std::process::id());
+    let mut cmd = Command::new(exe());
+    // SAFETY: setrlimit(2) between fork and exec, async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let lim = libc::rlimit { rlim_cur: 96, rlim_max: 96 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut server = Server::start_with(&config, cmd);
+    // Background jobs that hold their fds: 40 are more than 96 fds hold.
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        let r = server.call(
+            "runtime_execute",
+            json!({"repoId": "demo", "runtime": "shell", "code": format!("sh -c 'sleep 300; true' {marker}"), "background": true}),
+        );
+        assert!(r["jobId"].is_string(), "{r}");
+        held.push(r["jobId"].as_str().unwrap().to_string());
+    }
+    eventually("the jobs that could start run", Duration::from_secs(30), || !with_marker(&marker).is_empty());
+    let running = with_marker(&marker).len();
+    assert!(running < 40, "40 jobs ran under a limit of 96 fds");
+    let refused = server.call("runtime_execute", json!({"repoId": "demo", "runtime": "shell", "code": "echo RAN"}));
+    let text = refused.to_string();
+    assert_ne!(refused["status"], "success", "{text}");
+    assert!(!text.contains("RAN\\n"), "the job ran: {text}");
+    assert!(text.contains("out of file descriptors"), "the answer does not say what ran out: {text}");
+    assert!(text.contains("RLIMIT_NOFILE soft 96, hard 96"), "the answer does not name the limit: {text}");
+    assert!(text.contains("LimitNOFILE="), "the answer does not say what to raise: {text}");
+    let info = server.call("info", json!({}));
+    assert!(info.get("error").is_none(), "the server stopped answering: {info}");
+    for id in &held {
+        // Those that could not start have ended already: their kill is an
+        // error or their outcome; either way the server answers.
+        let k = server.call("runtime_kill", json!({"jobId": id}));
+        assert!(k.is_object(), "{k}");
+    }
+    eventually("the held jobs end", Duration::from_secs(30), || with_marker(&marker).is_empty());
+    let r = server.call("runtime_execute", json!({"repoId": "demo", "runtime": "shell", "code": "echo after"}));
+    assert_eq!(r["status"], "success", "the server did not recover when its fds came back: {r}");
+    server.stop();
+    let verify = cli(&config, &["audit", "verify"]);
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
 }

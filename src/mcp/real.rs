@@ -174,6 +174,7 @@ fn to_response(r: &sup::ExecuteResponse) -> Result<ExecuteResponse, ServiceError
         });
         out.digest = v.digest.as_ref().and_then(|d| serde_json::to_value(d).ok());
         out.suggested_terms = v.suggested_terms.clone();
+        out.notes = v.notes.clone();
         if let Some(sections) = &v.sections {
             // Intent mode's ranked sections travel in `digest`'s place.
             out.digest.get_or_insert(serde_json::json!({ "sections": sections }));

@@ -84,6 +84,52 @@ impl SandboxError {
     }
 }
 
+/// `error` followed by what to do when, anywhere in its chain of causes,
+/// the process or the system ran out of file descriptors: the bare
+/// "Too many open files" does not say whose limit, or what raises it.
+pub fn describe_start_error(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if let Some(hint) = io.raw_os_error().and_then(out_of_fds_hint) {
+                return format!("{error} ({hint})");
+            }
+        }
+        cause = e.source();
+    }
+    error.to_string()
+}
+
+/// What to do about EMFILE (this process's limit) or ENFILE (the system's).
+#[cfg(unix)]
+fn out_of_fds_hint(errno: i32) -> Option<String> {
+    if errno == libc::ENFILE {
+        return Some(
+            "the system is out of file descriptors: close some, or raise fs.file-max (sysctl), then retry".into(),
+        );
+    }
+    if errno != libc::EMFILE {
+        return None;
+    }
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit(2) writes the limit into `lim`, which we own.
+    let limit = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
+        0 => format!("soft {}, hard {}", lim.rlim_cur, lim.rlim_max),
+        _ => "unknown".into(),
+    };
+    let open = std::fs::read_dir("/proc/self/fd").map(|d| d.count().to_string()).unwrap_or_else(|_| "?".into());
+    Some(format!(
+        "confine is out of file descriptors: {open} open, RLIMIT_NOFILE {limit}; raise its limit \
+         (`ulimit -n` in the shell that starts it, LimitNOFILE= in its systemd unit) or run fewer jobs at once \
+         (runtime.max_concurrent_jobs); jobs that end give theirs back"
+    ))
+}
+
+#[cfg(not(unix))]
+fn out_of_fds_hint(_errno: i32) -> Option<String> {
+    None
+}
+
 /// Where one of the job's standard streams goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {

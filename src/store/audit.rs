@@ -540,7 +540,9 @@ impl AuditLog {
             Err(TransactionError::Abort(e)) => return Err(e),
             Err(TransactionError::Storage(e)) => return Err(StoreError::Db(e).into()),
         };
+        crate::crashpoint::reached("audit-committed");
         self.store.flush()?;
+        crate::crashpoint::reached("audit-flushed");
         Ok(record)
     }
 }

@@ -29,6 +29,8 @@ struct BlobsInner {
     /// Blobs written by this process whose metadata is not yet written:
     /// garbage collection must not take them for orphans.
     pinned: Mutex<Pins>,
+    /// Bytes a writer leaves free on the file system (0: none).
+    min_free: std::sync::atomic::AtomicU64,
 }
 
 /// The pinned blobs. While a collection runs, pins are not let go (only
@@ -106,6 +108,7 @@ impl Blobs {
                 dir: dir.to_path_buf(),
                 dir_file: super::open_dir(dir)?,
                 pinned: Mutex::new(Default::default()),
+                min_free: Default::default(),
             }),
         })
     }
@@ -133,6 +136,15 @@ impl Blobs {
 
     /// Start a blob. `tag` names the temporary file (a handle and a
     /// stream), so garbage collection can tell whose it is.
+    /// Leave `bytes` free: an append past it fails (see [`BlobWriter::append`]).
+    pub(crate) fn set_min_free(&self, bytes: u64) {
+        self.inner.min_free.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn min_free(&self) -> u64 {
+        self.inner.min_free.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn writer(&self, tag: &str) -> std::io::Result<BlobWriter> {
         let tmp = format!("{TMP_PREFIX}{tag}");
         let path = self.inner.dir.join(&tmp);
@@ -157,7 +169,7 @@ impl Blobs {
                 .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
                 .open(&self.inner.dir);
             if let Ok(f) = f {
-                return Ok(Scratch(f));
+                return Ok(Scratch::new(f, self.min_free()));
             }
         }
         #[cfg(unix)]
@@ -167,7 +179,7 @@ impl Blobs {
             let path = self.inner.dir.join(format!(".scratch.{}.{n}", std::process::id()));
             let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path);
             let _ = std::fs::remove_file(&path);
-            return f.map(Scratch);
+            return f.map(|f| Scratch::new(f, self.min_free()));
         }
         #[allow(unreachable_code)]
         Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "no scratch files on this platform"))
@@ -254,17 +266,49 @@ impl Blobs {
 }
 
 /// A scratch file ([`Blobs::scratch`]): read and written at offsets.
-pub struct Scratch(File);
+/// Refuse to write `more` bytes to `file` when that would leave less than
+/// `keep` bytes free on its file system (`keep` 0: never refused): the
+/// rest is for the records that say what happened.
+fn leave_free(file: &File, keep: u64, more: u64) -> std::io::Result<()> {
+    match super::free_bytes(file) {
+        Some(free) if keep > 0 && free < keep.saturating_add(more) => Err(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            format!(
+                "the store's disk is nearly full ({free} bytes free; half of store.min_free_bytes, {keep}, \
+                 stays free for records): the rest of the output was not stored"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+pub struct Scratch {
+    file: File,
+    /// As [`BlobsInner::min_free`], when it was made.
+    keep: u64,
+    /// The file's size: writes below it take no more room.
+    size: std::sync::atomic::AtomicU64,
+}
 
 impl Scratch {
+    fn new(file: File, keep: u64) -> Scratch {
+        Scratch { file, keep, size: std::sync::atomic::AtomicU64::new(0) }
+    }
+
     pub fn write_at(&self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+        let end = offset.saturating_add(bytes.len() as u64);
+        let size = self.size.load(std::sync::atomic::Ordering::Relaxed);
+        if end > size {
+            leave_free(&self.file, self.keep, end - size)?;
+            self.size.fetch_max(end, std::sync::atomic::Ordering::Relaxed);
+        }
         #[cfg(unix)]
         {
-            std::os::unix::fs::FileExt::write_all_at(&self.0, bytes, offset)
+            std::os::unix::fs::FileExt::write_all_at(&self.file, bytes, offset)
         }
         #[cfg(not(unix))]
         {
-            let mut f = &self.0;
+            let mut f = &self.file;
             f.seek(SeekFrom::Start(offset))?;
             f.write_all(bytes)
         }
@@ -273,11 +317,11 @@ impl Scratch {
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         #[cfg(unix)]
         {
-            std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, offset)
+            std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
         }
         #[cfg(not(unix))]
         {
-            let mut f = &self.0;
+            let mut f = &self.file;
             f.seek(SeekFrom::Start(offset))?;
             f.read_exact(buf)
         }
@@ -298,6 +342,8 @@ impl BlobWriter {
     /// (the caller passes the chunks' own hashes, so no byte is hashed
     /// twice).
     pub fn append(&mut self, bytes: &[u8], hash_input: &[u8]) -> std::io::Result<()> {
+        leave_free(&self.file, self.blobs.min_free(), bytes.len() as u64)?;
+        crate::crashpoint::reached("blob-append");
         self.file.write_all(bytes)?;
         self.hasher.update(hash_input);
         self.len += bytes.len() as u64;

@@ -56,6 +56,13 @@ pub enum StoreError {
     /// A read or write failed.
     #[error("store: {0}")]
     Db(#[from] sled::Error),
+    /// The store's file system has less room than `store.min_free_bytes`
+    /// keeps free: what was refused did not run or was not written.
+    #[error(
+        "the store's disk is nearly full: {free} bytes free at {path}, under the {reserve} bytes confine keeps free \
+         there (store.min_free_bytes); free some space, or move the store (store.path)"
+    )]
+    Full { path: PathBuf, free: u64, reserve: u64 },
     /// Making written data durable failed (`fdatasync`/`fsync`): what was
     /// written may not survive a crash.
     #[error("store: syncing {what} to disk failed: {source} (is the disk full or failing?)")]
@@ -95,7 +102,43 @@ struct Inner {
     /// sled's own blob files (`sled/blobs/`, large page fragments) that
     /// were synced: sled writes them without a sync.
     sled_blobs: std::sync::Mutex<std::collections::BTreeSet<std::ffi::OsString>>,
+    /// `store.min_free_bytes`: 0 until the supervisor sets it.
+    min_free: AtomicU64,
     _lock: File,
+}
+
+/// Free bytes an append may count on, at most: below this (or below
+/// `store.min_free_bytes`, if smaller) no record is appended. sled turns
+/// a failed write into an error that every later write returns, until
+/// the store is opened again: a record refused here keeps the store
+/// writable for when space comes back.
+const RECORD_FLOOR: u64 = 2 << 20;
+
+/// Bytes free on `file`'s file system for this process: the blocks root
+/// may use too when we are root, else the unprivileged ones. `None` where
+/// it can't be known (not Unix, or the call failed): nothing is refused.
+pub(crate) fn free_bytes(file: &File) -> Option<u64> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: fstatvfs(2) fills `st` for an fd we hold open; it is
+        // read only when the call succeeded.
+        let st = unsafe {
+            if libc::fstatvfs(file.as_raw_fd(), st.as_mut_ptr()) != 0 {
+                return None;
+            }
+            st.assume_init()
+        };
+        // SAFETY: geteuid(2) has no preconditions.
+        let blocks = if unsafe { libc::geteuid() } == 0 { st.f_bfree } else { st.f_bavail };
+        Some((blocks as u64).saturating_mul(st.f_frsize as u64))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        None
+    }
 }
 
 impl Store {
@@ -137,9 +180,38 @@ impl Store {
                 blobs,
                 syncs: AtomicU64::new(0),
                 sled_blobs: Default::default(),
+                min_free: AtomicU64::new(0),
                 _lock: lock,
             }),
         })
+    }
+
+    /// Keep `bytes` free on the store's file system (`store.min_free_bytes`;
+    /// 0: no reserve): [`Store::check_room`] refuses below it, a blob stops
+    /// growing below half of it, and records stop below [`RECORD_FLOOR`].
+    pub fn set_min_free(&self, bytes: u64) {
+        self.inner.min_free.store(bytes, Ordering::Relaxed);
+        self.inner.blobs.set_min_free(bytes / 2);
+    }
+
+    /// Whether a job may start: the file system has `store.min_free_bytes`
+    /// free, so that its output and its record fit.
+    pub fn check_room(&self) -> Result<(), StoreError> {
+        self.check_free(self.inner.min_free.load(Ordering::Relaxed))
+    }
+
+    /// Whether a record may be appended (see [`RECORD_FLOOR`]).
+    pub fn check_room_for_records(&self) -> Result<(), StoreError> {
+        self.check_free(self.inner.min_free.load(Ordering::Relaxed).min(RECORD_FLOOR))
+    }
+
+    fn check_free(&self, reserve: u64) -> Result<(), StoreError> {
+        match free_bytes(&self.inner.data) {
+            Some(free) if reserve > 0 && free < reserve => {
+                Err(StoreError::Full { path: self.inner.root.clone(), free, reserve })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// A named tree (table) of the store.

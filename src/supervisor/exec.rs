@@ -418,13 +418,13 @@ impl Supervisor {
                         spawn().await
                     }
                 };
-                let mut started = started.map_err(|e| e.to_string())?;
+                let mut started = started.map_err(|e| crate::sandbox::describe_start_error(&e))?;
                 started.job_id = job_id.to_string();
                 Ok(Started::Linux(Box::new(started)))
             }
             BackendKind::UnixFallback => crate::sandbox::unix_fallback::spawn(&job.spec, stdio, job.fallback_tmp)
                 .map(|j| Started::Fallback(Box::new(j)))
-                .map_err(|e| e.to_string()),
+                .map_err(|e| crate::sandbox::describe_start_error(&e)),
             // Refused when the supervisor was opened; an error here, never a panic.
             other => Err(format!("the {} backend is not available here", other.name())),
         }
@@ -450,14 +450,19 @@ impl Supervisor {
         // backends wait for the store first. No job runs unaudited.
         let hold = self.backend == BackendKind::Linux && !self.stores.is_ready();
         placed.spec.hold = hold;
+        // No job starts without room for its output and its record.
         if !hold {
-            self.stores.wait().await.map_err(|e| e.to_string())?;
+            let stores = self.stores.wait().await.map_err(|e| e.to_string())?;
+            stores.store.check_room().map_err(|e| e.to_string())?;
         }
         let mut job = self.start(job_id, placed, streams).await?;
         // Ready at once unless the job is held (for the store, or built
         // before the decision). On error the held job is dropped
         // unreleased, which kills its tree.
         let stores = self.stores.wait().await.map_err(|e| e.to_string())?;
+        if hold {
+            stores.store.check_room().map_err(|e| e.to_string())?;
+        }
         if job.held() {
             job.release().await.map_err(|e| format!("cannot start the job: {e}"))?;
         }
@@ -564,6 +569,12 @@ impl Supervisor {
     /// Append `entry` to the audit trail (flushed before it returns).
     fn audit(&self, entry: AuditEntry) -> Result<(), String> {
         let stores = self.stores().map_err(|e| e.to_string())?;
+        stores.store.check_room_for_records().map_err(|e| match e {
+            crate::store::StoreError::Full { free, .. } => {
+                format!("no room for it on the store's disk ({free} bytes free; see store.min_free_bytes)")
+            }
+            e => e.to_string(),
+        })?;
         stores.audit.append(entry).map(drop).map_err(|e| e.to_string())
     }
 

@@ -124,14 +124,18 @@ impl Supervisor {
     /// early.
     pub fn open_deferred(config: Config) -> Result<Supervisor, SupervisorError> {
         let (backend, seccomp) = Supervisor::backend(&config)?;
-        let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
+        let stores = StoreSlot::open_in_background(
+            config.store_path(),
+            config.output.gc_interval_secs,
+            config.store.min_free_bytes,
+        )?;
         let host = Supervisor::host(&config);
         Supervisor::build_with(config, stores, backend, seccomp, true, host)
     }
 
     /// As [`Supervisor::open`], on a store the caller already opened.
     pub fn with_store(config: Config, store: Store) -> Result<Supervisor, SupervisorError> {
-        let stores = StoreSlot::opened(store, config.output.gc_interval_secs)?;
+        let stores = StoreSlot::opened(store, config.output.gc_interval_secs, config.store.min_free_bytes)?;
         Supervisor::build(config, stores)
     }
 

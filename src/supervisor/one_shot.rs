@@ -50,7 +50,11 @@ impl Supervisor {
         // pool's threads, its recovery) is the longest part of a cold
         // request, longer than the sandbox's build, so it is started before
         // it (docs/benchmarks.md, round of issue 30).
-        let stores = StoreSlot::open_in_background(config.store_path(), config.output.gc_interval_secs)?;
+        let stores = StoreSlot::open_in_background(
+            config.store_path(),
+            config.output.gc_interval_secs,
+            config.store.min_free_bytes,
+        )?;
         let (backend, seccomp) = Supervisor::backend(&config)?;
         let stage = match (first, backend, &seccomp) {
             (Some(req), BackendKind::Linux, Some(profile)) if config.runtime.enabled => {

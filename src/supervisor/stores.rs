@@ -31,7 +31,8 @@ pub struct Stores {
 }
 
 impl Stores {
-    fn open(store: Store, gc_interval_secs: u64) -> Result<Stores, SupervisorError> {
+    fn open(store: Store, gc_interval_secs: u64, min_free_bytes: u64) -> Result<Stores, SupervisorError> {
+        store.set_min_free(min_free_bytes);
         Ok(Stores {
             audit: AuditLog::open(&store)?,
             artifacts: Artifacts::open(&store)?,
@@ -54,8 +55,12 @@ pub(crate) struct StoreSlot {
 
 impl StoreSlot {
     /// A store the caller already opened.
-    pub(crate) fn opened(store: Store, gc_interval_secs: u64) -> Result<StoreSlot, SupervisorError> {
-        let stores = Stores::open(store, gc_interval_secs)?;
+    pub(crate) fn opened(
+        store: Store,
+        gc_interval_secs: u64,
+        min_free_bytes: u64,
+    ) -> Result<StoreSlot, SupervisorError> {
+        let stores = Stores::open(store, gc_interval_secs, min_free_bytes)?;
         let (_, done) = tokio::sync::watch::channel(true);
         Ok(StoreSlot { ready: Arc::new(OnceLock::from(Ok(stores))), opener: Mutex::new(None), done })
     }
@@ -63,7 +68,11 @@ impl StoreSlot {
     /// Start opening the store at `path` on a thread of its own, for a
     /// supervisor of one request: without sled's flusher thread
     /// ([`Store::open_flushed_by_caller`]), since it flushes what it writes.
-    pub(crate) fn open_in_background(path: PathBuf, gc_interval_secs: u64) -> Result<StoreSlot, SupervisorError> {
+    pub(crate) fn open_in_background(
+        path: PathBuf,
+        gc_interval_secs: u64,
+        min_free_bytes: u64,
+    ) -> Result<StoreSlot, SupervisorError> {
         let ready: Arc<OnceLock<Result<Stores, String>>> = Arc::new(OnceLock::new());
         let (tx, done) = tokio::sync::watch::channel(false);
         let slot = ready.clone();
@@ -74,7 +83,7 @@ impl StoreSlot {
                 // before it answers (the audit append) or exits (GC).
                 let opened = Store::open_flushed_by_caller(&path)
                     .map_err(SupervisorError::from)
-                    .and_then(|s| Stores::open(s, gc_interval_secs))
+                    .and_then(|s| Stores::open(s, gc_interval_secs, min_free_bytes))
                     .map_err(|e| e.to_string());
                 tracing::debug!(ok = opened.is_ok(), "store opened");
                 let _ = slot.set(opened);

@@ -50,6 +50,27 @@ impl Rpc {
         }
     }
 
+    /// [`Rpc::request`], or `None` when the server is gone before it
+    /// answered (its stdin or stdout closed).
+    pub fn try_request(&mut self, method: &str, params: Value) -> Option<Value> {
+        let id = self.next;
+        self.next += 1;
+        let stdin = self.stdin.as_mut()?;
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(stdin, "{line}").ok()?;
+        stdin.flush().ok()?;
+        loop {
+            let mut line = String::new();
+            if self.out.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            let v: Value = serde_json::from_str(&line).ok()?;
+            if v["id"] == id {
+                return Some(v);
+            }
+        }
+    }
+
     /// [`Rpc::rpc`], parsed.
     pub fn request(&mut self, method: &str, params: Value) -> Value {
         serde_json::from_str(&self.rpc(method, params)).unwrap()

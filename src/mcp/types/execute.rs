@@ -207,6 +207,11 @@ pub struct ExecuteResponse {
     /// A failure whose output is not here: queryTerms for runtime_query_output.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub suggested_terms: Vec<String>,
+    /// What this answer's output left out or changed, and why: output that
+    /// could not be stored (no artifactHandle then), a maxResponseLines
+    /// outside its range, a mode that fell back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// Isolation backend (linux, unix-fallback, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
@@ -255,6 +260,7 @@ impl ExecuteResponse {
             truncation: None,
             digest: None,
             suggested_terms: Vec::new(),
+            notes: Vec::new(),
             backend: None,
             usage: None,
             layers: None,

@@ -79,6 +79,7 @@ impl ArtifactBackend for SledBackend {
     fn put_meta(&self, meta: &ArtifactMeta) -> Result<(), ArtifactError> {
         let json = serde_json::to_vec(meta).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         self.meta.insert(meta.handle.as_bytes(), json)?;
+        crate::crashpoint::reached("artifact-meta");
         Ok(())
     }
 

@@ -1,0 +1,48 @@
+//! Named points where a debug build kills itself with SIGKILL, for the
+//! tests that prove a crash at the worst moment loses nothing that was
+//! answered (tests/faults.rs). `CONFINE_TEST_CRASH_AT=point:n` kills the
+//! process the n-th time it reaches `point` (1: the first time).
+//!
+//! Release builds compile [`reached`] to nothing: the variable is never
+//! read, so no one can make a production supervisor crash on purpose.
+
+/// The variable the tests set.
+pub const ENV: &str = "CONFINE_TEST_CRASH_AT";
+
+/// A point on the store's write path was reached: die here if the tests
+/// said so. SIGKILL, not `abort`: no handler, no unwinding, no flush;
+/// exactly what `kill -9` from outside does.
+#[inline]
+pub fn reached(point: &'static str) {
+    #[cfg(all(debug_assertions, unix))]
+    armed::reached(point);
+    #[cfg(not(all(debug_assertions, unix)))]
+    let _ = point;
+}
+
+#[cfg(all(debug_assertions, unix))]
+mod armed {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+
+    /// The point and count asked for, read once.
+    fn target() -> Option<&'static (String, u64)> {
+        static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
+        TARGET
+            .get_or_init(|| {
+                let v = std::env::var(super::ENV).ok()?;
+                let (point, n) = v.split_once(':')?;
+                Some((point.to_string(), n.parse().ok()?))
+            })
+            .as_ref()
+    }
+
+    pub(super) fn reached(point: &'static str) {
+        static PASSES: AtomicU64 = AtomicU64::new(0);
+        let Some((wanted, n)) = target() else { return };
+        if wanted == point && PASSES.fetch_add(1, Ordering::SeqCst) + 1 == *n {
+            // SAFETY: kill(2) on our own pid; SIGKILL can't be caught.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+    }
+}
