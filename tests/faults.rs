@@ -380,6 +380,7 @@ impl SmallDisk {
 /// Free bytes on the file system of `path` (root's view: every free block).
 fn nix_free(path: &Path) -> u64 {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: statvfs(2) on a NUL-terminated path, into a struct we own.
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);

@@ -291,6 +291,8 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    // Scratch files exist on Unix only (see Blobs::scratch).
+    #[cfg_attr(not(unix), allow(dead_code))]
     fn new(file: File, keep: u64) -> Scratch {
         Scratch { file, keep, size: std::sync::atomic::AtomicU64::new(0) }
     }
