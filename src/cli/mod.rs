@@ -16,6 +16,7 @@ pub mod audit;
 pub mod doctor;
 #[cfg(target_os = "linux")]
 pub mod exec;
+pub mod manuals;
 pub mod memory;
 pub mod policy;
 pub mod run;
@@ -72,6 +73,10 @@ pub enum Command {
     /// Store, search, surface and check the memories of the configured repositories.
     #[command(subcommand)]
     Memory(memory::MemoryCommand),
+    /// Print a completion script for bash, zsh, fish, elvish or PowerShell.
+    Completions(manuals::CompletionsArgs),
+    /// Print the man page, or write every page into a directory (--dir).
+    Man(manuals::ManArgs),
 }
 
 /// Where a command writes: this process's standard output and error, or,
@@ -154,6 +159,8 @@ pub fn main() -> i32 {
         Command::Gc(args) => artifacts::gc_main(cli.config.as_deref(), args),
         Command::Serve(args) => serve::main(cli.config.as_deref(), args),
         Command::Memory(cmd) => memory::main(cli.config.as_deref(), cmd),
+        Command::Completions(args) => manuals::completions(args),
+        Command::Man(args) => manuals::man(args),
     }
 }
 
