@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod env;
 #[cfg(all(target_os = "linux", any(test, fuzzing)))]
 pub mod fuzz;
+pub mod ids;
 pub mod job;
 pub mod mcp;
 pub mod output;

@@ -1,5 +1,5 @@
 //! A soak of `confine serve`: CONFINE_SOAK_JOBS jobs (default 200; the
-//! full soak is 2,000) through the official MCP Python SDK over streamable
+//! full soak is 8,000) through the official MCP Python SDK over streamable
 //! HTTP, four sessions at once, of every kind (tests/mcp_client/soak.py):
 //! success, failure, timeout, OOM, output floods, background jobs killed,
 //! calls cancelled mid-run, requests denied. Then what must hold: no fd
@@ -8,8 +8,10 @@
 //! after warm-up, the store within its cap after `confine gc`, and an
 //! audit trail that verifies with one record per request.
 //!
-//! The full soak: `CONFINE_SOAK_JOBS=2000
-//! CONFINE_SOAK_BIN=target/<host>/release/confine cargo test --test soak`.
+//! The full soak, on the binary users run, measured once sled's cache is
+//! full (docs/reliability.md): `CONFINE_SOAK_JOBS=8000
+//! CONFINE_SOAK_WARMUP=6000 CONFINE_SOAK_BIN=target/<host>/release/confine
+//! cargo test --test soak`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -209,7 +209,7 @@ impl RuntimeService for SupervisorService {
             let max = self.sup.config.runtime.background_max_ms;
             sreq.timeout_ms = Some(sreq.timeout_ms.unwrap_or(max).min(max));
         }
-        let job_id = format!("job-{}-{}", now_ms(), hex::encode(rand4()));
+        let job_id = crate::ids::job_id();
         sreq.job_id = Some(job_id.clone());
         // Background jobs answer to runtime_kill only; a call's own
         // cancellation (or its client leaving) ends a foreground one.
@@ -527,13 +527,6 @@ impl RuntimeService for SupervisorService {
             let _ = stores.store.flush();
         }
     }
-}
-
-fn rand4() -> [u8; 4] {
-    let mut b = [0u8; 4];
-    // SAFETY: b is a valid writable buffer of the length passed.
-    unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    b
 }
 
 #[cfg(test)]

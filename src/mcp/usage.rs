@@ -149,9 +149,7 @@ pub fn summarise(since_ms: u64, tools: BTreeMap<String, ToolUsage>, statuses: BT
     }
 }
 
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+pub(crate) use crate::ids::now_ms;
 
 #[cfg(test)]
 mod tests {

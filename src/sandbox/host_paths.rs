@@ -17,15 +17,6 @@ pub struct HostLayout {
     pub workspace: Option<PathBuf>,
 }
 
-/// A job id unique on this host: time, pid and a counter.
-pub fn job_id() -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("job-{now}-{:x}{n:02x}", std::process::id())
-}
-
 /// Create the private `/tmp` of a job, readable by its owner only.
 pub fn private_tmp(job_id: &str) -> std::io::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("confine-{job_id}"));
@@ -119,10 +110,5 @@ mod tests {
         }
         let no_ws = HostLayout { workspace: None, ..l };
         assert!(no_ws.host_path(Path::new("/workspace")).is_err());
-    }
-
-    #[test]
-    fn job_ids_differ() {
-        assert_ne!(job_id(), job_id());
     }
 }

@@ -186,7 +186,7 @@ pub struct PrivateTmp {
 impl PrivateTmp {
     /// A new, empty directory for a new job id (mode 0700).
     pub fn create() -> std::io::Result<PrivateTmp> {
-        let job_id = host_paths::job_id();
+        let job_id = crate::ids::job_id();
         let path = host_paths::private_tmp(&job_id)?;
         Ok(PrivateTmp { job_id, path })
     }

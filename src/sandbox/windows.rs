@@ -210,7 +210,7 @@ where
             return Err(SandboxError::Workspace { path: ws.clone(), reason: "not a directory".into() });
         }
     }
-    let job_id = host_paths::job_id();
+    let job_id = crate::ids::job_id();
     let tmp = host_paths::private_tmp(&job_id).map_err(SandboxError::Spawn)?;
     let _cleanup = TmpDir(tmp.clone());
     let layout = HostLayout { tmp, workspace: spec.workspace.clone() };

@@ -266,10 +266,7 @@ fn active_set() -> std::sync::MutexGuard<'static, BTreeSet<String>> {
     ACTIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use crate::ids::now_ms;
 
 /// The artifact store: capture writes through it, queries read through it.
 #[derive(Clone)]

@@ -246,14 +246,6 @@ async fn capture_job_pipe(
     }
 }
 
-fn new_job_id() -> String {
-    let ms = crate::store::artifacts::now_ms();
-    let mut rnd = [0u8; 4];
-    // SAFETY: rnd is a valid writable buffer of the length passed.
-    unsafe { libc::getrandom(rnd.as_mut_ptr().cast(), rnd.len(), 0) };
-    format!("job-{ms}-{}", hex::encode(rnd))
-}
-
 /// A response for a request that never ran.
 fn not_run(job_id: String, status: Status, decision: &Decision, error: String) -> ExecuteResponse {
     ExecuteResponse {
@@ -280,7 +272,7 @@ fn not_run(job_id: String, status: Status, decision: &Decision, error: String) -
 impl Supervisor {
     /// Run one request through every governance step.
     pub async fn execute(&self, req: ExecuteRequest, mut ctl: ExecControl) -> ExecuteResponse {
-        let job_id = req.job_id.clone().unwrap_or_else(new_job_id);
+        let job_id = req.job_id.clone().unwrap_or_else(crate::ids::job_id);
         let policy_req = plan::policy_request(&req, &self.config.network);
         let mut limits = self.config.resolve_limits(&policy_req.limits);
         let command = req.executable.clone().unwrap_or_else(|| {

@@ -279,13 +279,6 @@ fn userns_owner() -> u32 {
     namespaces::USERNS_OWNER_BASE + u32::from_le_bytes(rnd) % namespaces::USERNS_OWNER_SLOTS
 }
 
-fn new_job_id() -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
-    let mut rnd = [0u8; 4];
-    let _ = getrandom(&mut rnd);
-    format!("job-{now}-{:02x}{:02x}{:02x}{:02x}", rnd[0], rnd[1], rnd[2], rnd[3])
-}
-
 fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
     // SAFETY: buf is a valid writable slice of the given length.
     let ret = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
@@ -382,7 +375,7 @@ impl InitStage {
             return Err(e);
         }
         let started = Instant::now();
-        let job_id = new_job_id();
+        let job_id = crate::ids::job_id();
         let mut init = init_spec(spec);
         init.seccomp = seccomp_name.map(str::to_string);
         let sweeps = sweeps_for(&init);
@@ -902,10 +895,5 @@ mod tests {
         assert_eq!(get(libc::RLIMIT_NPROC as i32), Some((10, 10)));
         assert_eq!(get(libc::RLIMIT_FSIZE as i32), Some((1 << 20, 1 << 20)));
         assert!(limit_rlimits(&crate::job::Limits::default(), false).is_empty());
-    }
-
-    #[test]
-    fn job_ids_are_unique() {
-        assert_ne!(new_job_id(), new_job_id());
     }
 }

@@ -1,11 +1,11 @@
 //! Timestamps of memories and feedback: milliseconds since the epoch inside,
 //! RFC 3339 (UTC, milliseconds) on the wire and in the markdown files.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 /// Now, in milliseconds since the epoch.
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    crate::ids::now_ms() as i64
 }
 
 /// `2026-05-20T12:34:56.789Z` (the audit trail's format).
