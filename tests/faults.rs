@@ -98,6 +98,23 @@ fn eventually(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// After the server `pid` died: its init stages died with it (parent-death
+/// signal), and with them every process of its jobs' pid namespaces; the
+/// next server opens the store and its start removes the dead one's job
+/// cgroups.
+fn nothing_outlives(config: &Path, pid: u32, marker: &str, what: &str) {
+    eventually(&format!("{what}: the jobs die with their server"), Duration::from_secs(10), || {
+        with_marker(marker).is_empty()
+    });
+    let mut next = Server::start(config);
+    let info = next.call("info", json!({}));
+    assert!(info.get("error").is_none(), "{what}: {info}");
+    eventually(&format!("{what}: the dead server's cgroups are swept"), Duration::from_secs(10), || {
+        job_cgroups(pid).is_empty()
+    });
+    next.stop();
+}
+
 fn cli(config: &Path, args: &[&str]) -> std::process::Output {
     Command::new(exe()).arg("--config").arg(config).args(args).output().unwrap()
 }
@@ -130,19 +147,7 @@ fn a_server_killed_mid_job_leaves_nothing_running_and_a_whole_store() {
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         let _ = server.0.child.wait();
-        // Its init stages die with it (parent-death signal), and with them
-        // every process of the jobs' pid namespaces.
-        eventually(&format!("round {round}: the jobs die with their server"), Duration::from_secs(10), || {
-            with_marker(&marker).is_empty()
-        });
-        // The next server's start removes what the dead one left.
-        let mut next = Server::start(&config);
-        let info = next.call("info", json!({}));
-        assert!(info.get("error").is_none(), "{info}");
-        eventually(&format!("round {round}: the dead server's cgroups are swept"), Duration::from_secs(10), || {
-            job_cgroups(pid).is_empty()
-        });
-        next.stop();
+        nothing_outlives(&config, pid, &marker, &format!("round {round}"));
     }
     // The store: the trail verifies, and every artifact listed reads whole
     // or is refused, never half.
@@ -218,17 +223,7 @@ fn a_server_killed_at_each_store_write_loses_nothing_it_answered() {
         assert!(died, "{point}:{n}: the server did not reach its crash point");
         let status = server.0.child.wait().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "{point}:{n}");
-        eventually(&format!("{point}:{n}: the jobs die with their server"), Duration::from_secs(10), || {
-            with_marker(&marker).is_empty()
-        });
-        // The next server opens the store and sweeps the dead one's cgroups.
-        let mut next = Server::start(&config);
-        let info = next.call("info", json!({}));
-        assert!(info.get("error").is_none(), "{point}:{n}: {info}");
-        eventually(&format!("{point}:{n}: the dead server's cgroups are swept"), Duration::from_secs(10), || {
-            job_cgroups(pid).is_empty()
-        });
-        next.stop();
+        nothing_outlives(&config, pid, &marker, &format!("{point}:{n}"));
 
         let verify = cli(&config, &["audit", "verify"]);
         let said = String::from_utf8_lossy(&verify.stdout).to_string();
