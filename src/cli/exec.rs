@@ -78,25 +78,12 @@ pub struct ExecArgs {
     pub args: Vec<String>,
 }
 
-/// Parse `30s`, `500ms`, `2m`, `1h` or a bare number of seconds.
+/// A positive duration in the grammar of every duration flag
+/// ([`super::run::parse_duration`]: `30s`, `500ms`, `1.5s`, `2m`, `1h`, a
+/// bare number is seconds), in whole milliseconds, rounded up.
 pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1000.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60_000.0)
-    } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3_600_000.0)
-    } else {
-        (s, 1000.0)
-    };
-    let v: f64 = num.trim().parse().map_err(|_| format!("invalid duration '{s}': use e.g. 30s, 500ms, 2m"))?;
-    if v.is_nan() || v <= 0.0 || !v.is_finite() {
-        return Err(format!("invalid duration '{s}': must be positive"));
-    }
-    Ok((v * mult).round() as u64)
+    let d = super::run::parse_positive_duration(s)?;
+    Ok(d.as_micros().div_ceil(1000).try_into().unwrap_or(u64::MAX))
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
@@ -348,7 +335,10 @@ mod tests {
         assert_eq!(parse_duration_ms("500ms"), Ok(500));
         assert_eq!(parse_duration_ms("2m"), Ok(120_000));
         assert_eq!(parse_duration_ms("1.5"), Ok(1500));
-        assert!(parse_duration_ms("soon").is_err());
-        assert!(parse_duration_ms("-1s").is_err());
+        assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
+        assert_eq!(parse_duration_ms("0.0004s"), Ok(1));
+        for bad in ["soon", "-1s", "0", "1d"] {
+            assert!(parse_duration_ms(bad).is_err(), "{bad}");
+        }
     }
 }
