@@ -335,9 +335,10 @@ impl Drop for Tmpfs {
     }
 }
 
-/// The store on an 8 MiB tmpfs, and a job whose output fills it: the
-/// client gets a clear error, nobody panics, the job's tree is killed,
-/// and what was stored before is all there.
+/// The store on an 8 MiB tmpfs (2 MiB kept free, `store.min_free_bytes`),
+/// and a job whose output would fill it: its output stops being stored at
+/// half the reserve, the client is told, nobody panics, the job's tree is
+/// killed, and what was stored before is all there.
 #[test]
 fn a_disk_that_fills_up_costs_the_new_artifact_only() {
     if !common::is_root() {
@@ -351,7 +352,8 @@ fn a_disk_that_fills_up_costs_the_new_artifact_only() {
     let repo = common::readable_repo(dir.path());
     let store_dir = fs.0.path().join("store");
     let config = dir.path().join("confine.toml");
-    std::fs::write(&config, common::exec_config(&store_dir, "t", &repo)).unwrap();
+    let text = common::exec_config(&store_dir, "t", &repo).replace("[store]\n", "[store]\nmin_free_bytes = 2097152\n");
+    std::fs::write(&config, text).unwrap();
     let exec =
         |code: &str| confine(&config, &["exec", "--repo-id", "t", "--runtime", "shell", "--json", "--code", code]);
     // Before: a few artifacts, small and in blobs.
@@ -370,7 +372,7 @@ fn a_disk_that_fills_up_costs_the_new_artifact_only() {
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let notes = v["output"]["notes"].to_string();
     assert!(
-        notes.contains("output was not stored") && notes.contains("No space left on device"),
+        notes.contains("output was not stored") && notes.contains("disk is nearly full"),
         "the client must be told the disk is full: {notes}"
     );
     assert!(v["artifactHandle"].is_null(), "{}", v["artifactHandle"]);
@@ -378,7 +380,7 @@ fn a_disk_that_fills_up_costs_the_new_artifact_only() {
     let out =
         confine(&config, &["exec", "--repo-id", "t", "--runtime", "shell", "--code", "head -c 20000000 /dev/urandom"]);
     let stderr = common::stderr(&out);
-    assert!(stderr.contains("confine: note: output was not stored") && stderr.contains("No space left"), "{stderr}");
+    assert!(stderr.contains("confine: note: output was not stored") && stderr.contains("nearly full"), "{stderr}");
     assert!(common::host_pids_with(&token).is_empty(), "the job's tree survived the failure");
     // Everything from before is whole.
     for (i, h) in before.iter().enumerate() {

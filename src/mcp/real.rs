@@ -63,8 +63,8 @@ impl SupervisorService {
         Ok(())
     }
 
-    fn usage_tree(&self) -> Result<sled::Tree, ServiceError> {
-        self.sup.stores().map_err(internal)?.store.tree("usage").map_err(internal)
+    fn store(&self) -> Result<&crate::store::Store, ServiceError> {
+        Ok(&self.sup.stores().map_err(internal)?.store)
     }
 }
 
@@ -489,10 +489,8 @@ impl RuntimeService for SupervisorService {
     }
 
     async fn usage_history(&self, req: &UsageStatsRequest) -> Result<Option<UsageSnapshot>, ServiceError> {
-        let tree = self.usage_tree()?;
         let mut total = summarise(now_ms(), BTreeMap::new(), BTreeMap::new());
-        for item in tree.iter() {
-            let (_, v) = item.map_err(internal)?;
+        for v in self.store()?.values(crate::store::Table::Usage).map_err(internal)? {
             let snap: UsageSnapshot = serde_json::from_slice(&v).map_err(internal)?;
             if req.since_ms.is_some_and(|s| snap.since_ms < s) {
                 continue;
@@ -503,10 +501,10 @@ impl RuntimeService for SupervisorService {
     }
 
     async fn record_usage(&self, session: &UsageSnapshot) -> Result<(), ServiceError> {
-        let tree = self.usage_tree()?;
         let value = serde_json::to_vec(session).map_err(internal)?;
-        tree.insert(self.started_ms.to_be_bytes(), value).map_err(internal)?;
-        self.sup.stores().map_err(internal)?.store.flush().map_err(internal)
+        let store = self.store()?;
+        store.put(crate::store::Table::Usage, &self.started_ms.to_be_bytes(), &value).map_err(internal)?;
+        store.flush().map_err(internal)
     }
 
     async fn shutdown(&self) {

@@ -72,6 +72,24 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// The tables of small values kept beside the store's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// The supervisor's own state (the automatic GC's last run).
+    Supervisor,
+    /// The MCP server's usage snapshots, one per server run.
+    Usage,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::Supervisor => "supervisor",
+            Table::Usage => "usage",
+        }
+    }
+}
+
 /// Where the store lives when the config names no `store.path`:
 /// `$XDG_DATA_HOME/confine`, else `~/.local/share/confine`.
 pub fn default_path() -> PathBuf {
@@ -214,9 +232,29 @@ impl Store {
         }
     }
 
-    /// A named tree (table) of the store.
+    /// A named tree (table) of the store: for the store's own modules,
+    /// and for tests that edit a record behind its back to see it caught.
+    /// Everything else goes through the modules' APIs ([`Table`] for
+    /// small values).
+    #[doc(hidden)]
     pub fn tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
         Ok(self.inner.db.open_tree(name)?)
+    }
+
+    /// The value at `key` of `table`.
+    pub fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.tree(table.name())?.get(key)?.map(|v| v.to_vec()))
+    }
+
+    /// Set the value at `key` of `table` (durable at the next [`Store::flush`]).
+    pub fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.tree(table.name())?.insert(key, value)?;
+        Ok(())
+    }
+
+    /// Every value of `table`, in key order.
+    pub fn values(&self, table: Table) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.tree(table.name())?.iter().values().map(|v| Ok(v?.to_vec())).collect()
     }
 
     /// The store's artifact bytes.

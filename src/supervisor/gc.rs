@@ -13,10 +13,9 @@
 
 use crate::store::artifacts::Artifacts;
 use crate::store::audit::AuditLog;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, Table};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const TREE: &str = "supervisor";
 const LAST_RUN_KEY: &[u8] = b"artifactGc.lastRunMs";
 
 /// The automatic GC's clock.
@@ -24,15 +23,20 @@ pub(crate) struct GcSchedule {
     /// 0: never by itself.
     interval_ms: u64,
     last_ms: AtomicU64,
-    tree: sled::Tree,
+    store: Store,
 }
 
 impl GcSchedule {
     pub(crate) fn open(store: &Store, interval_secs: u64) -> Result<GcSchedule, StoreError> {
-        let tree = store.tree(TREE)?;
-        let last =
-            tree.get(LAST_RUN_KEY)?.and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok()).map_or(0, u64::from_be_bytes);
-        Ok(GcSchedule { interval_ms: interval_secs.saturating_mul(1000), last_ms: AtomicU64::new(last), tree })
+        let last = store
+            .get(Table::Supervisor, LAST_RUN_KEY)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map_or(0, u64::from_be_bytes);
+        Ok(GcSchedule {
+            interval_ms: interval_secs.saturating_mul(1000),
+            last_ms: AtomicU64::new(last),
+            store: store.clone(),
+        })
     }
 
     /// Whether a run is due at `now`; true for one caller only per
@@ -49,7 +53,7 @@ impl GcSchedule {
         if self.last_ms.compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire).is_err() {
             return false;
         }
-        if let Err(e) = self.tree.insert(LAST_RUN_KEY, &now.to_be_bytes()) {
+        if let Err(e) = self.store.put(Table::Supervisor, LAST_RUN_KEY, &now.to_be_bytes()) {
             tracing::warn!(error = %e, "could not record the artifact GC time; the next supervisor may collect early");
         }
         true
