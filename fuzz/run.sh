@@ -30,6 +30,8 @@ for t in "${targets[@]}"; do
   grep -qx "$t" <<<"$all" || { echo "fuzz: unknown target '$t' (targets: $(echo $all))" >&2; exit 2; }
 done
 export PATH="$HOME/.cargo/bin:$PATH"
+# Known exit-time leaks of dependencies (lsan.supp says which and why).
+export LSAN_OPTIONS="suppressions=$PWD/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 say() { echo "fuzz: $*" >&2; }
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   say "installing the nightly toolchain (libFuzzer's instrumentation needs it)"
