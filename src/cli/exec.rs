@@ -83,7 +83,7 @@ pub struct ExecArgs {
 /// bare number is seconds), in whole milliseconds, rounded up.
 pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
     let d = super::run::parse_positive_duration(s)?;
-    Ok(d.as_micros().div_ceil(1000).try_into().unwrap_or(u64::MAX))
+    Ok(d.as_nanos().div_ceil(1_000_000).try_into().unwrap_or(u64::MAX))
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
@@ -337,6 +337,7 @@ mod tests {
         assert_eq!(parse_duration_ms("1.5"), Ok(1500));
         assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
         assert_eq!(parse_duration_ms("0.0004s"), Ok(1));
+        assert_eq!(parse_duration_ms("0.0000001"), Ok(1));
         for bad in ["soon", "-1s", "0", "1d"] {
             assert!(parse_duration_ms(bad).is_err(), "{bad}");
         }

@@ -93,12 +93,31 @@ fn write_tree(dir: &Path, cmd: &clap::Command, name: &str, n: &mut usize) -> std
     let page = cmd.clone().name(name.to_string());
     let mut bytes = Vec::new();
     clap_mangen::Man::new(page).render(&mut bytes)?;
-    std::fs::write(dir.join(format!("{name}.1")), bytes)?;
+    write_new(dir, &format!("{name}.1"), &bytes)?;
     *n += 1;
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
         write_tree(dir, sub, &format!("{name}-{}", sub.get_name()), n)?;
     }
     Ok(())
+}
+
+/// Write `dir/name` without following anything planted there: a fresh
+/// temporary file (`create_new` never opens an existing one, link or not)
+/// renamed over the name (rename replaces a link, it does not follow it).
+/// `--dir` may be a shared directory such as /usr/local/share/man/man1.
+fn write_new(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| std::fs::rename(&tmp, dir.join(name)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 #[cfg(test)]
@@ -166,6 +185,14 @@ mod tests {
         let run = std::fs::read_to_string(dir.path().join("confine-run.1")).unwrap();
         assert!(run.contains("workspace") && run.contains("allow\\-degraded"), "{run}");
         assert!(dir.path().join("confine-audit-verify.1").exists());
+        // A link planted under a page's name is replaced, not followed.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "kept").unwrap();
+        std::fs::remove_file(dir.path().join("confine-gc.1")).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("confine-gc.1")).unwrap();
+        write_pages(dir.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "kept");
+        assert!(!std::fs::symlink_metadata(dir.path().join("confine-gc.1")).unwrap().file_type().is_symlink());
         // Rendered by man(1), where it is installed.
         if let Ok(out) = std::process::Command::new("man").arg("-l").arg(dir.path().join("confine-run.1")).output() {
             if out.status.success() {
