@@ -12,25 +12,19 @@ use std::time::{Duration, Instant};
 
 fn entry(id: &str) -> AuditEntry {
     AuditEntry {
-        id: id.to_string(),
         repo_id: Some("bench".into()),
         runtime: "python".into(),
         operation: "execute".into(),
         executable: "/usr/bin/python3".into(),
         args_sha256: "0".repeat(64),
         cwd: "/work".into(),
-        allowed: true,
-        deny_reasons: vec![],
         policy_digest: "1".repeat(64),
         audit_hash: "2".repeat(64),
         status: confine::job::Status::Success,
         duration_ms: 12,
-        queued_ms: 0,
         exit_code: Some(0),
-        signal: None,
         stdout_bytes: 3,
-        stderr_bytes: 0,
-        network: None,
+        ..AuditEntry::bare(id)
     }
 }
 

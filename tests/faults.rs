@@ -119,6 +119,13 @@ fn cli(config: &Path, args: &[&str]) -> std::process::Output {
     Command::new(exe()).arg("--config").arg(config).args(args).output().unwrap()
 }
 
+/// Every audit record, newest first (`confine audit ls --json`).
+fn audit_records(config: &Path) -> Vec<Value> {
+    let ls = cli(config, &["audit", "ls", "--json", "--limit", "1000"]);
+    assert!(ls.status.success(), "{}", String::from_utf8_lossy(&ls.stderr));
+    String::from_utf8_lossy(&ls.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 #[test]
 fn a_server_killed_mid_job_leaves_nothing_running_and_a_whole_store() {
     if !sandbox_available() {
@@ -149,10 +156,19 @@ fn a_server_killed_mid_job_leaves_nothing_running_and_a_whole_store() {
         let _ = server.0.child.wait();
         nothing_outlives(&config, pid, &marker, &format!("round {round}"));
     }
-    // The store: the trail verifies, and every artifact listed reads whole
-    // or is refused, never half.
+    // The store: the trail verifies and holds every job that was let run,
+    // the killed ones marked unfinished (their starts were pending), and
+    // every artifact listed reads whole or is refused, never half.
     let verify = cli(&config, &["audit", "verify"]);
-    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    let said = String::from_utf8_lossy(&verify.stdout).to_string();
+    assert!(verify.status.success(), "{said}");
+    let records: usize = said.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap();
+    assert_eq!(records, 9, "3 rounds of a finished job and 2 killed ones: {said}");
+    let unfinished = audit_records(&config)
+        .iter()
+        .filter(|r| r["note"].as_str().is_some_and(|n| n.starts_with("unfinished")))
+        .count();
+    assert_eq!(unfinished, 6, "the killed jobs' records are marked unfinished");
     let ls = cli(&config, &["artifacts", "ls", "--json"]);
     assert!(ls.status.success(), "{}", String::from_utf8_lossy(&ls.stderr));
     let listed: Vec<Value> =
@@ -474,6 +490,98 @@ fn a_full_disk_refuses_requests_clearly_and_the_server_recovers() {
     assert!(verify.status.success(), "{said} {}", String::from_utf8_lossy(&verify.stderr));
     let records: usize = said.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap();
     assert_eq!(records, ran, "one record per job that ran (the refused ones found no room): {said}");
+}
+
+/// A job that fills the file system the store is on (a writable
+/// workspace on the same disk, which the reserve can't keep it from):
+/// its start was recorded before it ran; its end can't be, so its answer
+/// is a failure that says so (never a success without a record), no
+/// other job runs until that record is written, the store never enters
+/// sled's failed state, and once space is freed the record is written and
+/// jobs run again, without a restart. `confine exec` exits 125 for it.
+#[test]
+fn a_job_that_fills_the_store_s_disk_is_recorded_and_nothing_runs_until_it_is() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(&dir.path().join("disk"), 48 << 20);
+    let repo = readable_repo(&disk.0);
+    let config = dir.path().join("confine.toml");
+    let text = format!(
+        "[runtime]\nenabled = true\n\n[sandbox]\nworkspace_rw = true\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
+        disk.0.join("store").display(),
+        repo.display()
+    );
+    std::fs::write(&config, &text).unwrap();
+    let marker = format!("shareddisk{}", std::process::id());
+    let run = |server: &mut Server, code: &str| {
+        server.call("runtime_execute", json!({"repoId": "demo", "runtime": "shell", "code": code}))
+    };
+    let mut server = Server::start(&config);
+    let r = run(&mut server, "echo first");
+    assert_eq!(r["status"], "success", "{r}");
+
+    // The job writes until the disk is full, then ends well.
+    let r = run(&mut server, "head -c 100000000 /dev/zero > fill; echo wrote");
+    let filled = r.to_string();
+    assert!(nix_free(&disk.0) < 1 << 20, "the job did not fill the disk: {filled}");
+    assert_eq!(r["status"], "failure", "a job without its record was answered as run well: {filled}");
+    assert!(filled.contains("audit record was not written"), "{filled}");
+    assert!(filled.contains("no other job runs"), "{filled}");
+
+    // Nothing runs while the record is not written; the server answers.
+    for _ in 0..2 {
+        let r = run(&mut server, &format!("echo {marker}"));
+        let text = r.to_string();
+        assert_ne!(r["status"], "success", "{text}");
+        assert!(text.contains("disk is nearly full"), "{text}");
+        assert!(!text.contains(&disk.0.display().to_string()), "the store's path reached the client: {text}");
+        assert!(!text.contains(&format!("{marker}\\n")), "a job ran: {text}");
+        let info = server.call("info", json!({}));
+        assert!(info.get("error").is_none(), "the server stopped answering: {info}");
+    }
+
+    // Space again: the filler's record is written first, then jobs run.
+    std::fs::remove_file(repo.join("fill")).unwrap();
+    let r = run(&mut server, "echo after");
+    assert_eq!(r["status"], "success", "the server did not recover when space came back: {r}");
+    assert!(r.get("error").is_none(), "{r}");
+    server.stop();
+
+    // The trail: every job that ran, the filler with its real end.
+    let verify = cli(&config, &["audit", "verify"]);
+    let said = String::from_utf8_lossy(&verify.stdout).to_string();
+    assert!(verify.status.success(), "{said}");
+    let records = audit_records(&config);
+    assert_eq!(records.len(), 3, "first, the filler, after: {records:?}");
+    // Newest first: after, the filler, first.
+    let filler = &records[1];
+    assert_eq!(filler["exitCode"], 0, "{filler}");
+    assert!(filler.get("note").is_none(), "{filler}");
+
+    // The one-shot CLI: the same job, answered with exit 125.
+    let exec = Command::new(exe())
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "exec",
+            "--repo-id",
+            "demo",
+            "--runtime",
+            "shell",
+            "--code",
+            "head -c 100000000 /dev/zero > fill; echo wrote",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&exec.stderr);
+    assert_eq!(exec.status.code(), Some(125), "{err}");
+    assert!(err.contains("audit record was not written"), "{err}");
+    std::fs::remove_file(repo.join("fill")).unwrap();
+    let records = audit_records(&config);
+    assert_eq!(records.len(), 4, "the CLI's job is recorded unfinished when the store opens again: {records:?}");
+    assert!(records[0]["note"].as_str().is_some_and(|n| n.starts_with("unfinished")), "{}", records[0]);
 }
 
 /// The server's file descriptors run out (a low RLIMIT_NOFILE, soft and

@@ -96,25 +96,15 @@ impl Rng {
 
 fn entry(id: &str) -> AuditEntry {
     AuditEntry {
-        id: id.to_string(),
         repo_id: Some("t".into()),
         runtime: "shell".into(),
         operation: "exec".into(),
         executable: "/bin/sh".into(),
-        args_sha256: String::new(),
         cwd: "/".into(),
-        allowed: true,
-        deny_reasons: vec![],
-        policy_digest: String::new(),
-        audit_hash: String::new(),
         status: confine::job::Status::Success,
         duration_ms: 1,
-        queued_ms: 0,
         exit_code: Some(0),
-        signal: None,
-        stdout_bytes: 0,
-        stderr_bytes: 0,
-        network: None,
+        ..AuditEntry::bare(id)
     }
 }
 

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 confine exec --repo . --runtime shell -- -c 'make test'\n  \
 confine exec --repo . --runtime rust --code-file main.rs --output-mode digest\n\n\
 Execution must be enabled in confine.toml ([runtime] enabled = true). Exit status follows `confine run`; \
-125 when the request was denied or confine failed.")]
+125 when the request was denied, confine failed, or the job ran and its audit record could not be written.")]
 pub struct ExecArgs {
     /// Runtime: node typescript python shell go java kotlin rust c cpp csharp ruby php perl r elixir.
     #[arg(long)]
@@ -294,6 +294,8 @@ fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
     }
     eprintln!("{line}");
     match (&resp.outcome, resp.status) {
+        // The job ran, and the trail lacks its end: not a success.
+        _ if resp.unrecorded => super::EXIT_CONFINE_FAILED,
         (Some(o), _) => o.cli_exit_code(),
         (None, Status::Denied) | (None, _) => super::EXIT_CONFINE_FAILED,
     }

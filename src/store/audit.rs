@@ -17,6 +17,14 @@
 //! of its pages: without sealing, each `confine exec` paid for the whole
 //! history. `verify`, `export`, `list` and `get` read blocks and live
 //! records as one chain; an edit inside a block breaks it as before.
+//!
+//! No record, no job: before a job is let run, its entry is written, and
+//! flushed, to the pending tree ([`AuditLog::begin`]); its record's append
+//! takes it out, in the same transaction. Whatever stops that record (the
+//! supervisor killed, a job that filled the disk the store is on), the
+//! next open of the store turns each pending entry into a record of its
+//! own, marked unfinished ([`AuditLog::open`]): a job that ran is never
+//! missing from the trail.
 
 use super::{Store, StoreError};
 use crate::job::{Outcome, Status};
@@ -37,6 +45,11 @@ const HEAD_KEY: &[u8] = b"head";
 pub const BLOCKS_TREE: &str = "audit_blocks";
 /// Records per sealed block.
 pub const SEAL_BLOCK: u64 = 1024;
+/// Job id → the entry of a job let run whose record is not appended yet.
+pub const PENDING_TREE: &str = "audit_pending";
+/// [`AuditEntry::note`] of a record made from a pending entry.
+pub const UNFINISHED_NOTE: &str =
+    "unfinished: the job was started, and the supervisor stopped (or could not write) before its end was recorded";
 
 /// `prevHash` of the first record.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -81,6 +94,9 @@ pub struct AuditEntry {
     /// An allowlisted job's connections through its proxy, allowed or denied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::job::NetworkReport>,
+    /// Why the record is not the job's whole story ([`UNFINISHED_NOTE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 impl AuditEntry {
@@ -88,7 +104,6 @@ impl AuditEntry {
     pub fn decided(id: &str, input: &PolicyInput, decision: &Decision) -> AuditEntry {
         let args = serde_json::Value::from(input.args.clone());
         AuditEntry {
-            id: id.to_string(),
             repo_id: input.repo_id.clone(),
             runtime: input.runtime.clone(),
             operation: input.operation.clone(),
@@ -100,6 +115,25 @@ impl AuditEntry {
             policy_digest: decision.policy_digest.clone(),
             audit_hash: decision.audit_hash.clone(),
             status: Status::Denied,
+            ..AuditEntry::bare(id)
+        }
+    }
+
+    /// An allowed entry that knows nothing but its id.
+    pub fn bare(id: &str) -> AuditEntry {
+        AuditEntry {
+            id: id.to_string(),
+            repo_id: None,
+            runtime: String::new(),
+            operation: String::new(),
+            executable: String::new(),
+            args_sha256: String::new(),
+            cwd: String::new(),
+            allowed: true,
+            deny_reasons: Vec::new(),
+            policy_digest: String::new(),
+            audit_hash: String::new(),
+            status: Status::Failure,
             duration_ms: 0,
             queued_ms: 0,
             exit_code: None,
@@ -107,6 +141,7 @@ impl AuditEntry {
             stdout_bytes: 0,
             stderr_bytes: 0,
             network: None,
+            note: None,
         }
     }
 
@@ -187,6 +222,7 @@ pub struct AuditLog {
     ids: sled::Tree,
     meta: sled::Tree,
     blocks: sled::Tree,
+    pending: sled::Tree,
     /// Records per sealed block: [`SEAL_BLOCK`], smaller in tests.
     block_len: u64,
 }
@@ -214,15 +250,56 @@ enum Stored {
 }
 
 impl AuditLog {
+    /// Open the trail, and append a record, marked unfinished, for each
+    /// job that was let run and never recorded. The store's lock makes
+    /// this process its only writer: what is pending now is a dead one's.
     pub fn open(store: &Store) -> Result<AuditLog, AuditError> {
-        Ok(AuditLog {
+        let log = AuditLog {
             store: store.clone(),
             records: store.tree(RECORDS_TREE)?,
             ids: store.tree(IDS_TREE)?,
             meta: store.tree(META_TREE)?,
             blocks: store.tree(BLOCKS_TREE)?,
+            pending: store.tree(PENDING_TREE)?,
             block_len: SEAL_BLOCK,
-        })
+        };
+        let recovered = log.record_unfinished()?;
+        if recovered > 0 {
+            tracing::warn!(recovered, "recorded jobs that started and were never recorded as unfinished");
+        }
+        Ok(log)
+    }
+
+    /// Write `entry` (its job about to be let run) as pending, flushed:
+    /// when this fails, the job must not run.
+    pub fn begin(&self, entry: &AuditEntry) -> Result<(), AuditError> {
+        let json = serde_json::to_vec(entry).map_err(|e| AuditError::Corrupt { seq: 0, message: e.to_string() })?;
+        self.store.check_room_for_records()?;
+        self.pending.insert(entry.id.as_bytes(), json).map_err(|e| self.store.failed_with(e.into()))?;
+        self.store.flush()?;
+        Ok(())
+    }
+
+    /// Jobs let run and not yet recorded.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Append a record for each pending entry, marked unfinished; returns
+    /// how many. An entry that does not decode still leaves its job id.
+    fn record_unfinished(&self) -> Result<usize, AuditError> {
+        let mut n = 0;
+        for kv in self.pending.iter() {
+            let (k, v) = kv.map_err(StoreError::Db)?;
+            let id = String::from_utf8_lossy(&k).into_owned();
+            let mut entry = serde_json::from_slice::<AuditEntry>(&v).unwrap_or_else(|_| AuditEntry::bare(&id));
+            entry.id = id;
+            entry.status = Status::Failure;
+            entry.note = Some(UNFINISHED_NOTE.to_string());
+            self.append(entry)?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// The same log, sealing blocks of `block_len` records (tests).
@@ -306,6 +383,7 @@ impl AuditLog {
     /// [`AuditLog::seal`]'s blocks, counted in `sealed` as they commit.
     fn seal_blocks(&self, sealed: &mut u64) -> Result<(), AuditError> {
         loop {
+            self.store.check_room_for_records()?;
             let head = self.head()?;
             if head.seq.saturating_sub(head.sealed) < 2 * self.block_len {
                 return Ok(());
@@ -356,7 +434,7 @@ impl AuditLog {
                 Ok(true) => *sealed += self.block_len,
                 Ok(false) => {}
                 Err(TransactionError::Abort(e)) => return Err(e),
-                Err(TransactionError::Storage(e)) => return Err(StoreError::Db(e).into()),
+                Err(TransactionError::Storage(e)) => return Err(self.store.failed_with(StoreError::Db(e)).into()),
             }
         }
     }
@@ -515,30 +593,33 @@ impl AuditSink for AuditLog {
 impl AuditLog {
     /// [`AuditSink::append`]'s transaction and flush.
     fn append_flushed(&self, entry: AuditEntry, timestamp: String) -> Result<AuditRecord, AuditError> {
-        let result = (&self.records, &self.ids, &self.meta).transaction(|(records, ids, meta)| {
-            let head = Self::head_in(meta)?;
-            let mut record = AuditRecord {
-                seq: head.seq + 1,
-                timestamp: timestamp.clone(),
-                entry: entry.clone(),
-                prev_hash: head.hash,
-                record_hash: String::new(),
-            };
-            record.record_hash = record.compute_hash();
-            let abort = |e: serde_json::Error| {
-                ConflictableTransactionError::Abort(AuditError::Corrupt { seq: record.seq, message: e.to_string() })
-            };
-            let key = record.seq.to_be_bytes();
-            records.insert(&key, serde_json::to_vec(&record).map_err(abort)?)?;
-            ids.insert(record.entry.id.as_bytes(), &key)?;
-            let new_head = Head { seq: record.seq, hash: record.record_hash.clone(), sealed: head.sealed };
-            meta.insert(HEAD_KEY, serde_json::to_vec(&new_head).map_err(abort)?)?;
-            Ok(record)
-        });
+        self.store.check_room_for_records()?;
+        let result =
+            (&self.records, &self.ids, &self.meta, &self.pending).transaction(|(records, ids, meta, pending)| {
+                let head = Self::head_in(meta)?;
+                let mut record = AuditRecord {
+                    seq: head.seq + 1,
+                    timestamp: timestamp.clone(),
+                    entry: entry.clone(),
+                    prev_hash: head.hash,
+                    record_hash: String::new(),
+                };
+                record.record_hash = record.compute_hash();
+                let abort = |e: serde_json::Error| {
+                    ConflictableTransactionError::Abort(AuditError::Corrupt { seq: record.seq, message: e.to_string() })
+                };
+                let key = record.seq.to_be_bytes();
+                records.insert(&key, serde_json::to_vec(&record).map_err(abort)?)?;
+                ids.insert(record.entry.id.as_bytes(), &key)?;
+                let new_head = Head { seq: record.seq, hash: record.record_hash.clone(), sealed: head.sealed };
+                meta.insert(HEAD_KEY, serde_json::to_vec(&new_head).map_err(abort)?)?;
+                pending.remove(record.entry.id.as_bytes())?;
+                Ok(record)
+            });
         let record = match result {
             Ok(r) => r,
             Err(TransactionError::Abort(e)) => return Err(e),
-            Err(TransactionError::Storage(e)) => return Err(StoreError::Db(e).into()),
+            Err(TransactionError::Storage(e)) => return Err(self.store.failed_with(StoreError::Db(e)).into()),
         };
         crate::crashpoint::reached("audit-committed");
         self.store.flush()?;

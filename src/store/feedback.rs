@@ -257,7 +257,8 @@ impl FeedbackStore for FeedbackDb {
         let mut key = Self::prefix(&req.repo_id);
         key.extend_from_slice(&seq.to_be_bytes());
         let bytes = serde_json::to_vec(&record).map_err(|e| FeedbackError::Corrupt(e.to_string()))?;
-        self.tree.insert(key, bytes)?;
+        self.store.check_room_for_records()?;
+        self.tree.insert(key, bytes).map_err(|e| self.store.failed_with(e.into()))?;
         self.store.flush()?;
         Ok(FeedbackResult {
             ok: true,

@@ -57,12 +57,22 @@ pub enum StoreError {
     #[error("store: {0}")]
     Db(#[from] sled::Error),
     /// The store's file system has less room than `store.min_free_bytes`
-    /// keeps free: what was refused did not run or was not written.
+    /// keeps free: what was refused did not run or was not written. The
+    /// message leaves the path out (it reaches MCP clients); the log has it.
     #[error(
-        "the store's disk is nearly full: {free} bytes free at {path}, under the {reserve} bytes confine keeps free \
-         there (store.min_free_bytes); free some space, or move the store (store.path)"
+        "the store's disk is nearly full: {free} bytes free, under the {reserve} bytes confine keeps free there \
+         (store.min_free_bytes); free some space on the store's file system (store.path in the configuration, \
+         and the server's log, name it), or move the store"
     )]
     Full { path: PathBuf, free: u64, reserve: u64 },
+    /// A write or sync of the store failed earlier in this process: sled
+    /// refuses every later write until the store is opened again, so no
+    /// job starts (it could not be recorded) until confine restarts.
+    #[error(
+        "the store failed writing earlier ({0}) and takes no more records: nothing runs until confine is \
+         restarted (free space on the store's disk first, if it is full)"
+    )]
+    Failed(String),
     /// Making written data durable failed (`fdatasync`/`fsync`): what was
     /// written may not survive a crash.
     #[error("store: syncing {what} to disk failed: {source} (is the disk full or failing?)")]
@@ -122,6 +132,8 @@ struct Inner {
     sled_blobs: std::sync::Mutex<std::collections::BTreeSet<std::ffi::OsString>>,
     /// `store.min_free_bytes`: 0 until the supervisor sets it.
     min_free: AtomicU64,
+    /// The first write or sync that failed ([`StoreError::Failed`]).
+    failed: std::sync::OnceLock<String>,
     _lock: File,
 }
 
@@ -199,6 +211,7 @@ impl Store {
                 syncs: AtomicU64::new(0),
                 sled_blobs: Default::default(),
                 min_free: AtomicU64::new(0),
+                failed: std::sync::OnceLock::new(),
                 _lock: lock,
             }),
         })
@@ -212,20 +225,45 @@ impl Store {
         self.inner.blobs.set_min_free(bytes / 2);
     }
 
-    /// Whether a job may start: the file system has `store.min_free_bytes`
-    /// free, so that its output and its record fit.
+    /// Whether a job may start: the store has not failed, and the file
+    /// system has `store.min_free_bytes` free, so that its output and its
+    /// record fit.
     pub fn check_room(&self) -> Result<(), StoreError> {
+        self.check_failed()?;
         self.check_free(self.inner.min_free.load(Ordering::Relaxed))
     }
 
-    /// Whether a record may be appended (see [`RECORD_FLOOR`]).
+    /// Whether anything may be written to sled (see [`RECORD_FLOOR`]):
+    /// every write of the store's modules asks first, since one write
+    /// that meets a full disk fails the store until it is reopened.
     pub fn check_room_for_records(&self) -> Result<(), StoreError> {
+        self.check_failed()?;
         self.check_free(self.inner.min_free.load(Ordering::Relaxed).min(RECORD_FLOOR))
+    }
+
+    fn check_failed(&self) -> Result<(), StoreError> {
+        match self.inner.failed.get() {
+            Some(why) => Err(StoreError::Failed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Remember that a write failed: sled keeps the error, so the store
+    /// takes nothing more until it is opened again ([`StoreError::Failed`]).
+    /// Room refusals are not failures: nothing was written.
+    pub fn note_failure(&self, e: &StoreError) {
+        if matches!(e, StoreError::Full { .. } | StoreError::Failed(_) | StoreError::Busy { .. }) {
+            return;
+        }
+        if self.inner.failed.set(e.to_string()).is_ok() {
+            tracing::error!(store = %self.inner.root.display(), error = %e, "the store failed writing; no job runs until confine restarts");
+        }
     }
 
     fn check_free(&self, reserve: u64) -> Result<(), StoreError> {
         match free_bytes(&self.inner.data) {
             Some(free) if reserve > 0 && free < reserve => {
+                tracing::warn!(store = %self.inner.root.display(), free, reserve, "the store's disk is nearly full");
                 Err(StoreError::Full { path: self.inner.root.clone(), free, reserve })
             }
             _ => Ok(()),
@@ -248,8 +286,16 @@ impl Store {
 
     /// Set the value at `key` of `table` (durable at the next [`Store::flush`]).
     pub fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.tree(table.name())?.insert(key, value)?;
+        self.check_room_for_records()?;
+        let tree = self.tree(table.name())?;
+        tree.insert(key, value).map_err(|e| self.failed_with(e.into()))?;
         Ok(())
+    }
+
+    /// `e`, noted as the store's failure ([`Store::note_failure`]).
+    pub(crate) fn failed_with(&self, e: StoreError) -> StoreError {
+        self.note_failure(&e);
+        e
     }
 
     /// Every value of `table`, in key order.
@@ -270,6 +316,10 @@ impl Store {
     /// Make everything written so far durable: sled's flush, then
     /// `fdatasync` of its data file, then `fsync` of its directory.
     pub fn flush(&self) -> Result<(), StoreError> {
+        self.flush_inner().map_err(|e| self.failed_with(e))
+    }
+
+    fn flush_inner(&self) -> Result<(), StoreError> {
         self.inner.db.flush()?;
         self.inner.data.sync_data().map_err(|source| StoreError::Sync { what: "the database", source })?;
         self.inner.syncs.fetch_add(1, Ordering::Relaxed);

@@ -60,3 +60,19 @@ fn a_second_opener_is_told_the_holders_pid_and_takes_over_when_it_is_gone() {
     drop(first);
     Store::open(dir.path()).expect("taken over once the holder let go");
 }
+
+/// A write that failed leaves sled failed until the store is opened
+/// again: every job and every later write is refused with what to do, and
+/// a room refusal (nothing was written) is not such a failure.
+#[test]
+fn a_failed_write_is_sticky_and_a_full_disk_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open_flushed_by_caller(dir.path()).unwrap();
+    s.note_failure(&StoreError::Full { path: dir.path().into(), free: 0, reserve: 1 });
+    s.check_room().unwrap();
+    s.note_failure(&StoreError::Sync { what: "the database", source: std::io::Error::other("ENOSPC") });
+    let err = s.check_room().unwrap_err().to_string();
+    assert!(err.contains("restarted") && err.contains("syncing the database"), "{err}");
+    assert!(s.put(Table::Supervisor, b"k", b"v").is_err());
+    assert!(s.check_room_for_records().is_err());
+}

@@ -22,7 +22,8 @@ use crate::runtimes;
 use crate::sandbox::linux::supervise::Teardown;
 use crate::sandbox::{Backend, BackendKind};
 use crate::store::artifacts::{JobInfo, StreamName};
-use crate::store::audit::{AuditEntry, AuditSink};
+use crate::store::audit::{AuditEntry, AuditError, AuditSink};
+use crate::store::StoreError;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::pin::Pin;
@@ -105,6 +106,12 @@ pub struct ExecuteResponse {
     /// The response mode's view of the output, when a job ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<OutputView>,
+    /// The job ran and its audit record could not be written (`error`
+    /// says why): its start is in the trail, its end is written before
+    /// any other job runs, or marked unfinished when the store is next
+    /// opened. `status` is then `failure`; `confine exec` exits 125.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unrecorded: bool,
 }
 
 /// What a job that ran left: its outcome, its captured output, the view,
@@ -266,6 +273,7 @@ fn not_run(job_id: String, status: Status, decision: &Decision, error: String) -
         clamped: Vec::new(),
         outcome: None,
         output: None,
+        unrecorded: false,
     }
 }
 
@@ -333,7 +341,8 @@ impl Supervisor {
         let queued_ms = slot.queued.as_millis() as u64;
         // 8. output: the stored caps, lowered by the policy's outputBytes.
         let output = self.config.output.with_stored_cap(limits.output_bytes);
-        let response = self.run_job(&job_id, &admitted.repo.id, &req, &output, placed, &mut ctl).await;
+        let started = AuditEntry::decided(&job_id, &input, &decision);
+        let response = self.run_job(&started, &admitted.repo.id, &req, &output, placed, &mut ctl).await;
         tracing::debug!("job ended and output stored");
         drop(slot);
         let (outcome, captured, output, teardown) = match response {
@@ -345,18 +354,8 @@ impl Supervisor {
         outcome.job_id = job_id.clone();
 
         // 9. audit, flushed before we answer.
-        let entry = AuditEntry::decided(&job_id, &input, &decision).finished(
-            &outcome,
-            captured.stdout.meta.total_bytes,
-            captured.stderr.meta.total_bytes,
-        );
-        let audit_error = self.audit(entry).err().map(|e| {
-            // The append's flush is what makes the artifact durable too.
-            match self.stores().map_err(|e| e.to_string()).and_then(|s| s.store.flush().map_err(|e| e.to_string())) {
-                Ok(()) => format!("audit record not written: {e}"),
-                Err(f) => format!("audit record not written: {e}; output not flushed: {f}"),
-            }
-        });
+        let entry = started.finished(&outcome, captured.stdout.meta.total_bytes, captured.stderr.meta.total_bytes);
+        let audit_error = self.audit_finished(entry);
         tracing::debug!("audit record flushed");
         // The job's cgroups were removed meanwhile, on another thread.
         teardown.finish().await;
@@ -364,7 +363,6 @@ impl Supervisor {
         self.collect_garbage_if_due();
         ExecuteResponse {
             job_id,
-            status: outcome.status,
             exit_code: outcome.exit_code,
             signal: outcome.signal,
             duration_ms: outcome.duration_ms,
@@ -375,12 +373,48 @@ impl Supervisor {
                 audit_hash: decision.audit_hash.clone(),
                 denied_reasons: Vec::new(),
             },
-            error: outcome.error.clone().or(audit_error),
+            error: match (&audit_error, &outcome.error) {
+                (Some(a), Some(e)) => Some(format!("{e}; {a}")),
+                (a, e) => e.clone().or(a.clone()),
+            },
             rejection: None,
             clamped: limits.clamped.clone(),
+            unrecorded: audit_error.is_some(),
+            status: if audit_error.is_some() { Status::Failure } else { outcome.status },
             outcome: Some(outcome),
             output,
         }
+    }
+
+    /// Append the record of a job that ran; on failure, keep it to be
+    /// written before the next job ([`Stores::write_unrecorded`]) and say
+    /// what happened, for the answer.
+    fn audit_finished(&self, entry: AuditEntry) -> Option<String> {
+        let stores = match self.stores() {
+            Ok(s) => s,
+            Err(e) => return Some(format!("the job ran and its audit record was not written: {e}")),
+        };
+        let e = match stores.audit.append(entry.clone()) {
+            Ok(_) => return None,
+            Err(e) => e,
+        };
+        tracing::error!(job = %entry.id, error = %e, "a job's audit record was not written");
+        stores.keep_unrecorded(entry);
+        // The append's flush is what makes the artifact durable too; not
+        // tried when the disk is full or the store failed (a write then
+        // would fail the store for good).
+        let flushed = match &e {
+            AuditError::Store(StoreError::Full { .. } | StoreError::Failed(_)) => Ok(()),
+            _ => stores.store.flush(),
+        };
+        let mut msg = format!(
+            "the job ran and its audit record was not written: {e}; its start is recorded, and no other job runs \
+             until its record is written"
+        );
+        if let Err(f) = flushed {
+            msg.push_str(&format!("; output not flushed: {f}"));
+        }
+        Some(msg)
     }
 
     /// Start the job on the supervisor's backend.
@@ -425,7 +459,7 @@ impl Supervisor {
     /// Start the sandbox, capture both streams, enforce the limits.
     async fn run_job(
         &self,
-        job_id: &str,
+        started_entry: &AuditEntry,
         repo_id: &str,
         req: &ExecuteRequest,
         output: &OutputConfig,
@@ -442,10 +476,12 @@ impl Supervisor {
         // backends wait for the store first. No job runs unaudited.
         let hold = self.backend == BackendKind::Linux && !self.stores.is_ready();
         placed.spec.hold = hold;
-        // No job starts without room for its output and its record.
+        // No job starts without room for its output and its record, and
+        // without its start in the trail.
+        let job_id = started_entry.id.as_str();
         if !hold {
             let stores = self.stores.wait().await.map_err(|e| e.to_string())?;
-            stores.store.check_room().map_err(|e| e.to_string())?;
+            stores.admit(started_entry)?;
         }
         let mut job = self.start(job_id, placed, streams).await?;
         // Ready at once unless the job is held (for the store, or built
@@ -453,7 +489,7 @@ impl Supervisor {
         // unreleased, which kills its tree.
         let stores = self.stores.wait().await.map_err(|e| e.to_string())?;
         if hold {
-            stores.store.check_room().map_err(|e| e.to_string())?;
+            stores.admit(started_entry)?;
         }
         if job.held() {
             job.release().await.map_err(|e| format!("cannot start the job: {e}"))?;
@@ -561,13 +597,12 @@ impl Supervisor {
     /// Append `entry` to the audit trail (flushed before it returns).
     fn audit(&self, entry: AuditEntry) -> Result<(), String> {
         let stores = self.stores().map_err(|e| e.to_string())?;
-        stores.store.check_room_for_records().map_err(|e| match e {
-            crate::store::StoreError::Full { free, .. } => {
+        stores.audit.append(entry).map(drop).map_err(|e| match e {
+            AuditError::Store(StoreError::Full { free, .. }) => {
                 format!("no room for it on the store's disk ({free} bytes free; see store.min_free_bytes)")
             }
             e => e.to_string(),
-        })?;
-        stores.audit.append(entry).map(drop).map_err(|e| e.to_string())
+        })
     }
 
     fn reject(

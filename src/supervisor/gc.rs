@@ -129,25 +129,14 @@ mod tests {
 
     fn entry(id: &str) -> crate::store::audit::AuditEntry {
         crate::store::audit::AuditEntry {
-            id: id.into(),
-            repo_id: None,
             runtime: "shell".into(),
             operation: "execute".into(),
             executable: "bash".into(),
-            args_sha256: String::new(),
             cwd: ".".into(),
-            allowed: true,
-            deny_reasons: vec![],
-            policy_digest: String::new(),
-            audit_hash: String::new(),
             status: crate::job::Status::Success,
             duration_ms: 1,
-            queued_ms: 0,
             exit_code: Some(0),
-            signal: None,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-            network: None,
+            ..crate::store::audit::AuditEntry::bare(id)
         }
     }
 

@@ -17,7 +17,7 @@
 use super::gc::GcSchedule;
 use super::SupervisorError;
 use crate::store::artifacts::Artifacts;
-use crate::store::audit::AuditLog;
+use crate::store::audit::{AuditEntry, AuditLog, AuditSink};
 use crate::store::Store;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -28,6 +28,9 @@ pub struct Stores {
     pub audit: AuditLog,
     pub artifacts: Artifacts,
     pub(crate) gc: GcSchedule,
+    /// Records of jobs that ran and could not be appended (the disk was
+    /// full): written before the next job is let run ([`Stores::admit`]).
+    unrecorded: Mutex<Vec<AuditEntry>>,
 }
 
 impl Stores {
@@ -38,7 +41,38 @@ impl Stores {
             artifacts: Artifacts::open(&store)?,
             gc: GcSchedule::open(&store, gc_interval_secs)?,
             store,
+            unrecorded: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Whether a job may be let run, and its start in the trail if so: the
+    /// store has room and has not failed, the records of earlier jobs that
+    /// could not be written are written now, and the job's own entry is
+    /// pending, flushed. No record, no job.
+    pub(crate) fn admit(&self, started: &AuditEntry) -> Result<(), String> {
+        self.store.check_room().map_err(|e| e.to_string())?;
+        self.write_unrecorded()?;
+        self.audit.begin(started).map_err(|e| format!("the job's start could not be recorded, so it did not run: {e}"))
+    }
+
+    /// Keep `entry`, whose append failed, for [`Stores::admit`] to write.
+    pub(crate) fn keep_unrecorded(&self, entry: AuditEntry) {
+        self.unrecorded.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
+    }
+
+    fn write_unrecorded(&self) -> Result<(), String> {
+        let mut left = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(entry) = left.first() {
+            if let Err(e) = self.audit.append(entry.clone()) {
+                return Err(format!(
+                    "the audit record of job {} could not be written yet ({e}): no job runs until it is",
+                    entry.id
+                ));
+            }
+            tracing::info!(job = %entry.id, "a job's audit record, refused before, is written");
+            left.remove(0);
+        }
+        Ok(())
     }
 }
 

@@ -78,7 +78,8 @@ fn decode(key: &[u8], value: &[u8]) -> ArtifactMeta {
 impl ArtifactBackend for SledBackend {
     fn put_meta(&self, meta: &ArtifactMeta) -> Result<(), ArtifactError> {
         let json = serde_json::to_vec(meta).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        self.meta.insert(meta.handle.as_bytes(), json)?;
+        self.store.check_room_for_records()?;
+        self.meta.insert(meta.handle.as_bytes(), json).map_err(|e| self.store.failed_with(e.into()))?;
         crate::crashpoint::reached("artifact-meta");
         Ok(())
     }
@@ -102,7 +103,8 @@ impl ArtifactBackend for SledBackend {
         for (i, piece) in bytes.chunks(PIECE_BYTES).enumerate() {
             batch.insert(piece_key(&chunk, i as u32), piece);
         }
-        self.chunks.apply_batch(batch)?;
+        self.store.check_room_for_records()?;
+        self.chunks.apply_batch(batch).map_err(|e| self.store.failed_with(e.into()))?;
         Ok(())
     }
 
@@ -115,12 +117,14 @@ impl ArtifactBackend for SledBackend {
     }
 
     fn remove(&self, handle: &str) -> Result<(), ArtifactError> {
-        self.meta.remove(handle.as_bytes())?;
+        // A removal is a write too (sled logs it).
+        self.store.check_room_for_records()?;
+        self.meta.remove(handle.as_bytes()).map_err(|e| self.store.failed_with(e.into()))?;
         let mut batch = sled::Batch::default();
         for k in self.chunks.scan_prefix(prefix(handle)).keys() {
             batch.remove(k?);
         }
-        self.chunks.apply_batch(batch)?;
+        self.chunks.apply_batch(batch).map_err(|e| self.store.failed_with(e.into()))?;
         Ok(())
     }
 

@@ -379,3 +379,36 @@ fn a_gap_in_the_live_records_stops_sealing_and_verify_still_finds_it() {
     assert_eq!(broken.seq, 7, "{broken:?}");
     assert!(broken.reason.contains("expected record 6"), "{}", broken.reason);
 }
+
+/// No record, no job: a job's start is pending until its record is
+/// appended (which takes it out); what is still pending when the store is
+/// opened again becomes a record of its own, marked unfinished, and the
+/// chain verifies.
+#[test]
+fn a_started_job_is_never_missing_from_the_trail() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let log = AuditLog::open(&store).unwrap();
+        log.begin(&entry("done")).unwrap();
+        log.begin(&entry("killed")).unwrap();
+        assert_eq!(log.pending_len(), 2);
+        log.append(entry("done")).unwrap();
+        assert_eq!(log.pending_len(), 1);
+        assert_eq!(log.len(), 1);
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let log = AuditLog::open(&store).unwrap();
+    assert_eq!(log.pending_len(), 0);
+    assert_eq!(log.len(), 2);
+    let killed = log.get("killed").unwrap();
+    assert_eq!(killed.entry.status, crate::job::Status::Failure);
+    assert_eq!(killed.entry.note.as_deref(), Some(UNFINISHED_NOTE));
+    assert_eq!(killed.entry.runtime, "python");
+    assert!(log.get("done").unwrap().entry.note.is_none());
+    assert!(log.verify().unwrap().ok());
+    drop((log, store));
+    // Opened again: nothing more is added.
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(AuditLog::open(&store).unwrap().len(), 2);
+}

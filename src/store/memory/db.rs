@@ -206,6 +206,7 @@ impl MemoryDb {
             let entry = serde_json::to_vec(&entry).map_err(|e| corrupt(&m.memory_id, e))?;
             encoded.push((record_key(&m.repo_id, &m.memory_id), record, seq.to_be_bytes(), entry));
         }
+        self.store.check_room_for_records()?;
         let result = (&self.records, &self.addr, &self.log).transaction(|(records, addr, log)| {
             for (c, (key, record, seq, entry)) in commits.iter().zip(&encoded) {
                 let id = c.record.memory.memory_id.as_bytes();
@@ -224,7 +225,7 @@ impl MemoryDb {
         });
         match result {
             Ok(()) => {}
-            Err(TransactionError::Storage(e)) => return Err(e.into()),
+            Err(TransactionError::Storage(e)) => return Err(self.store.failed_with(e.into()).into()),
             Err(TransactionError::Abort(())) => return Err(corrupt("transaction", "aborted")),
         }
         self.store.flush()?;
