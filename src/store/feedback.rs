@@ -16,7 +16,7 @@ pub const FEEDBACK_TREE: &str = "feedback";
 /// The sequence counter of the records.
 const SEQ_KEY: &[u8] = b"seq";
 /// Most entries in `usefulHandles`, `missing` or `ids`.
-pub const MAX_SYMBOLS: usize = 1000;
+pub const MAX_IDS: usize = 1000;
 /// The handles confine returns: artifacts, jobs, memories.
 pub const HANDLE_PREFIXES: [&str; 3] = ["run-", "job-", "mem_"];
 /// Longest handle or id, in characters.
@@ -220,15 +220,15 @@ impl FeedbackStore for FeedbackDb {
     fn record(&self, req: &FeedbackRequest) -> Result<FeedbackResult, FeedbackError> {
         id_field("repoId", &req.repo_id)?;
         let what = "handle confine returned that helped (an artifactHandle, jobId or memoryId)";
-        id_list("usefulHandles", &req.useful_handles, 1, MAX_SYMBOLS, what)?;
+        id_list("usefulHandles", &req.useful_handles, 1, MAX_IDS, what)?;
         if let Some(h) = req.useful_handles.iter().find(|h| !HANDLE_PREFIXES.iter().any(|p| h.starts_with(p))) {
             return Err(invalid(format!(
                 "usefulHandles: '{h}' is not a handle confine returned (an artifactHandle run-…, a jobId job-… or a \
                  memoryId mem_…); put your own ids in ids"
             )));
         }
-        id_list("missing", &req.missing, 0, MAX_SYMBOLS, "entry")?;
-        id_list("ids", &req.ids, 0, MAX_SYMBOLS, "id")?;
+        id_list("missing", &req.missing, 0, MAX_IDS, "entry")?;
+        id_list("ids", &req.ids, 0, MAX_IDS, "id")?;
         id_list("taskTags", &req.task_tags, 0, MAX_TASK_TAGS, "tag")?;
         if let Some(text) = &req.task_text {
             let n = text.chars().count();
