@@ -558,7 +558,7 @@ fn a_job_that_fills_the_store_s_disk_is_recorded_and_nothing_runs_until_it_is() 
     // Newest first: after, the filler, first.
     let filler = &records[1];
     assert_eq!(filler["exitCode"], 0, "{filler}");
-    assert!(filler.get("note").is_none(), "{filler}");
+    assert!(filler["note"].as_str().is_some_and(|n| n.starts_with("recorded late")), "{filler}");
 
     // The one-shot CLI: the same job, answered with exit 125.
     let exec = Command::new(exe())
@@ -578,10 +578,28 @@ fn a_job_that_fills_the_store_s_disk_is_recorded_and_nothing_runs_until_it_is() 
     let err = String::from_utf8_lossy(&exec.stderr);
     assert_eq!(exec.status.code(), Some(125), "{err}");
     assert!(err.contains("audit record was not written"), "{err}");
+    // sled can't open on a full disk (it writes as it opens): the trail
+    // reads, and the start becomes a record marked unfinished, once there
+    // is room.
+    let ls = cli(&config, &["audit", "ls"]);
+    assert!(String::from_utf8_lossy(&ls.stderr).contains("disk not full"), "{ls:?}");
     std::fs::remove_file(repo.join("fill")).unwrap();
     let records = audit_records(&config);
     assert_eq!(records.len(), 4, "the CLI's job is recorded unfinished when the store opens again: {records:?}");
     assert!(records[0]["note"].as_str().is_some_and(|n| n.starts_with("unfinished")), "{}", records[0]);
+
+    // A server that stops with a record still kept: written at shutdown
+    // when there is room by then, noted as late.
+    let mut server = Server::start(&config);
+    let r = run(&mut server, "head -c 100000000 /dev/zero > fill; echo wrote");
+    assert_eq!(r["unrecorded"], Value::Null, "MCP answers say it in status and error: {r}");
+    assert_eq!(r["status"], "failure", "{r}");
+    std::fs::remove_file(repo.join("fill")).unwrap();
+    server.stop();
+    let records = audit_records(&config);
+    assert_eq!(records.len(), 5, "{records:?}");
+    assert!(records[0]["note"].as_str().is_some_and(|n| n.starts_with("recorded late")), "{}", records[0]);
+    assert_eq!(records[0]["exitCode"], 0, "{}", records[0]);
 }
 
 /// The server's file descriptors run out (a low RLIMIT_NOFILE, soft and

@@ -114,6 +114,7 @@ pub(crate) fn with_store(
     }
     match crate::store::Store::open(&path) {
         Ok(store) => {
+            store.set_min_free(cfg.store.min_free_bytes);
             let mut io = Io::std();
             let code = local(store, command, &mut io);
             io.flush();

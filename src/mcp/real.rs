@@ -522,6 +522,10 @@ impl RuntimeService for SupervisorService {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(10), done.wait_for(|d| d.is_some())).await;
         }
         if let Ok(stores) = self.sup.stores() {
+            // A record refused for want of room, written if there is room now.
+            if let Err(e) = stores.write_unrecorded() {
+                tracing::error!(error = %e, "at shutdown; the job's start is in the trail, marked unfinished at the next open");
+            }
             let _ = stores.store.flush();
         }
     }

@@ -47,9 +47,13 @@ pub const BLOCKS_TREE: &str = "audit_blocks";
 pub const SEAL_BLOCK: u64 = 1024;
 /// Job id → the entry of a job let run whose record is not appended yet.
 pub const PENDING_TREE: &str = "audit_pending";
-/// [`AuditEntry::note`] of a record made from a pending entry.
+/// [`AuditEntry::note`] of a record made from a pending entry (its start
+/// time follows).
 pub const UNFINISHED_NOTE: &str =
-    "unfinished: the job was started, and the supervisor stopped (or could not write) before its end was recorded";
+    "unfinished: the job was let run, and the supervisor stopped (or could not write) before its end was recorded";
+/// [`AuditEntry::note`] of a record written after its job was answered
+/// (the disk was full then: the answer said the record was not written).
+pub const RECORDED_LATE_NOTE: &str = "recorded late: the job's answer said its record could not be written";
 
 /// `prevHash` of the first record.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -263,17 +267,24 @@ impl AuditLog {
             pending: store.tree(PENDING_TREE)?,
             block_len: SEAL_BLOCK,
         };
-        let recovered = log.record_unfinished()?;
-        if recovered > 0 {
-            tracing::warn!(recovered, "recorded jobs that started and were never recorded as unfinished");
+        // Best effort: on a full disk the trail still reads (the entries
+        // stay pending, and no job is admitted without room anyway).
+        match log.record_unfinished() {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(recovered = n, "jobs let run and never recorded: recorded as unfinished"),
+            Err(e) => tracing::warn!(error = %e, "jobs let run and never recorded stay pending"),
         }
         Ok(log)
     }
 
     /// Write `entry` (its job about to be let run) as pending, flushed:
-    /// when this fails, the job must not run.
+    /// when this fails, the job must not run. The pending entry carries
+    /// the unfinished note with the start time, for the record it becomes
+    /// if nothing else does.
     pub fn begin(&self, entry: &AuditEntry) -> Result<(), AuditError> {
-        let json = serde_json::to_vec(entry).map_err(|e| AuditError::Corrupt { seq: 0, message: e.to_string() })?;
+        let mut pending = entry.clone();
+        pending.note = Some(format!("{UNFINISHED_NOTE} (let run at {})", rfc3339_utc(std::time::SystemTime::now())));
+        let json = serde_json::to_vec(&pending).map_err(|e| AuditError::Corrupt { seq: 0, message: e.to_string() })?;
         self.store.check_room_for_records()?;
         self.pending.insert(entry.id.as_bytes(), json).map_err(|e| self.store.failed_with(e.into()))?;
         self.store.flush()?;
@@ -295,7 +306,9 @@ impl AuditLog {
             let mut entry = serde_json::from_slice::<AuditEntry>(&v).unwrap_or_else(|_| AuditEntry::bare(&id));
             entry.id = id;
             entry.status = Status::Failure;
-            entry.note = Some(UNFINISHED_NOTE.to_string());
+            if !entry.note.as_deref().is_some_and(|n| n.starts_with(UNFINISHED_NOTE)) {
+                entry.note = Some(UNFINISHED_NOTE.to_string());
+            }
             self.append(entry)?;
             n += 1;
         }

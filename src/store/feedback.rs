@@ -236,10 +236,14 @@ impl FeedbackStore for FeedbackDb {
                 return Err(invalid(format!("taskText is {n} characters; at most {MAX_TASK_TEXT_CHARS}")));
             }
         }
-        let seq = self.tree.update_and_fetch(SEQ_KEY, |old| {
-            let n = old.and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes);
-            Some((n + 1).to_be_bytes().to_vec())
-        })?;
+        self.store.check_room_for_records()?;
+        let seq = self
+            .tree
+            .update_and_fetch(SEQ_KEY, |old| {
+                let n = old.and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes);
+                Some((n + 1).to_be_bytes().to_vec())
+            })
+            .map_err(|e| self.store.failed_with(e.into()))?;
         let seq = seq.and_then(|b| b.as_ref().try_into().ok()).map_or(0, u64::from_be_bytes);
         let created_ms = now_ms();
         let record = FeedbackRecord {
@@ -257,7 +261,6 @@ impl FeedbackStore for FeedbackDb {
         let mut key = Self::prefix(&req.repo_id);
         key.extend_from_slice(&seq.to_be_bytes());
         let bytes = serde_json::to_vec(&record).map_err(|e| FeedbackError::Corrupt(e.to_string()))?;
-        self.store.check_room_for_records()?;
         self.tree.insert(key, bytes).map_err(|e| self.store.failed_with(e.into()))?;
         self.store.flush()?;
         Ok(FeedbackResult {

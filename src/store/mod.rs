@@ -41,8 +41,8 @@ pub(crate) const BLOBS_DIR: &str = "blobs";
 /// Errors of the store layer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database could not be opened.
-    #[error("store {path}: {source} (check that the directory is writable)")]
+    /// The database could not be opened (sled writes as it opens).
+    #[error("store {path}: {source} (check that the directory is writable and its disk not full)")]
     Open { path: PathBuf, source: sled::Error },
     /// The directory or one of its files could not be made or opened.
     #[error("store {path}: {source} (check that the directory is writable)")]
@@ -250,9 +250,10 @@ impl Store {
 
     /// Remember that a write failed: sled keeps the error, so the store
     /// takes nothing more until it is opened again ([`StoreError::Failed`]).
-    /// Room refusals are not failures: nothing was written.
+    /// Only sled's errors and failed syncs count: a room refusal wrote
+    /// nothing, and a file that could not be opened (no fd free) passes.
     pub fn note_failure(&self, e: &StoreError) {
-        if matches!(e, StoreError::Full { .. } | StoreError::Failed(_) | StoreError::Busy { .. }) {
+        if !matches!(e, StoreError::Db(_) | StoreError::Sync { .. }) {
             return;
         }
         if self.inner.failed.set(e.to_string()).is_ok() {
@@ -263,7 +264,7 @@ impl Store {
     fn check_free(&self, reserve: u64) -> Result<(), StoreError> {
         match free_bytes(&self.inner.data) {
             Some(free) if reserve > 0 && free < reserve => {
-                tracing::warn!(store = %self.inner.root.display(), free, reserve, "the store's disk is nearly full");
+                tracing::debug!(store = %self.inner.root.display(), free, reserve, "the store's disk is nearly full");
                 Err(StoreError::Full { path: self.inner.root.clone(), free, reserve })
             }
             _ => Ok(()),
@@ -323,7 +324,7 @@ impl Store {
         self.inner.db.flush()?;
         self.inner.data.sync_data().map_err(|source| StoreError::Sync { what: "the database", source })?;
         self.inner.syncs.fetch_add(1, Ordering::Relaxed);
-        self.sync_sled_blobs().map_err(|source| StoreError::Sync { what: "the database's large values", source })?;
+        self.sync_sled_blobs()?;
         if let Some(dir) = &self.inner.sled_dir {
             dir.sync_all().map_err(|source| StoreError::Sync { what: "the database's directory", source })?;
         }
@@ -332,24 +333,28 @@ impl Store {
 
     /// Sync the files sled made in `sled/blobs/` since the last flush,
     /// then that directory.
-    fn sync_sled_blobs(&self) -> std::io::Result<()> {
+    fn sync_sled_blobs(&self) -> Result<(), StoreError> {
         let dir = self.inner.root.join(SLED_DIR).join("blobs");
+        // Opening can fail for want of fds (not sticky); a sync that
+        // fails leaves the data's state unknown (sticky).
+        let io = |source| StoreError::Io { path: dir.clone(), source };
+        let sync = |source| StoreError::Sync { what: "the database's large values", source };
         let mut synced = self.inner.sled_blobs.lock().unwrap_or_else(|p| p.into_inner());
         let mut now = std::collections::BTreeSet::new();
         let mut new = false;
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
+            Err(e) => return Err(io(e)),
         };
         for entry in entries {
-            let name = entry?.file_name();
+            let name = entry.map_err(io)?.file_name();
             if !synced.contains(&name) {
                 match File::open(dir.join(&name)) {
-                    Ok(f) => f.sync_all()?,
+                    Ok(f) => f.sync_all().map_err(sync)?,
                     // Removed by sled meanwhile.
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(io(e)),
                 }
                 new = true;
             }
@@ -357,8 +362,8 @@ impl Store {
         }
         *synced = now;
         if new {
-            if let Some(d) = open_dir(&dir)? {
-                d.sync_all()?;
+            if let Some(d) = open_dir(&dir).map_err(io)? {
+                d.sync_all().map_err(sync)?;
             }
         }
         Ok(())
@@ -381,6 +386,7 @@ impl Store {
 /// lets go of it up to one round after the store is dropped, later on a
 /// loaded host (a CI run's unit tests saw more than 2 s).
 fn open_sled(path: &Path, flush_every_ms: Option<u64>) -> Result<sled::Db, sled::Error> {
+    remove_unfinished_snapshots(path);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let opened = sled::Config::new()
@@ -397,6 +403,37 @@ fn open_sled(path: &Path, flush_every_ms: Option<u64>) -> Result<sled::Db, sled:
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
             other => return other,
+        }
+    }
+}
+
+/// Remove what an interrupted snapshot left in sled's directory. sled
+/// writes its snapshot at every open to `snap.<lsn>.generating`, then
+/// renames it; a write that fails (a full disk) or is killed leaves the
+/// file, and sled 0.34 takes the highest name as its snapshot, so every
+/// later open fails as corrupt (spacejam/sled#1527). A `.generating` file
+/// is never a whole snapshot: without it sled reads the last whole one and
+/// replays its log from there. The store's lock makes this process the
+/// only one in the directory.
+fn remove_unfinished_snapshots(sled_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(sled_dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let unfinished = name
+            .strip_prefix("snap.")
+            .and_then(|rest| rest.strip_suffix(".generating"))
+            .is_some_and(|lsn| lsn.len() == 16 && lsn.bytes().all(|b| b.is_ascii_hexdigit()));
+        if unfinished {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => tracing::warn!(
+                    file = name,
+                    "removed an unfinished snapshot of the store (an open that failed or was killed)"
+                ),
+                Err(e) => {
+                    tracing::warn!(file = name, error = %e, "could not remove an unfinished snapshot of the store")
+                }
+            }
         }
     }
 }

@@ -69,10 +69,34 @@ fn a_failed_write_is_sticky_and_a_full_disk_is_not() {
     let dir = tempfile::tempdir().unwrap();
     let s = Store::open_flushed_by_caller(dir.path()).unwrap();
     s.note_failure(&StoreError::Full { path: dir.path().into(), free: 0, reserve: 1 });
+    s.note_failure(&StoreError::Io {
+        path: dir.path().into(),
+        source: std::io::Error::from_raw_os_error(libc::EMFILE),
+    });
     s.check_room().unwrap();
     s.note_failure(&StoreError::Sync { what: "the database", source: std::io::Error::other("ENOSPC") });
     let err = s.check_room().unwrap_err().to_string();
     assert!(err.contains("restarted") && err.contains("syncing the database"), "{err}");
     assert!(s.put(Table::Supervisor, b"k", b"v").is_err());
     assert!(s.check_room_for_records().is_err());
+}
+
+/// An open that fails on a full disk (or is killed) while sled writes its
+/// snapshot leaves `snap.<lsn>.generating`, which sled 0.34 would take for
+/// the newest snapshot and call corrupt at every later open: the store
+/// opens anyway, with its data.
+#[test]
+fn an_unfinished_snapshot_does_not_make_the_store_unopenable() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open_flushed_by_caller(dir.path()).unwrap();
+        s.tree("t").unwrap().insert("k", "v").unwrap();
+        s.flush().unwrap();
+    }
+    // What a failed snapshot write leaves: an empty file, named past any
+    // whole snapshot.
+    std::fs::write(dir.path().join(SLED_DIR).join("snap.FFFFFFFFFFFFFFF0.generating"), b"").unwrap();
+    let s = Store::open(dir.path()).unwrap();
+    assert_eq!(s.tree("t").unwrap().get("k").unwrap().unwrap().as_ref(), b"v");
+    assert!(!dir.path().join(SLED_DIR).join("snap.FFFFFFFFFFFFFFF0.generating").exists());
 }

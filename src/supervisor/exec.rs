@@ -398,7 +398,10 @@ impl Supervisor {
             Ok(_) => return None,
             Err(e) => e,
         };
-        tracing::error!(job = %entry.id, error = %e, "a job's audit record was not written");
+        // The whole entry goes to the log too: until space comes back, it
+        // is kept nowhere else (the trail has the job's start).
+        let json = serde_json::to_string(&entry).unwrap_or_default();
+        tracing::error!(job = %entry.id, error = %e, entry = %json, "a job's audit record was not written");
         stores.keep_unrecorded(entry);
         // The append's flush is what makes the artifact durable too; not
         // tried when the disk is full or the store failed (a write then

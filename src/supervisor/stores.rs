@@ -17,7 +17,7 @@
 use super::gc::GcSchedule;
 use super::SupervisorError;
 use crate::store::artifacts::Artifacts;
-use crate::store::audit::{AuditEntry, AuditLog, AuditSink};
+use crate::store::audit::{AuditEntry, AuditLog, AuditSink, RECORDED_LATE_NOTE};
 use crate::store::Store;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -60,13 +60,18 @@ impl Stores {
         self.unrecorded.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
     }
 
-    fn write_unrecorded(&self) -> Result<(), String> {
+    /// Append the records kept by [`Stores::keep_unrecorded`], each noted
+    /// as written late (its job's answer said it was not written).
+    pub(crate) fn write_unrecorded(&self) -> Result<(), String> {
         let mut left = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(entry) = left.first() {
-            if let Err(e) = self.audit.append(entry.clone()) {
+            let mut late = entry.clone();
+            late.note = Some(RECORDED_LATE_NOTE.to_string());
+            if let Err(e) = self.audit.append(late) {
+                // The job is another caller's: its id goes to the log only.
+                tracing::warn!(job = %entry.id, error = %e, "a job's audit record still can't be written");
                 return Err(format!(
-                    "the audit record of job {} could not be written yet ({e}): no job runs until it is",
-                    entry.id
+                    "an earlier job's audit record could not be written yet ({e}): no job runs until it is"
                 ));
             }
             tracing::info!(job = %entry.id, "a job's audit record, refused before, is written");

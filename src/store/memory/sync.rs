@@ -3,7 +3,8 @@
 //!
 //! A file whose bytes match what confine last wrote or read (`mdSha256`) is
 //! unchanged. Otherwise: no memory with that id → imported; the file's
-//! mtime is after the memory's `updatedAt` → the file wins (updated);
+//! mtime is after the memory's `updatedAt` → the file wins (updated; a
+//! time in the future counts as now);
 //! else the store wins and the file is rewritten from it. A file that
 //! doesn't parse or check is reported and left alone; so is a live
 //! memory whose file is gone (`memory_remove` removes memories).
@@ -96,8 +97,12 @@ impl MemoryDb {
         hasher: &mut FileHasher<'_>,
         claimed: &mut HashMap<String, String>,
     ) -> Result<Option<Change>, String> {
-        // The bytes and their mtime come from one fstat'ed fd.
+        // The bytes and their mtime come from one fstat'ed fd. Times in the
+        // future (the file's to set, as its updatedAt is) count as now: a
+        // file must not stay newer than every later edit.
         let Some((bytes, mtime)) = markdown::read(dir, name)? else { return Ok(None) };
+        let now = crate::ids::now_ms() as i64;
+        let mtime = mtime.min(now);
         let md_sha256 = sha256_hex(&bytes);
         let existing = self.get(&repo.id, id).map_err(|e| e.to_string())?;
         if existing.as_ref().is_some_and(|r| r.md_sha256.as_deref() == Some(md_sha256.as_str())) {
@@ -134,8 +139,9 @@ impl MemoryDb {
         let baseline = hasher.baseline_from(&f.file_rel_paths, &fm.file_hashes);
         let stale_files = hasher.changed(&baseline);
         let parse_time = |s: &Option<String>| s.as_deref().and_then(parse_rfc3339_ms);
-        let created_ms = parse_time(&fm.created_at).or(existing.as_ref().map(|r| r.created_ms)).unwrap_or(mtime);
-        let updated_ms = parse_time(&fm.updated_at).map_or(mtime, |u| u.max(mtime));
+        let created_ms =
+            parse_time(&fm.created_at).or(existing.as_ref().map(|r| r.created_ms)).unwrap_or(mtime).min(now);
+        let updated_ms = parse_time(&fm.updated_at).map_or(mtime, |u| u.max(mtime)).min(now);
         let record = Record {
             memory: Memory {
                 memory_id: id.to_string(),

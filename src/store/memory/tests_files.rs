@@ -309,3 +309,29 @@ fn a_memory_directory_swapped_for_a_symlink_never_redirects_a_write() {
     let leaked: Vec<_> = std::fs::read_dir(&outside).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(leaked.is_empty(), "written outside the repository: {leaked:?} ({swaps} swaps)");
 }
+
+/// A file dated in the future (its `updatedAt`, or its mtime: both are
+/// the repository's to set) is read as written now: it can't pin the
+/// memory first by recency, nor make every later hand edit lose to it.
+#[test]
+fn a_file_dated_in_the_future_is_read_as_now() {
+    let f = fixture();
+    let a = linked(&f, "Future", &[]);
+    let path = f.md(&a);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let at = text.lines().find(|l| l.starts_with("updatedAt:")).unwrap().to_string();
+    let planted =
+        text.replace(&at, "updatedAt: 2999-01-01T00:00:00.000Z").replace("content of a linked memory", "planted");
+    std::fs::write(&path, &planted).unwrap();
+    touch(&path, 10 * 365 * 86_400);
+    assert_eq!(f.db.sync(&f.repo).unwrap().updated, vec![a.clone()]);
+    let m = query(&f, Some("planted")).memories.remove(0);
+    let now = crate::ids::now_ms() as i64;
+    let updated = super::time::parse_rfc3339_ms(&m.updated_at).unwrap();
+    assert!(updated <= now, "updatedAt {} is in the future", m.updated_at);
+    // A hand edit made after it wins, as any later edit does.
+    std::fs::write(&path, planted.replace("planted", "edited by hand")).unwrap();
+    touch(&path, 2);
+    assert_eq!(f.db.sync(&f.repo).unwrap().updated, vec![a.clone()]);
+    assert_eq!(query(&f, Some("edited")).total, 1);
+}
