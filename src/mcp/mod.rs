@@ -9,9 +9,11 @@
 //! `server.rs` + `tools.rs` the rmcp handler, `access.rs` who is calling
 //! and what they may touch, `progress.rs`, `usage.rs`, `http.rs` +
 //! `http_guard.rs` + `token.rs` the HTTP transport and its tokens,
-//! `fake/` the test double.
+//! `fake/` the test double (tests only: the `test-double` feature, which
+//! the crate's dev-dependency on itself turns on for the test binaries).
 
 pub mod access;
+#[cfg(any(test, feature = "test-double"))]
 pub mod fake;
 pub mod http;
 pub mod http_guard;
@@ -27,6 +29,7 @@ mod tools;
 pub mod types;
 pub mod usage;
 
+#[cfg(any(test, feature = "test-double"))]
 pub use fake::FakeService;
 pub use memory_tools::serve_memory;
 pub use server::ConfineServer;

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// The operations the MCP tools need. Implemented by the real supervisor
-/// (the lead's) and by [`super::fake::FakeService`] (a test double).
+/// (`real.rs`) and, in tests, by `fake::FakeService` (a test double).
 ///
 /// Every method is cancel-safe in the sense that the server may drop its
 /// future when the transport dies; `execute` must then still kill its job

@@ -1,8 +1,8 @@
 //! [`FakeService`]: a test double of [`RuntimeService`] that simulates jobs
 //! in memory. It runs nothing — no process, no sandbox — and says so in
-//! `info`. It exists so the MCP adapter can be built and tested before the
-//! supervisor is wired in; `crate::mcp::default_service` returns it until
-//! then.
+//! `info`. It tests the MCP adapter's protocol behaviour without a
+//! sandbox; it is built for tests only (the `test-double` feature), never
+//! into the release binary.
 //!
 //! It behaves like the real thing where the tests look: `shell` and
 //! `python` run a tiny interpreter (`echo`, `sleep`, `exit`, `seq`,
