@@ -215,5 +215,4 @@ fn clip(s: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "http_guard_tests.rs"]
 mod tests;

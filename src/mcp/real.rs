@@ -296,13 +296,9 @@ impl RuntimeService for SupervisorService {
             Ok(_) | Err(ArtifactError::NotFound(_)) => return Err(not_found()),
             Err(e) => return Err(internal(e)),
         }
-        let r = crate::output::query::query_output(artifacts, &q).map_err(|e| {
-            let msg = e.to_string();
-            if msg.contains("not found") {
-                ServiceError::NotFound(msg)
-            } else {
-                ServiceError::Invalid(msg)
-            }
+        let r = crate::output::query::query_output(artifacts, &q).map_err(|e| match e {
+            crate::output::OutputError::Artifact(ArtifactError::NotFound(_)) => ServiceError::NotFound(e.to_string()),
+            e => ServiceError::Invalid(e.to_string()),
         })?;
         Ok(QueryOutputResponse {
             artifact_handle: r.artifact_handle,

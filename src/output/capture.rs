@@ -281,5 +281,4 @@ impl Capture {
 }
 
 #[cfg(test)]
-#[path = "capture_tests.rs"]
 mod tests;

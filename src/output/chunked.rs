@@ -270,5 +270,4 @@ fn merge(found: &[ChunkHits], chunks: &[ChunkInfo], terms: &Terms, lo: u64, hi: 
 }
 
 #[cfg(test)]
-#[path = "chunked_tests.rs"]
 mod tests;

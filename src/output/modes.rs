@@ -279,5 +279,4 @@ fn tail(src: &dyn LineSource, n: u64) -> Result<String, OutputError> {
 }
 
 #[cfg(test)]
-#[path = "modes_tests.rs"]
 mod tests;

@@ -260,5 +260,4 @@ fn round_robin(per_stream: &[Vec<(u64, u64)>], max: usize) -> Vec<Vec<(u64, u64)
 }
 
 #[cfg(test)]
-#[path = "query_tests.rs"]
 mod tests;

@@ -323,5 +323,4 @@ fn private_key(buf: &[u8], start: usize, end: usize, last: bool) -> Verdict {
 }
 
 #[cfg(test)]
-#[path = "redact_tests.rs"]
 mod tests;

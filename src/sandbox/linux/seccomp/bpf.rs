@@ -572,5 +572,4 @@ impl Asm {
 }
 
 #[cfg(test)]
-#[path = "bpf_tests.rs"]
 mod tests;
