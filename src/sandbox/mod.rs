@@ -1,5 +1,6 @@
 //! Backends that run a [`crate::job::JobSpec`]. Linux is the real one;
-//! other platforms get a clearly weaker fallback (see the fallback issue).
+//! other platforms get a clearly weaker fallback, which says what it lacks
+//! (docs/design.md, "Guarantees per backend").
 
 mod backend;
 pub mod guarantees;

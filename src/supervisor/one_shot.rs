@@ -49,7 +49,7 @@ impl Supervisor {
         // The store opens first of all: upstream sled's start (its I/O
         // pool's threads, its recovery) is the longest part of a cold
         // request, longer than the sandbox's build, so it is started before
-        // it (docs/benchmarks.md, round of issue 30).
+        // it (docs/benchmarks.md).
         let stores = StoreSlot::open_in_background(
             config.store_path(),
             config.output.gc_interval_secs,

@@ -239,7 +239,7 @@ mod tests {
         assert_eq!(cmd("#!/usr/bin/env\n"), None);
     }
 
-    /// The attack of issue 27: `-u` takes the next word as a variable's
+    /// An attack seen in review: `-u` takes the next word as a variable's
     /// name. The old parser took `/ANY/PATH` for the interpreter.
     #[test]
     fn env_options_take_their_values() {
