@@ -632,14 +632,14 @@ fn governed_parts(dir: &std::path::Path) -> Option<(tokio::runtime::Runtime, con
 /// One governed request: `runtime shell`, code `true`.
 #[cfg(target_os = "linux")]
 fn governed_once(rt: &tokio::runtime::Runtime, sup: &confine::supervisor::Supervisor) -> Option<()> {
-    use confine::supervisor::exec::{ExecControl, ExecuteRequest};
-    let req = ExecuteRequest {
+    use confine::supervisor::exec::{JobControl, JobRequest};
+    let req = JobRequest {
         repo_id: Some("bench".into()),
         runtime: "shell".into(),
         code: Some("true".into()),
-        ..ExecuteRequest::default()
+        ..JobRequest::default()
     };
-    let resp = rt.block_on(sup.execute(req, ExecControl::default()));
+    let resp = rt.block_on(sup.execute(req, JobControl::default()));
     (resp.exit_code == Some(0)).then_some(()).or_else(|| {
         eprintln!("governed: {:?}", resp.error);
         None

@@ -121,7 +121,7 @@ pub fn config(data: &[u8]) {
 /// canonical form (which must read back as the same document), and the
 /// built-in Rego policy's decision.
 pub fn policy(data: &[u8]) {
-    use crate::supervisor::exec::ExecuteRequest;
+    use crate::supervisor::exec::JobRequest;
     static CHAIN: OnceLock<(crate::config::Config, crate::policy::PolicyChain)> = OnceLock::new();
     let (cfg, chain) = CHAIN.get_or_init(|| {
         let cfg = crate::config::Config::parse(
@@ -132,7 +132,7 @@ pub fn policy(data: &[u8]) {
         let chain = crate::policy::PolicyChain::from_config(&cfg.policy).unwrap();
         (cfg, chain)
     });
-    let Ok(req) = serde_json::from_slice::<ExecuteRequest>(data) else { return };
+    let Ok(req) = serde_json::from_slice::<JobRequest>(data) else { return };
     let preq = crate::supervisor::plan::policy_request(&req, &cfg.network);
     if preq.check(&cfg.limits).is_err() {
         return;
@@ -209,7 +209,7 @@ fn line_count(text: &[u8]) -> u64 {
 /// numbers (0: none); the terms, one per line, up to a 0xFF byte; then
 /// stdout, up to a 0xFE byte, then stderr.
 pub fn artifact_query(data: &[u8]) {
-    use crate::output::query::{query_output, QueryRequest, StreamSelect, MAX_RANGE_LINES};
+    use crate::output::query::{query_output, QueryRequest, QueryStreams, MAX_RANGE_LINES};
     static STORE: OnceLock<ArtifactStore> = OnceLock::new();
     if data.len() < 7 {
         return;
@@ -235,7 +235,7 @@ pub fn artifact_query(data: &[u8]) {
         query_terms: String::from_utf8_lossy(terms).split('\n').map(str::to_string).collect(),
         context_lines: Some(u32::from(data[0])),
         max_excerpts: Some(u32::from(data[1])),
-        stream: [StreamSelect::Stdout, StreamSelect::Stderr, StreamSelect::Both][usize::from(data[2] % 3)],
+        stream: [QueryStreams::Stdout, QueryStreams::Stderr, QueryStreams::Both][usize::from(data[2] % 3)],
         line_start: (start > 0).then_some(start),
         line_end: (end > 0).then_some(end),
     };

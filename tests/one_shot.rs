@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use confine::config::Config;
-use confine::supervisor::exec::{ExecControl, ExecuteRequest};
+use confine::supervisor::exec::{JobControl, JobRequest};
 use confine::supervisor::Supervisor;
 
 /// Ticks since boot now, in the unit of `/proc/<pid>/stat`'s start time.
@@ -20,8 +20,8 @@ fn ticks_since_boot() -> u64 {
 }
 
 /// A shell request in repo `demo`, its output rendered as a summary.
-fn shell_request(code: String) -> ExecuteRequest {
-    ExecuteRequest {
+fn shell_request(code: String) -> JobRequest {
+    JobRequest {
         code: Some(code),
         render: confine::output::RenderOptions {
             output_mode: confine::output::OutputMode::Summary,
@@ -29,7 +29,7 @@ fn shell_request(code: String) -> ExecuteRequest {
         },
         repo_id: Some("demo".into()),
         runtime: "shell".into(),
-        ..ExecuteRequest::default()
+        ..JobRequest::default()
     }
 }
 
@@ -60,7 +60,7 @@ async fn a_one_shot_supervisor_runs_its_first_request_in_the_sandbox_built_early
         Config::parse(&text, &dir.path().join("confine.toml")).unwrap()
     };
     let clamping = format!("\n[[policy.evaluators]]\npath = \"{}\"\n", clamp.display());
-    let req = |code: &str, stdin: Option<&str>| ExecuteRequest {
+    let req = |code: &str, stdin: Option<&str>| JobRequest {
         stdin: stdin.map(str::to_string),
         // The start of the sandbox's pid 1, in ticks since boot, last.
         ..shell_request(format!("{code}; set -- $(cat /proc/1/stat); echo ${{22}}"))
@@ -77,7 +77,7 @@ async fn a_one_shot_supervisor_runs_its_first_request_in_the_sandbox_built_early
         let sup = Supervisor::open_one_shot(config(n, extra), Some(&first)).await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         let before = ticks_since_boot();
-        let resp = sup.execute(executed, ExecControl::default()).await;
+        let resp = sup.execute(executed, JobControl::default()).await;
         sup.discard_prestarted();
         assert_eq!(serde_json::to_value(resp.status).unwrap(), "success", "case {n}: {:?}", resp.error);
         let stdout = resp
@@ -97,11 +97,11 @@ async fn a_one_shot_supervisor_runs_its_first_request_in_the_sandbox_built_early
     // Denied: the sandbox built early is killed unreleased, and the
     // request is audited as any other.
     let pid = std::process::id().to_string();
-    let first = ExecuteRequest { network: confine::job::Network::Host, ..req("echo out", None) };
+    let first = JobRequest { network: confine::job::Network::Host, ..req("echo out", None) };
     let sup = Supervisor::open_one_shot(config(10, ""), Some(&first)).await.unwrap();
     let ours = |name: &str| name.split('.').nth(1) == Some(pid.as_str());
     assert!(!cgroup_dirs(&ours).is_empty(), "no sandbox was built before the decision");
-    let denied = sup.execute(first, ExecControl::default()).await;
+    let denied = sup.execute(first, JobControl::default()).await;
     assert_eq!(serde_json::to_value(denied.status).unwrap(), "denied", "{:?}", denied.error);
     assert_eq!(sup.stores().unwrap().audit.len(), 1);
     sup.discard_prestarted();
@@ -121,7 +121,7 @@ async fn a_sandbox_built_early_holds_its_job_to_its_limits() {
     let (dir, repo) = scratch_repo();
     let text = exec_config(&dir.path().join("store"), "demo", &repo);
     let config = Config::parse(&text, &dir.path().join("confine.toml")).unwrap();
-    let req = ExecuteRequest {
+    let req = JobRequest {
         memory_bytes: Some(64 << 20),
         // The start of the sandbox's pid 1 first, then the job becomes a
         // process that touches 256 MiB.
@@ -133,7 +133,7 @@ async fn a_sandbox_built_early_holds_its_job_to_its_limits() {
     let sup = Supervisor::open_one_shot(config, Some(&req)).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let before = ticks_since_boot();
-    let resp = sup.execute(req, ExecControl::default()).await;
+    let resp = sup.execute(req, JobControl::default()).await;
     let stdout =
         resp.output.as_ref().and_then(|v| v.stdout.clone().or_else(|| v.stdout_summary.clone())).unwrap_or_default();
     let limits = resp.outcome.as_ref().map(|o| o.limits.clone());

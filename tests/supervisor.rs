@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use confine::config::Config;
-use confine::supervisor::exec::{ExecControl, ExecuteRequest};
+use confine::supervisor::exec::{JobControl, JobRequest};
 use confine::supervisor::Supervisor;
 use std::sync::Arc;
 
@@ -28,12 +28,12 @@ fn supervisor_with(dir: &std::path::Path, running: usize, queued: usize, extra: 
     Supervisor::open(config).unwrap()
 }
 
-fn sleep_req(secs: &str) -> ExecuteRequest {
-    ExecuteRequest {
+fn sleep_req(secs: &str) -> JobRequest {
+    JobRequest {
         repo_id: Some("demo".into()),
         runtime: "shell".into(),
         code: Some(format!("sleep {secs}")),
-        ..ExecuteRequest::default()
+        ..JobRequest::default()
     }
 }
 
@@ -46,15 +46,15 @@ async fn queue_runs_waits_and_refuses_in_order() {
     let sup = Arc::new(supervisor(dir.path(), 1, 1));
     let first = tokio::spawn({
         let sup = sup.clone();
-        async move { sup.execute(sleep_req("0.6"), ExecControl::default()).await }
+        async move { sup.execute(sleep_req("0.6"), JobControl::default()).await }
     });
     tokio::time::sleep(std::time::Duration::from_millis(150)).await;
     let second = tokio::spawn({
         let sup = sup.clone();
-        async move { sup.execute(sleep_req("0.1"), ExecControl::default()).await }
+        async move { sup.execute(sleep_req("0.1"), JobControl::default()).await }
     });
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let third = sup.execute(sleep_req("0.1"), ExecControl::default()).await;
+    let third = sup.execute(sleep_req("0.1"), JobControl::default()).await;
     assert_eq!(serde_json::to_value(third.status).unwrap(), "failure");
     assert!(third.error.as_deref().unwrap().starts_with("busy: 1 jobs running, 1 queued"), "{:?}", third.error);
     let (first, second) = (first.await.unwrap(), second.await.unwrap());
@@ -73,11 +73,10 @@ async fn cancel_kills_the_tree_and_is_audited() {
     let dir = tempfile::tempdir().unwrap();
     let sup = supervisor(dir.path(), 2, 4);
     let tok = token("cancel");
-    let req =
-        ExecuteRequest { code: Some(format!("setsid sh -c 'sleep 1000; : {tok}' & sleep 1000")), ..sleep_req("0") };
+    let req = JobRequest { code: Some(format!("setsid sh -c 'sleep 1000; : {tok}' & sleep 1000")), ..sleep_req("0") };
     let cancel = Box::pin(async { tokio::time::sleep(std::time::Duration::from_millis(500)).await });
     let started = std::time::Instant::now();
-    let resp = sup.execute(req, ExecControl { cancel: Some(cancel), ..ExecControl::default() }).await;
+    let resp = sup.execute(req, JobControl { cancel: Some(cancel), ..JobControl::default() }).await;
     assert_eq!(serde_json::to_value(resp.status).unwrap(), "cancelled", "{resp:?}");
     assert!(started.elapsed().as_secs() < 5);
     assert!(host_pids_with(&tok).is_empty(), "survivors after cancel");
@@ -101,7 +100,7 @@ async fn an_expired_artifact_is_collected_after_a_job_without_confine_gc() {
     old.finish(JobInfo::default(), StreamMeta::default(), StreamMeta::default()).unwrap();
     let listed = |h: &str| sup.stores().unwrap().artifacts.list().unwrap().iter().any(|m| m.handle == h);
     assert!(listed(&old_handle));
-    let resp = sup.execute(sleep_req("0"), ExecControl::default()).await;
+    let resp = sup.execute(sleep_req("0"), JobControl::default()).await;
     assert_eq!(serde_json::to_value(resp.status).unwrap(), "success", "{:?}", resp.error);
     // GC runs beside the answer, not before it: wait for it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -123,14 +122,14 @@ async fn env_values_named_like_secrets_never_reach_stored_or_returned_output() {
     let dir = tempfile::tempdir().unwrap();
     let sup = supervisor_with(dir.path(), 2, 4, "\n[sandbox]\nenv_allowlist = [\"API_TOKEN\", \"GREETING\"]\n");
     let secret = format!("tok-{}-zq81", std::process::id());
-    let req = ExecuteRequest {
+    let req = JobRequest {
         code: Some("echo \"token=$API_TOKEN greeting=$GREETING\"; echo \"auth $API_TOKEN\" >&2".into()),
         env: vec![("API_TOKEN".into(), secret.clone()), ("GREETING".into(), "hello-plain-value".into())],
         render: RenderOptions { output_mode: OutputMode::Summary, ..RenderOptions::default() },
         ..sleep_req("0")
     };
     let mirror: confine::supervisor::exec::Mirror = Default::default();
-    let resp = sup.execute(req, ExecControl { mirror: Some(mirror.clone()), ..ExecControl::default() }).await;
+    let resp = sup.execute(req, JobControl { mirror: Some(mirror.clone()), ..JobControl::default() }).await;
     assert_eq!(serde_json::to_value(resp.status).unwrap(), "success", "{:?}", resp.error);
     let json = serde_json::to_string(&resp).unwrap();
     assert!(!json.contains(&secret), "the response shows the secret: {json}");
@@ -212,8 +211,8 @@ async fn a_store_that_fails_to_open_stops_the_job_before_it_runs() {
     let config = Config::parse(&text, &dir.path().join("confine.toml")).unwrap();
     let sup = Supervisor::open_deferred(config.clone()).unwrap();
     let tok = token("nostore");
-    let req = ExecuteRequest { code: Some(format!("sleep 1000; : {tok}")), ..sleep_req("0") };
-    let resp = sup.execute(req, ExecControl::default()).await;
+    let req = JobRequest { code: Some(format!("sleep 1000; : {tok}")), ..sleep_req("0") };
+    let resp = sup.execute(req, JobControl::default()).await;
     assert_eq!(serde_json::to_value(resp.status).unwrap(), "failure");
     let error = resp.error.unwrap_or_default();
     assert!(error.contains("the store is unavailable"), "{error}");

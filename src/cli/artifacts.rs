@@ -9,7 +9,7 @@ use super::Io;
 use crate::config::Config;
 use crate::output::modes::render_stored;
 use crate::output::query::query_output;
-use crate::output::{OutputError, OutputMode, QueryRequest, RenderOptions, StreamSelect};
+use crate::output::{OutputError, OutputMode, QueryRequest, QueryStreams, RenderOptions};
 use crate::relay::Command as Relayed;
 use crate::store::artifacts::{now_ms, ArtifactError, ArtifactMeta, Artifacts, StreamName};
 use clap::{Args, Subcommand};
@@ -310,7 +310,7 @@ fn query(a: &Artifacts, args: QueryArgs, io: &mut Io) -> Result<(), Failure> {
         query_terms: args.terms,
         context_lines: args.context,
         max_excerpts: args.max_excerpts,
-        stream: args.stream.parse::<StreamSelect>()?,
+        stream: args.stream.parse::<QueryStreams>()?,
         ..QueryRequest::default()
     };
     if let Some(spec) = &args.lines {

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::job::{Network, Status};
 use crate::output::modes::RenderOptions;
 use crate::output::OutputMode;
-use crate::supervisor::exec::{ExecControl, ExecuteRequest, ExecuteResponse, Live};
+use crate::supervisor::exec::{JobControl, JobRequest, JobResponse, Live};
 use crate::supervisor::Supervisor;
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -136,7 +136,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     };
     let adhoc = config.repos != loaded.repos;
     let env = args.env.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v))).collect();
-    let req = ExecuteRequest {
+    let req = JobRequest {
         repo_id,
         runtime: args.runtime.clone(),
         executable: args.executable.clone(),
@@ -154,7 +154,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
             query_terms: args.query_terms.clone(),
             inline_bytes: None,
         },
-        ..ExecuteRequest::default()
+        ..JobRequest::default()
     };
     let live = args.output_mode.is_none() && !args.json;
     if let Some(conn) = crate::relay::client::connect(&config.store_path()) {
@@ -180,7 +180,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
                 _ => std::future::pending::<()>().await,
             }
         });
-        let ctl = ExecControl { live: live.then_some(Live::Own), cancel: Some(cancel), ..ExecControl::default() };
+        let ctl = JobControl { live: live.then_some(Live::Own), cancel: Some(cancel), ..JobControl::default() };
         Ok::<_, String>((sup.execute(req, ctl).await, sup))
     });
     let (resp, sup) = match resp {
@@ -207,7 +207,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
 fn relay(
     conn: Result<crate::relay::client::Connection, crate::relay::RelayError>,
     loaded: &Config,
-    request: ExecuteRequest,
+    request: JobRequest,
     live: bool,
     adhoc: bool,
     args: &ExecArgs,
@@ -240,7 +240,7 @@ fn relay(
     }
 }
 
-fn report(resp: &ExecuteResponse, args: &ExecArgs) -> i32 {
+fn report(resp: &JobResponse, args: &ExecArgs) -> i32 {
     if args.json {
         match serde_json::to_string_pretty(resp) {
             Ok(s) => outln!("{s}"),

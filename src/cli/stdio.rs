@@ -19,7 +19,7 @@
 //! request (SIGTERM, SIGINT, SIGHUP) ends that wait at once.
 
 use crate::sandbox::linux::RunningJob;
-use crate::sandbox::{StdioSpec, Stream};
+use crate::sandbox::{StdioSpec, StdioTarget};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -75,14 +75,14 @@ impl CallerStdio {
     /// started).
     pub fn stdio(&self) -> StdioSpec {
         if let Some(pty) = &self.pty {
-            let fd = Stream::Fd(pty.terminal.as_raw_fd());
+            let fd = StdioTarget::Fd(pty.terminal.as_raw_fd());
             return StdioSpec { stdin: fd, stdout: fd, stderr: fd };
         }
         let stream = |fd: usize| match self.routes[fd] {
-            Route::Pass => Stream::Inherit,
-            Route::Reopen => self.reopened[fd].as_ref().map_or(Stream::Null, |f| Stream::Fd(f.as_raw_fd())),
-            Route::Relay => Stream::Piped,
-            Route::Null => Stream::Null,
+            Route::Pass => StdioTarget::Inherit,
+            Route::Reopen => self.reopened[fd].as_ref().map_or(StdioTarget::Null, |f| StdioTarget::Fd(f.as_raw_fd())),
+            Route::Relay => StdioTarget::Piped,
+            Route::Null => StdioTarget::Null,
         };
         StdioSpec { stdin: stream(0), stdout: stream(1), stderr: stream(2) }
     }

@@ -88,8 +88,8 @@ fn internal(e: impl std::fmt::Display) -> ServiceError {
     ServiceError::Internal(e.to_string())
 }
 
-fn to_request(req: &ExecuteRequest) -> sup::ExecuteRequest {
-    sup::ExecuteRequest {
+fn to_request(req: &ExecuteRequest) -> sup::JobRequest {
+    sup::JobRequest {
         repo_id: Some(req.repo_id.clone()),
         runtime: req.runtime.clone(),
         executable: req.executable.clone(),
@@ -110,7 +110,7 @@ fn to_request(req: &ExecuteRequest) -> sup::ExecuteRequest {
             query_terms: req.query_terms.clone().unwrap_or_default(),
             inline_bytes: req.inline_bytes,
         },
-        ..sup::ExecuteRequest::default()
+        ..sup::JobRequest::default()
     }
 }
 
@@ -121,7 +121,7 @@ fn stream(s: StreamName) -> Stream {
     }
 }
 
-fn to_response(r: &sup::ExecuteResponse) -> Result<ExecuteResponse, ServiceError> {
+fn to_response(r: &sup::JobResponse) -> Result<ExecuteResponse, ServiceError> {
     match (r.rejection, &r.error) {
         (Some(Rejection::Invalid), Some(e)) => return Err(ServiceError::Invalid(e.clone())),
         (Some(Rejection::Busy), Some(e)) => return Err(ServiceError::Busy(e.clone())),
@@ -225,7 +225,7 @@ impl RuntimeService for SupervisorService {
             killed: false,
         })?;
 
-        let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel::<sup::Progress>();
+        let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel::<sup::JobProgress>();
         let forward = ctl.progress.clone().filter(|_| !background).map(|sink| {
             tokio::spawn(async move {
                 while let Some(p) = prx.recv().await {
@@ -234,12 +234,12 @@ impl RuntimeService for SupervisorService {
             })
         });
         let token = cancel.clone();
-        let sctl = sup::ExecControl {
+        let sctl = sup::JobControl {
             cancel: Some(Box::pin(async move { token.cancelled().await })),
             progress: forward.as_ref().map(|_| ptx),
             progress_every: Some(std::time::Duration::from_secs(1)),
             mirror: Some(mirror),
-            ..sup::ExecControl::default()
+            ..sup::JobControl::default()
         };
         let sup = self.sup.clone();
         let run = async move {
@@ -280,9 +280,9 @@ impl RuntimeService for SupervisorService {
             context_lines: req.context_lines,
             max_excerpts: req.max_excerpts,
             stream: match req.stream.unwrap_or_default() {
-                StreamSelect::Stdout => crate::output::query::StreamSelect::Stdout,
-                StreamSelect::Stderr => crate::output::query::StreamSelect::Stderr,
-                StreamSelect::Both => crate::output::query::StreamSelect::Both,
+                StreamSelect::Stdout => crate::output::query::QueryStreams::Stdout,
+                StreamSelect::Stderr => crate::output::query::QueryStreams::Stderr,
+                StreamSelect::Both => crate::output::query::QueryStreams::Both,
             },
             line_start: req.line_range.map(|r| r[0]),
             line_end: req.line_range.map(|r| r[1]),

@@ -22,30 +22,30 @@ pub const MAX_RANGE_LINES: u64 = 1000;
 /// Which streams to search.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum StreamSelect {
+pub enum QueryStreams {
     Stdout,
     Stderr,
     #[default]
     Both,
 }
 
-impl StreamSelect {
+impl QueryStreams {
     pub fn streams(self) -> &'static [StreamName] {
         match self {
-            StreamSelect::Stdout => &[StreamName::Stdout],
-            StreamSelect::Stderr => &[StreamName::Stderr],
-            StreamSelect::Both => &StreamName::BOTH,
+            QueryStreams::Stdout => &[StreamName::Stdout],
+            QueryStreams::Stderr => &[StreamName::Stderr],
+            QueryStreams::Both => &StreamName::BOTH,
         }
     }
 }
 
-impl std::str::FromStr for StreamSelect {
+impl std::str::FromStr for QueryStreams {
     type Err = OutputError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
-            "stdout" => Ok(StreamSelect::Stdout),
-            "stderr" => Ok(StreamSelect::Stderr),
-            "both" => Ok(StreamSelect::Both),
+            "stdout" => Ok(QueryStreams::Stdout),
+            "stderr" => Ok(QueryStreams::Stderr),
+            "both" => Ok(QueryStreams::Both),
             _ => Err(OutputError::BadStream(s.to_string())),
         }
     }
@@ -63,7 +63,7 @@ pub struct QueryRequest {
     /// Excerpt windows returned (1–100, default 10).
     pub max_excerpts: Option<u32>,
     #[serde(default)]
-    pub stream: StreamSelect,
+    pub stream: QueryStreams,
     /// First line of a range (1-based), alone or with `lineEnd`.
     pub line_start: Option<u64>,
     /// Last line of a range, inclusive.

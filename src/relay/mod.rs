@@ -61,7 +61,7 @@ pub enum Command {
 #[cfg(target_os = "linux")]
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ExecRelay {
-    pub request: crate::supervisor::exec::ExecuteRequest,
+    pub request: crate::supervisor::exec::JobRequest,
     /// Copy the job's output to the client's descriptors as it comes.
     pub live: bool,
 }
@@ -91,7 +91,7 @@ pub struct Reply {
     /// A relayed `exec`'s response, which the client reports.
     #[cfg(target_os = "linux")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exec: Option<Box<crate::supervisor::exec::ExecuteResponse>>,
+    pub exec: Option<Box<crate::supervisor::exec::JobResponse>>,
 }
 
 /// Errors of the relay.

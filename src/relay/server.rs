@@ -7,7 +7,7 @@ use super::{Command, ExecRelay, RelayError, Reply, Request, PROTOCOL, SOCKET_NAM
 use crate::cli::Io;
 use crate::config::Config;
 use crate::store::memory::MemoryService;
-use crate::supervisor::exec::{ExecControl, Live};
+use crate::supervisor::exec::{JobControl, Live};
 use crate::supervisor::Supervisor;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -424,9 +424,9 @@ async fn exec(e: ExecRelay, stdio: Stdio, stream: &Arc<tokio::net::UnixStream>, 
     });
     let live =
         e.live.then(|| Live::To { stdout: Arc::new(File::from(stdio.0)), stderr: Arc::new(File::from(stdio.1)) });
-    let ctl = ExecControl { live, cancel: Some(cancel), ..ExecControl::default() };
+    let ctl = JobControl { live, cancel: Some(cancel), ..JobControl::default() };
     // The job's id is the server's to give: never one a client chose.
-    let request = crate::supervisor::exec::ExecuteRequest { job_id: None, ..e.request };
+    let request = crate::supervisor::exec::JobRequest { job_id: None, ..e.request };
     let resp = ctx.supervisor.execute(request, ctl).await;
     Reply { exit: 0, exec: Some(Box::new(resp)), ..Reply::default() }
 }

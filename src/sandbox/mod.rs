@@ -133,7 +133,7 @@ fn out_of_fds_hint(_errno: i32) -> Option<String> {
 
 /// Where one of the job's standard streams goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
+pub enum StdioTarget {
     /// The supervisor's own.
     Inherit,
     /// `/dev/null`.
@@ -146,14 +146,14 @@ pub enum Stream {
     Fd(std::os::fd::RawFd),
 }
 
-impl From<Stream> for Stdio {
-    fn from(s: Stream) -> Stdio {
+impl From<StdioTarget> for Stdio {
+    fn from(s: StdioTarget) -> Stdio {
         match s {
-            Stream::Inherit => Stdio::inherit(),
-            Stream::Null => Stdio::null(),
-            Stream::Piped => Stdio::piped(),
+            StdioTarget::Inherit => Stdio::inherit(),
+            StdioTarget::Null => Stdio::null(),
+            StdioTarget::Piped => Stdio::piped(),
             #[cfg(unix)]
-            Stream::Fd(fd) => {
+            StdioTarget::Fd(fd) => {
                 // SAFETY: the caller keeps `fd` open across the spawn, and
                 // the borrow ends before this returns; the copy is ours.
                 let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -169,22 +169,22 @@ impl From<Stream> for Stdio {
 /// Where the job's standard streams go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StdioSpec {
-    pub stdin: Stream,
-    pub stdout: Stream,
-    pub stderr: Stream,
+    pub stdin: StdioTarget,
+    pub stdout: StdioTarget,
+    pub stderr: StdioTarget,
 }
 
 impl StdioSpec {
     /// Pass the caller's streams through, as `confine run` does.
     pub fn inherit() -> Self {
-        StdioSpec { stdin: Stream::Inherit, stdout: Stream::Inherit, stderr: Stream::Inherit }
+        StdioSpec { stdin: StdioTarget::Inherit, stdout: StdioTarget::Inherit, stderr: StdioTarget::Inherit }
     }
     /// Capture stdout and stderr, no stdin.
     pub fn piped() -> Self {
-        StdioSpec { stdin: Stream::Null, stdout: Stream::Piped, stderr: Stream::Piped }
+        StdioSpec { stdin: StdioTarget::Null, stdout: StdioTarget::Piped, stderr: StdioTarget::Piped }
     }
     /// Nothing in, nothing kept.
     pub fn null() -> Self {
-        StdioSpec { stdin: Stream::Null, stdout: Stream::Null, stderr: Stream::Null }
+        StdioSpec { stdin: StdioTarget::Null, stdout: StdioTarget::Null, stderr: StdioTarget::Null }
     }
 }

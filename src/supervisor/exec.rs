@@ -35,7 +35,7 @@ use tokio::io::AsyncWriteExt;
 /// One request to run code or a command, as the CLI and MCP give it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct ExecuteRequest {
+pub struct JobRequest {
     pub repo_id: Option<String>,
     pub runtime: String,
     pub executable: Option<String>,
@@ -82,7 +82,7 @@ pub struct PolicyDecisionView {
 /// How a request ended: one shape for `confine exec --json` and MCP.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ExecuteResponse {
+pub struct JobResponse {
     pub job_id: String,
     pub status: Status,
     pub exit_code: Option<i32>,
@@ -120,21 +120,21 @@ type Ran = (Outcome, Captured, Option<OutputView>, Teardown);
 
 /// Live progress of a running job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Progress {
+pub struct JobProgress {
     pub elapsed_ms: u64,
     pub bytes: u64,
 }
 
 /// What the caller of [`Supervisor::execute`] controls.
 #[derive(Default)]
-pub struct ExecControl {
+pub struct JobControl {
     /// Also copy the job's output as it comes: to our own stdout/stderr,
     /// or to a relayed client's.
     pub live: Option<Live>,
     /// Resolves when the caller cancels: the tree is killed at once.
     pub cancel: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// Receives the byte count and elapsed time every `progress_every`.
-    pub progress: Option<tokio::sync::mpsc::UnboundedSender<Progress>>,
+    pub progress: Option<tokio::sync::mpsc::UnboundedSender<JobProgress>>,
     pub progress_every: Option<Duration>,
     /// Receives a copy of the output as it comes (stdout and stderr
     /// interleaved), up to [`MIRROR_CAP`] bytes: `runtime_jobs` reads it.
@@ -182,7 +182,7 @@ struct Tap {
 }
 
 impl Tap {
-    fn new(count: &Arc<AtomicU64>, stream: StreamName, ctl: &ExecControl, r: Option<&Redactor>) -> Self {
+    fn new(count: &Arc<AtomicU64>, stream: StreamName, ctl: &JobControl, r: Option<&Redactor>) -> Self {
         let live = ctl.live.clone().map(|l| (stream, l));
         Tap { count: count.clone(), live, mirror: ctl.mirror.clone(), mirror_redact: r.map(Redactor::stream) }
     }
@@ -254,8 +254,8 @@ async fn capture_job_pipe(
 }
 
 /// A response for a request that never ran.
-fn not_run(job_id: String, status: Status, decision: &Decision, error: String) -> ExecuteResponse {
-    ExecuteResponse {
+fn not_run(job_id: String, status: Status, decision: &Decision, error: String) -> JobResponse {
+    JobResponse {
         job_id,
         status,
         exit_code: None,
@@ -279,7 +279,7 @@ fn not_run(job_id: String, status: Status, decision: &Decision, error: String) -
 
 impl Supervisor {
     /// Run one request through every governance step.
-    pub async fn execute(&self, req: ExecuteRequest, mut ctl: ExecControl) -> ExecuteResponse {
+    pub async fn execute(&self, req: JobRequest, mut ctl: JobControl) -> JobResponse {
         let job_id = req.job_id.clone().unwrap_or_else(crate::ids::job_id);
         let policy_req = plan::policy_request(&req, &self.config.network);
         let mut limits = self.config.resolve_limits(&policy_req.limits);
@@ -361,7 +361,7 @@ impl Supervisor {
         teardown.finish().await;
         // The artifact and the audit record are flushed: GC may run beside the answer.
         self.collect_garbage_if_due();
-        ExecuteResponse {
+        JobResponse {
             job_id,
             exit_code: outcome.exit_code,
             signal: outcome.signal,
@@ -464,10 +464,10 @@ impl Supervisor {
         &self,
         started_entry: &AuditEntry,
         repo_id: &str,
-        req: &ExecuteRequest,
+        req: &JobRequest,
         output: &OutputConfig,
         mut placed: Placed,
-        ctl: &mut ExecControl,
+        ctl: &mut JobControl,
     ) -> Result<Ran, String> {
         let persist = req.persist_output.unwrap_or(true);
         // Secrets: the listed variables' values, and what the caller passes
@@ -528,7 +528,7 @@ impl Supervisor {
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(every).await;
-                    let p = Progress {
+                    let p = JobProgress {
                         elapsed_ms: started.elapsed().as_millis() as u64,
                         bytes: count.load(Ordering::Relaxed),
                     };
@@ -581,7 +581,7 @@ impl Supervisor {
         decision: &Decision,
         status: Status,
         error: String,
-    ) -> ExecuteResponse {
+    ) -> JobResponse {
         let mut entry = AuditEntry::decided(&job_id, input, decision);
         entry.status = status;
         let mut resp = not_run(job_id, status, decision, error);
@@ -616,8 +616,8 @@ impl Supervisor {
         decision: &Decision,
         status: Status,
         error: String,
-    ) -> ExecuteResponse {
-        ExecuteResponse { rejection: Some(why), ..self.deny(job_id, input, decision, status, error) }
+    ) -> JobResponse {
+        JobResponse { rejection: Some(why), ..self.deny(job_id, input, decision, status, error) }
     }
 
     /// Jobs running and waiting right now.

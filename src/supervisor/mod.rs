@@ -98,7 +98,7 @@ impl Prestart {
     pub(crate) fn stdio(self) -> crate::sandbox::StdioSpec {
         let mut stdio = crate::sandbox::StdioSpec::piped();
         if self.stdin_piped {
-            stdio.stdin = crate::sandbox::Stream::Piped;
+            stdio.stdin = crate::sandbox::StdioTarget::Piped;
         }
         stdio
     }

@@ -19,7 +19,7 @@
 //! of the request runs in between: the sandbox is namespaces, mounts and
 //! the source file in its private /tmp.
 
-use super::exec::ExecuteRequest;
+use super::exec::JobRequest;
 use super::plan::{self, Planner};
 use super::stores::StoreSlot;
 use super::{Prestart, Supervisor, SupervisorError};
@@ -45,7 +45,7 @@ impl Supervisor {
     /// that request's sandbox is built while the policy is compiled and
     /// decides (this module's doc). `execute` may still be given another
     /// request: then nothing started here is used, and it is killed.
-    pub async fn open_one_shot(config: Config, first: Option<&ExecuteRequest>) -> Result<Supervisor, SupervisorError> {
+    pub async fn open_one_shot(config: Config, first: Option<&JobRequest>) -> Result<Supervisor, SupervisorError> {
         // The store opens first of all: upstream sled's start (its I/O
         // pool's threads, its recovery) is the longest part of a cold
         // request, longer than the sandbox's build, so it is started before
@@ -104,7 +104,7 @@ impl Supervisor {
 /// failed (the stage is gone; the job gets a fresh one).
 async fn speculate(
     planner: &Planner<'_>,
-    req: &ExecuteRequest,
+    req: &JobRequest,
     stage: InitStage,
     streams: Prestart,
     seccomp: Option<&str>,

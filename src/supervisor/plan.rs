@@ -14,7 +14,7 @@
 //! that sandbox.
 
 use super::cwd::{self, JailedCwd};
-use super::exec::ExecuteRequest;
+use super::exec::JobRequest;
 use crate::config::{Config, EffectiveLimits, LimitRequest, RepoConfig};
 use crate::job::{Bind, JobFile, JobSpec, Status};
 use crate::policy::input::ExecRequest;
@@ -65,7 +65,7 @@ pub(crate) struct Placed {
 /// The request as the policy and the input checks see it.
 /// `@name`s of the network's allowlist are expanded here, where a name
 /// `[network.allow]` lacks is left for [`Planner::admit`] to refuse.
-pub(crate) fn policy_request(req: &ExecuteRequest, net: &crate::config::NetworkConfig) -> ExecRequest {
+pub(crate) fn policy_request(req: &JobRequest, net: &crate::config::NetworkConfig) -> ExecRequest {
     ExecRequest {
         repo_id: req.repo_id.clone(),
         runtime: req.runtime.clone(),
@@ -89,7 +89,7 @@ pub(crate) fn policy_request(req: &ExecuteRequest, net: &crate::config::NetworkC
 impl Planner<'_> {
     /// Bad input, an unknown runtime or repository: refused before the
     /// policy sees the request (and audited all the same by the caller).
-    pub fn admit(&self, req: &ExecuteRequest, policy_req: &ExecRequest) -> Result<Admitted, String> {
+    pub fn admit(&self, req: &JobRequest, policy_req: &ExecRequest) -> Result<Admitted, String> {
         policy_req.check(&self.config.limits).map_err(|e| e.to_string())?;
         self.config.network.expand(&req.network)?;
         let runtime = runtimes::lookup(&req.runtime).map_err(|e| e.to_string())?;
@@ -103,7 +103,7 @@ impl Planner<'_> {
     /// Steps 3 to 5: the executable (validated against the runtime and
     /// resolved with its toolchain), the scrubbed environment, and the
     /// working directory jailed in the repository.
-    pub fn prepare(&self, req: &ExecuteRequest, admitted: &Admitted) -> Result<Prepared, Refusal> {
+    pub fn prepare(&self, req: &JobRequest, admitted: &Admitted) -> Result<Prepared, Refusal> {
         // 3. executable validation and toolchain resolution.
         let resolved =
             runtimes::toolchain::resolve(admitted.runtime, req.executable.as_deref(), req.code.is_some(), self.host)
@@ -146,7 +146,7 @@ impl Planner<'_> {
     /// of them.
     pub fn place(
         &self,
-        req: &ExecuteRequest,
+        req: &JobRequest,
         prepared: &Prepared,
         limits: &EffectiveLimits,
         timeout: Duration,

@@ -71,7 +71,7 @@ fn out_of_range_knobs_are_clamped_and_said() {
 #[test]
 fn one_stream_can_be_searched_alone() {
     let (_d, a, h) = setup();
-    let r = query_output(&a, &QueryRequest { stream: StreamSelect::Stderr, ..req(&h, &["ERROR"]) }).unwrap();
+    let r = query_output(&a, &QueryRequest { stream: QueryStreams::Stderr, ..req(&h, &["ERROR"]) }).unwrap();
     assert_eq!(r.searched_streams, vec![StreamName::Stderr]);
     assert_eq!(r.excerpts.len(), 1);
     assert_eq!(r.total_lines, 20);
@@ -81,7 +81,7 @@ fn one_stream_can_be_searched_alone() {
 fn line_ranges_return_what_exists_and_the_total() {
     let (_d, a, h) = setup();
     let mut q = req(&h, &[]);
-    q.stream = StreamSelect::Stdout;
+    q.stream = QueryStreams::Stdout;
     q.set_range("498:600").unwrap();
     let r = query_output(&a, &q).unwrap();
     assert_eq!(r.excerpts.len(), 1);

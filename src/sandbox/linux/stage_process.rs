@@ -13,7 +13,7 @@
 //! (docs/benchmarks.md, "Figures once in the code"). No code of ours runs between the
 //! clone and the execve.
 
-use crate::sandbox::{StdioSpec, Stream};
+use crate::sandbox::{StdioSpec, StdioTarget};
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -28,7 +28,7 @@ pub(crate) struct StageProcess {
     pid: libc::pid_t,
     pidfd: OwnedFd,
     status: Option<ExitStatus>,
-    /// Our ends of the streams that were [`Stream::Piped`], blocking.
+    /// Our ends of the streams that were [`StdioTarget::Piped`], blocking.
     pub stdin: Option<OwnedFd>,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
@@ -56,10 +56,10 @@ pub(crate) fn spawn(
     let (mut placed, mut ours): (Vec<(OwnedFd, RawFd)>, [Option<OwnedFd>; 3]) = (Vec::new(), [None, None, None]);
     for (target, stream) in [stdio.stdin, stdio.stdout, stdio.stderr].into_iter().enumerate() {
         match stream {
-            Stream::Inherit => {}
-            Stream::Null => placed.push((open_dev_null()?, target as RawFd)),
-            Stream::Fd(fd) => placed.push((dup_above(fd, 0)?, target as RawFd)),
-            Stream::Piped => {
+            StdioTarget::Inherit => {}
+            StdioTarget::Null => placed.push((open_dev_null()?, target as RawFd)),
+            StdioTarget::Fd(fd) => placed.push((dup_above(fd, 0)?, target as RawFd)),
+            StdioTarget::Piped => {
                 let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
                 let (theirs, mine) = if target == 0 { (read, write) } else { (write, read) };
                 placed.push((theirs, target as RawFd));

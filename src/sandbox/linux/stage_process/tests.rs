@@ -29,7 +29,7 @@ async fn fds_land_at_their_targets_and_no_copy_leaks() {
     std::fs::File::from(b.try_clone().unwrap()).write_all_at(b"B", 0).unwrap();
     // Crossed: a goes where b's number is, b where a's is.
     let (na, nb) = (a.as_raw_fd(), b.as_raw_fd());
-    let stdio = StdioSpec { stdin: Stream::Piped, stdout: Stream::Piped, stderr: Stream::Null };
+    let stdio = StdioSpec { stdin: StdioTarget::Piped, stdout: StdioTarget::Piped, stderr: StdioTarget::Null };
     let script = format!("read go; printf %s \"$(cat /proc/self/fd/{nb})$(cat /proc/self/fd/{na})\"");
     let mut child = sh(&script, stdio, &[(na, nb), (nb, na)]);
     // The child's fds and what each is, seen from here while it waits
@@ -67,7 +67,7 @@ async fn fds_land_at_their_targets_and_no_copy_leaks() {
 /// in the child though this process ignores it (as Rust programs do).
 #[tokio::test]
 async fn stdin_is_piped_and_sigpipe_kills() {
-    let stdio = StdioSpec { stdin: Stream::Piped, stdout: Stream::Piped, stderr: Stream::Null };
+    let stdio = StdioSpec { stdin: StdioTarget::Piped, stdout: StdioTarget::Piped, stderr: StdioTarget::Null };
     let mut child = sh("read line; echo \"got $line\"; grep SigIgn /proc/self/status", stdio, &[]);
     std::fs::File::from(child.stdin.take().unwrap()).write_all(b"hello\n").unwrap();
     let out = read_all(child.stdout.take().unwrap());
