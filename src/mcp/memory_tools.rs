@@ -191,7 +191,7 @@ impl ConfineServer {
 
     #[tool(
         name = "agent_feedback",
-        description = "After a task: which of the handles confine returned (artifactHandle, jobId, memoryId) were useful, and what was missing.",
+        description = "After a task: which returned handles were useful, and what was missing.",
         input_schema = input::<FeedbackRequest>(),
         output_schema = schema_for_output::<FeedbackResult>(),
         annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
@@ -202,7 +202,7 @@ impl ConfineServer {
 
     #[tool(
         name = "agent_feedback_query",
-        description = "Feedback for repoId, newest first, with the most useful handles and the most missed entries.",
+        description = "Feedback for repoId, newest first; the most useful and most missed entries.",
         input_schema = input::<FeedbackQuery>(),
         output_schema = schema_for_output::<FeedbackQueryResult>(),
         annotations(read_only_hint = true, open_world_hint = false)
