@@ -360,12 +360,14 @@ impl Store {
             }
             now.insert(name);
         }
-        *synced = now;
         if new {
             if let Some(d) = open_dir(&dir).map_err(io)? {
                 d.sync_all().map_err(sync)?;
             }
         }
+        // Only now: a flush that failed before the directory's sync must
+        // leave these names new for the next one.
+        *synced = now;
         Ok(())
     }
 
@@ -416,14 +418,19 @@ fn open_sled(path: &Path, flush_every_ms: Option<u64>) -> Result<sled::Db, sled:
 /// replays its log from there. The store's lock makes this process the
 /// only one in the directory.
 fn remove_unfinished_snapshots(sled_dir: &Path) {
+    // Where the store has no lock (not Unix), another process may be
+    // writing that file.
+    if !cfg!(unix) {
+        return;
+    }
     let Ok(entries) = std::fs::read_dir(sled_dir) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let unfinished = name
-            .strip_prefix("snap.")
-            .and_then(|rest| rest.strip_suffix(".generating"))
-            .is_some_and(|lsn| lsn.len() == 16 && lsn.bytes().all(|b| b.is_ascii_hexdigit()));
+        let unfinished =
+            name.strip_prefix("snap.").and_then(|rest| rest.strip_suffix(".generating")).is_some_and(|lsn| {
+                lsn.len() == 16 && lsn.bytes().all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(&b))
+            });
         if unfinished {
             match std::fs::remove_file(entry.path()) {
                 Ok(()) => tracing::warn!(

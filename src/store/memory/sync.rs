@@ -108,7 +108,9 @@ impl MemoryDb {
         if existing.as_ref().is_some_and(|r| r.md_sha256.as_deref() == Some(md_sha256.as_str())) {
             return Ok(None);
         }
-        if let Some(old) = existing.as_ref().filter(|r| mtime <= r.updated_ms) {
+        // A record dated in the future (by a version that trusted a
+        // file's date) does not win against a changed file.
+        if let Some(old) = existing.as_ref().filter(|r| r.updated_ms <= now && mtime <= r.updated_ms) {
             return Ok(Some(Change::Rewrite(old.clone())));
         }
         let text = std::str::from_utf8(&bytes).map_err(|_| "not UTF-8 text".to_string())?;
