@@ -8,10 +8,10 @@
 //! after warm-up, the store within its cap after `confine gc`, and an
 //! audit trail that verifies with one record per request.
 //!
-//! The full soak, on the binary users run, measured once sled's cache is
-//! full (docs/reliability.md): `CONFINE_SOAK_JOBS=8000
-//! CONFINE_SOAK_WARMUP=6000 CONFINE_SOAK_BIN=target/<host>/release/confine
-//! cargo test --test soak`.
+//! A long soak, on the binary users run, measured once sled's cache is
+//! full (docs/reliability.md, where its RSS check is open):
+//! `CONFINE_SOAK_JOBS=12000 CONFINE_SOAK_WARMUP=8000
+//! CONFINE_SOAK_BIN=target/<host>/release/confine cargo test --test soak`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
