@@ -1,5 +1,5 @@
 //! A soak of `confine serve`: CONFINE_SOAK_JOBS jobs (default 200; the
-//! full soak is 8,000) through the official MCP Python SDK over streamable
+//! long soak is 12,000) through the official MCP Python SDK over streamable
 //! HTTP, four sessions at once, of every kind (tests/mcp_client/soak.py):
 //! success, failure, timeout, OOM, output floods, background jobs killed,
 //! calls cancelled mid-run, requests denied. Then what must hold: no fd
