@@ -17,7 +17,7 @@ command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 # A venv needs ensurepip; Debian's system python has it in python3-venv.
 if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
 # The network allowlist's tests run curl and the system python's pip
-# through the proxy (tests/network.rs).
+# through the proxy (tests/suite/network.rs).
 have_pkg curl || need_apt+=(curl)
 if ! /usr/bin/python3 -m pip --version >/dev/null 2>&1; then need_apt+=(python3-pip); fi
 if [ ${#need_apt[@]} -gt 0 ]; then

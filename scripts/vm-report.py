@@ -109,7 +109,7 @@ def main():
         "Written by `scripts/vm-report.py` from the last `./dev vm-test` run",
         "(`target/vm/results/`): each entry is a Debian guest booted with qemu,",
         "its own kernel and cgroup layout, running the root integration suites",
-        "(`tests/sandbox.rs`, `tests/limits.rs`, `tests/security/`) with",
+        "(`tests/suite/sandbox.rs`, `tests/suite/limits.rs`, `tests/suite/security/`) with",
         "`CONFINE_REQUIRE_ISOLATION=1`, where a skip is a failure.",
         "",
         "| entry | kernel | cgroup layer | landlock | needs --allow-degraded | tests | run |",

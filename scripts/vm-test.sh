@@ -11,8 +11,8 @@
 # cached in ~/.cache/confine/vm (CONFINE_VM_CACHE), which clean clones
 # share; a run boots it with -snapshot, so the image stays as built. The
 # checkout is shared in read-only at its own path (9p), and the guest runs
-# its own links to the static binaries built here: the suites' test
-# binaries (`cargo test --no-run`) and confine. Results come back in
+# its own links to the static binaries built here: the integration test
+# binary (`cargo test --no-run --test all`) and confine. Results come back in
 # target/vm/results/<entry>/: the console log, each suite's output, the
 # guest's doctor and the outcome of a job there (status.json), and
 # summary.json (each test's outcome). A guest that does not finish within
@@ -20,9 +20,10 @@
 # kept. Running every entry writes docs/vm-matrix.md (scripts/vm-report.py).
 #
 # `--images-only` builds the images and boots nothing.
-# CONFINE_VM_SUITES: the integration suites to run (tests/<name>.rs),
-# default "sandbox limits security". CONFINE_VM_FILTER: run only the tests
-# whose name contains it (the test runner's filter), to chase one failure.
+# CONFINE_VM_SUITES: the integration suites to run (tests/suite/<name>),
+# default "sandbox limits security". CONFINE_VM_FILTER: instead of the
+# suites, run only the tests whose name contains it (the test runner's
+# filter, over every suite), to chase one failure.
 # CONFINE_VM_SCRIPT: a script of the checkout to run in the guest as root
 # before the suites; its output lands in results/<entry>/script.txt.
 # CONFINE_VM_PROFILE: confine's build, release (default) or debug.
@@ -144,7 +145,7 @@ fi
 while read -r name bin; do
   echo "vm-guest: suite $name" > /dev/console
   ( cd "$repo" && CONFINE_REQUIRE_ISOLATION=1 CONFINE_TEST_BIN="$(cat /results/bin)" CONFINE_TEST_SLOW="$slow" \
-      timeout 1500 "$bin" --test-threads=2 ${filter:+"$filter"} ) > "/results/suite-$name.txt" 2>&1
+      timeout 1500 "$bin" --test-threads=2 "${filter:-suite::$name::}" ) > "/results/suite-$name.txt" 2>&1
   echo "exit $?" >> "/results/suite-$name.txt"
 done < /results/plan
 sync
@@ -202,15 +203,25 @@ CARGO_TARGET_DIR="$vm_target_dir" cargo build "${profile_flag[@]}" --quiet --bin
 # The commit the binaries are built from, for the report.
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 plan="$(mktemp)"
-cargo test --no-run --message-format=json $(printf -- '--test %s ' "${suites[@]}") 2>/dev/null |
+# Every suite is a module of the one test binary (tests/all.rs): the plan
+# runs it once per suite, on that suite's tests (or once, filtered).
+exe="$(cargo test --no-run --message-format=json --test all 2>/dev/null |
   python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
-        print(m["target"]["name"], m["executable"])
-' >"$plan"
-[ -s "$plan" ] || die "no test binaries were built for: ${suites[*]}"
+        print(m["executable"])
+')"
+[ -n "$exe" ] || die "the test binary (tests/all.rs) was not built"
+if [ -n "${CONFINE_VM_FILTER:-}" ]; then
+  echo "filtered $exe" >"$plan"
+else
+  for name in "${suites[@]}"; do
+    [ -e "tests/suite/$name.rs" ] || [ -e "tests/suite/$name/mod.rs" ] || die "no suite tests/suite/$name"
+    echo "$name $exe"
+  done >"$plan"
+fi
 
 boot() { # entry accel results-dir
   local entry="$1" accel="$2" out="$3" suite dir
@@ -288,7 +299,10 @@ for line in open(os.path.join(out, "plan")):
         summary["suites"][name] = {"ran": False}
         continue
     text = open(path, errors="replace").read()
-    tests = dict(re.findall(r"^test (\S+) \.\.\. (ok|FAILED|ignored)", text, re.M))
+    # Names as within the suite: the binary's own start with suite::<name>::.
+    prefix = "suite::" if name == "filtered" else "suite::%s::" % name
+    tests = {t[len(prefix):] if t.startswith(prefix) else t: r
+             for t, r in re.findall(r"^test (\S+) \.\.\. (ok|FAILED|ignored)", text, re.M)}
     result = re.findall(r"^test result: .*$", text, re.M)
     exit_code = re.findall(r"^exit (\d+)$", text, re.M)
     summary["suites"][name] = {"ran": True, "result": result[-1] if result else None,

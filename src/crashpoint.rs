@@ -1,6 +1,6 @@
 //! Named points where a debug build kills itself with SIGKILL, for the
 //! tests that prove a crash at the worst moment loses nothing that was
-//! answered (tests/faults.rs). `CONFINE_TEST_CRASH_AT=point:n` kills the
+//! answered (tests/suite/faults.rs). `CONFINE_TEST_CRASH_AT=point:n` kills the
 //! process the n-th time it reaches `point` (1: the first time).
 //!
 //! Release builds compile [`reached`] to nothing: the variable is never

@@ -7,7 +7,7 @@
 //!
 //! Much weaker than the Linux sandbox: the host's filesystem, network and
 //! user account are the job's. It only runs with `--allow-degraded`.
-//! Written from the Win32 documentation; `tests/windows.rs` runs it for
+//! Written from the Win32 documentation; `tests/suite/windows.rs` runs it for
 //! real on Windows in CI. Under Wine 8 the tree kills pass, but Wine keeps
 //! only the limit flags (memory and process limits are ignored) and
 //! rejects the CPU-rate information class, so `--cpus` fails there.

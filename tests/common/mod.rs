@@ -20,7 +20,7 @@ pub fn run(args: &[&str]) -> Output {
 /// Whether this kernel has landlock. Without it (Linux before 5.13, or
 /// the LSM left out) confine refuses every job unless degraded mode is
 /// asked for, so the tests ask for it there ([`degraded_env`],
-/// [`degraded_runtime`]), and `tests/sandbox.rs` proves both the refusal
+/// [`degraded_runtime`]), and `tests/suite/sandbox.rs` proves both the refusal
 /// and what still holds.
 #[cfg(target_os = "linux")]
 pub fn kernel_has_landlock() -> bool {

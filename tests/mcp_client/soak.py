@@ -1,6 +1,6 @@
 """A soak of `confine serve` through the official MCP Python SDK.
 
-Run by tests/soak.rs inside target/mcp-venv:
+Run by tests/suite/soak.rs inside target/mcp-venv:
 
     python soak.py URL --token T --jobs N --workers 4 --marker M [--checkpoint-dir D --marks A,B,C]
 

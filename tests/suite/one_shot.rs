@@ -1,10 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! A one-shot supervisor (`confine exec`'s) builds its request's sandbox
 //! before the policy decides. In a test binary of its own: it counts the
 //! job cgroups of this process, which other tests running beside it
 //! would add to.
 
-mod common;
+use crate::common;
 use common::*;
 use confine::config::Config;
 use confine::supervisor::exec::{JobControl, JobRequest};

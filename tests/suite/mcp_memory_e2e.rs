@@ -7,9 +7,8 @@
 //!
 //! Without Python or PyPI the test prints `SKIP: <why>` and passes, unless
 //! CONFINE_REQUIRE_ISOLATION=1, where a skip is a failure.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::mcp::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;

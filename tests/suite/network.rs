@@ -3,9 +3,8 @@
 //! is local (the host's 127.0.0.0/8 and ::1): names reach them through the
 //! proxy's resolver override (`CONFINE_TEST_RESOLVE`, debug builds only).
 //! Each attack users of other sandboxes reported is a test of its own.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};

@@ -5,9 +5,8 @@
 //! Where the kernel alone would give the same answer, the probe is also run
 //! under an allow-everything profile (the control), and the answers must
 //! differ: that is what shows the filter, not the kernel, said no.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

@@ -1,11 +1,10 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! One store, several processes: while `confine serve` holds the store,
 //! the CLI's store commands are relayed to it over the store's socket
 //! (`src/relay`), and see the same records; a killed server's store is
 //! taken over. And the socket's trust: a client only talks to the
 //! store's holder, the server only to its own uid.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, Read};
 use std::os::unix::net::UnixListener;

@@ -2,7 +2,6 @@
 //! (its own store and one repository). Store, deduplicate, upsert, query,
 //! surface, remove, the log, check and sync, and refused input with its
 //! exit code and message, leaving nothing behind.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

@@ -3,10 +3,8 @@
 //! the bytes a client reads. They are deterministic, so they are asserted:
 //! `tools/list` at most 10,000 bytes; `runtime_execute` of `print(6*7)`
 //! at most 400 in `minimal` (with the `42` in it) and 600 in `summary`.
-#![cfg(target_os = "linux")]
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The sled store across many short lives, as users live them: `confine
 //! exec` run again and again, each a process that opens the store, writes
 //! an artifact and an audit record (a transaction), flushes and exits
@@ -9,7 +8,7 @@
 //! with SIGKILL at random points while they write, a disk that fills up,
 //! and blob files damaged on disk.
 
-mod common;
+use crate::common;
 
 use confine::store::artifacts::{Artifacts, JobInfo, StreamMeta, StreamName};
 use confine::store::audit::{AuditEntry, AuditLog, AuditSink};
@@ -440,7 +439,7 @@ fn a_failure_at_the_end_of_a_flood_is_kept_and_found() {
 /// While a one-shot `confine exec` has the store (it serves nobody else),
 /// another command is told which pid has it; once that process is killed
 /// with SIGKILL, the next command takes the store over. (`confine serve`
-/// relays commands instead: tests/relay.rs.)
+/// relays commands instead: tests/suite/relay.rs.)
 #[test]
 fn a_held_store_names_its_holder_and_is_taken_over_after_sigkill() {
     if !common::is_root() {

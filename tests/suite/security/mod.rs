@@ -4,11 +4,6 @@
 //! runs the real `confine` binary against real namespaces, landlock,
 //! seccomp and cgroups; under `CONFINE_REQUIRE_ISOLATION=1` a test that
 //! can't run fails.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-#[path = "security/governance.rs"]
 mod governance;
-#[path = "security/sandbox.rs"]
 mod sandbox;

@@ -7,9 +7,8 @@
 //! Without Python or PyPI the SDK tests print `SKIP: <why>` and pass,
 //! unless CONFINE_REQUIRE_ISOLATION=1, where a skip is a failure.
 //! Runs against whatever `crate::mcp::default_service` returns.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::mcp::*;
 use common::readable_repo;
 use std::io::{BufRead, BufReader, Write};

@@ -18,8 +18,6 @@
 //! of `JobObjectCpuRateControlInformation` fails (ERROR_INVALID_PARAMETER).
 //! The two limit tests therefore say SKIPPED under Wine — loudly, and only
 //! there; the tree-kill tests run for real on both.
-#![cfg(windows)]
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -2,10 +2,8 @@
 //! relative to the workspace, `-e`, `--env-file`, `--network`, `TERM` on a
 //! terminal, a status file for every outcome, a hint for `./cmd` without a
 //! workspace, and binds that land where they say.
-#![cfg(target_os = "linux")]
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::process::{Command, Stdio};

@@ -3,10 +3,8 @@
 //! with a Makefile, `untrusted.sh`, `build.sh`, `main.rs`), as root, with
 //! this build's `confine` first on PATH. Each command must exit 0, or the
 //! status its comment names (`# exit N`).
-#![cfg(target_os = "linux")]
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::os::unix::fs::PermissionsExt;

@@ -1,10 +1,8 @@
 //! Rootless, as an unprivileged user made by the test (uid 65534): the
 //! way out a refusal names works on this host, `confine exec
 //! --allow-degraded` runs, and what nothing measured is `null`.
-#![cfg(target_os = "linux")]
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::os::unix::fs::PermissionsExt;

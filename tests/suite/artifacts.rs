@@ -1,11 +1,10 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Output artifacts end to end: real child processes captured through
 //! `tokio::process`, hashes checked against `sha256sum`, and the
 //! `confine artifacts` / `confine gc` commands run as a user would, against
 //! a store under a temporary `XDG_DATA_HOME`. A writer killed with SIGKILL
 //! mid-capture leaves a store that opens, with the artifact incomplete.
 
-mod common;
+use crate::common;
 
 use confine::output::{capture, Capture, Captured, OutputConfig};
 use confine::store::artifacts::{ArtifactError, Artifacts, JobInfo, StreamName};

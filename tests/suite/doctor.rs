@@ -1,7 +1,6 @@
 //! `confine doctor` on this host: it must find what the kernel really has.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::process::Command;
 

@@ -1,8 +1,7 @@
 //! Landlock and the filesystem: attempts from inside the sandbox that must
 //! fail, each for the reason a user would check.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;

@@ -1,7 +1,6 @@
 //! The MCP server in memory: an rmcp client and `ConfineServer` over
 //! `tokio::io::duplex`, against the fake service. Protocol behaviour only:
 //! tool listing and schemas, results, tool errors, cancellation, progress.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use confine::mcp::types::{ExecStatus, JobsRequest};
 use confine::mcp::{ConfineServer, FakeService, RuntimeService};

@@ -5,9 +5,8 @@
 //!
 //! Needs root (cgroups are not delegated to users here). Without it the
 //! tests skip with a reason, and fail under CONFINE_REQUIRE_ISOLATION=1.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -1,8 +1,7 @@
 //! The governance CLI end to end: `confine policy check` and `confine audit`,
 //! each run as the real binary with its own config and data directory.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use confine::config::{LimitRequest, LimitsConfig, PolicyConfig};
 use confine::policy::input::ExecRequest;

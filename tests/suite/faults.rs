@@ -10,9 +10,8 @@
 //!   (`CONFINE_TEST_CRASH_AT`): nothing answered is lost;
 //! - a full disk and exhausted file descriptors: clear answers, and the
 //!   server recovers when the pressure goes.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::rpc::job_cgroups;
 use common::{readable_repo, sandbox_available};
 use serde_json::{json, Value};

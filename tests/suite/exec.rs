@@ -1,8 +1,7 @@
 //! `confine exec`: the governed pipeline end to end, with real sandboxes,
 //! a real store and a real audit trail in a temp dir.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::PathBuf;
 use std::process::{Command, Output};

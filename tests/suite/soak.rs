@@ -11,10 +11,9 @@
 //! A long soak, on the binary users run, measured once sled's cache is
 //! full (docs/reliability.md, where its RSS check is open):
 //! `CONFINE_SOAK_JOBS=12000 CONFINE_SOAK_WARMUP=8000
-//! CONFINE_SOAK_BIN=target/<host>/release/confine cargo test --test soak`.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! CONFINE_SOAK_BIN=target/<host>/release/confine cargo test --test all suite::soak::`.
 
-mod common;
+use crate::common;
 use common::mcp::{setup_venv, skip as mcp_skip};
 use common::rpc::job_cgroups;
 use common::{readable_repo, sandbox_available};
@@ -52,15 +51,21 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// The host's mounts: mount point and file system type, as this process
-/// (in the host's mount namespace) sees them.
-fn mounts() -> BTreeSet<String> {
+/// (in the host's mount namespace) sees them. Other suites run beside this
+/// one in the same binary and mount file systems of their own in their
+/// temporary directories: those are not the server's, and are left out
+/// (the soak's own directory, `mine`, is not).
+fn mounts(mine: &Path) -> BTreeSet<String> {
+    let others = std::env::temp_dir().join(".tmp");
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
-        .map(|l| {
+        .filter_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
             let sep = f.iter().position(|x| *x == "-").unwrap_or(f.len() - 1);
-            format!("{} {}", f[4], f.get(sep + 1).unwrap_or(&""))
+            let point = f[4];
+            let theirs = point.starts_with(others.to_str()?) && !Path::new(point).starts_with(mine);
+            (!theirs).then(|| format!("{point} {}", f.get(sep + 1).unwrap_or(&"")))
         })
         .collect()
 }
@@ -166,7 +171,7 @@ fn a_soak_through_a_real_client_leaks_nothing_and_loses_nothing() {
         }
     });
     let addr = rx.recv_timeout(Duration::from_secs(30)).expect("the server did not print its address");
-    let mounts_before = mounts();
+    let mounts_before = mounts(dir.path());
     let marker = format!("soakmark{}", std::process::id());
     // Warm-up: the first 100 jobs or quarter, whichever is more, or
     // CONFINE_SOAK_WARMUP; then two marks between it and the end, where
@@ -241,7 +246,7 @@ fn a_soak_through_a_real_client_leaks_nothing_and_loses_nothing() {
     let grown: Vec<&String> = fds_end.difference(fds_warm).collect();
     assert!(fds_end.len() <= fds_warm.len(), "fds grew from {} to {}: {grown:#?}", fds_warm.len(), fds_end.len());
     assert!(rss_end * 10 <= rss_warm * 11, "the server's RSS grew from {rss_warm} KiB to {rss_end} KiB: {rss:?}");
-    assert_eq!(mounts(), mounts_before, "the host's mount table changed");
+    assert_eq!(mounts(dir.path()), mounts_before, "the host's mount table changed");
 
     // SIGTERM: the server ends cleanly and lets go of the store.
     // SAFETY: kill(2) on our own child's pid.

@@ -7,10 +7,8 @@
 //! this host's `/tmp` is not (tmpfs, and ramfs, which has no idmapped
 //! mounts) are mounted in a private mount namespace (`unshare -m`) that
 //! dies with the test's shell, so no mount is left behind.
-#![cfg(target_os = "linux")]
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

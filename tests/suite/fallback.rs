@@ -5,16 +5,22 @@
 //! passed through, and an outcome that names the backend, what is lost and
 //! the guarantees that held. Also the backend chosen in confine.toml: for
 //! `confine run`, `doctor`, and (Linux) the governed `confine exec`.
-#![cfg(unix)]
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn confine(args: &[&str]) -> Output {
+    confine_with(args, &[])
+}
+
+/// `confine run ARGS…` with `env` added to the test's own environment
+/// (given to the child: setting it in this process would race the other
+/// tests' threads).
+fn confine_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_confine"))
         .arg("run")
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("start confine")
@@ -22,9 +28,13 @@ fn confine(args: &[&str]) -> Output {
 
 /// `confine run --backend unix-fallback --allow-degraded ARGS…`
 fn fallback(args: &[&str]) -> Output {
+    fallback_with(args, &[])
+}
+
+fn fallback_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut all = vec!["--backend", "unix-fallback", "--allow-degraded"];
     all.extend_from_slice(args);
-    confine(&all)
+    confine_with(&all, env)
 }
 
 fn stderr(o: &Output) -> String {
@@ -137,8 +147,7 @@ fn outcome_names_the_backend_and_the_missing_layers() {
 
 #[test]
 fn the_job_starts_in_a_private_tmp_with_a_scrubbed_environment() {
-    std::env::set_var("CONFINE_FALLBACK_SECRET", "s3cret");
-    let out = fallback(&["--", "sh", "-c", "pwd; echo \"$HOME\"; env"]);
+    let out = fallback_with(&["--", "sh", "-c", "pwd; echo \"$HOME\"; env"], &[("CONFINE_FALLBACK_SECRET", "s3cret")]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut lines = text.lines();
     let (cwd, home) = (lines.next().unwrap(), lines.next().unwrap());

@@ -2,9 +2,8 @@
 //! private root, credentials, environment, exit codes and stdio.
 //! Every test runs the real `confine` binary, so each sandbox lives in its
 //! own process.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

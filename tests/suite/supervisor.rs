@@ -1,8 +1,7 @@
 //! The supervisor as a library, driven concurrently: the fair queue, busy
 //! rejection, queue time in the outcome, and one audit record per request.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use confine::config::Config;
 use confine::supervisor::exec::{JobControl, JobRequest};
