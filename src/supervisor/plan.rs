@@ -163,13 +163,16 @@ impl Planner<'_> {
         spec.workspace_rw = self.config.sandbox.workspace_rw;
         spec.protect = if spec.workspace_rw {
             crate::sandbox::protect::defaults(&prepared.jailed.root)
-                .map_err(|message| Refusal { status: Status::Failure, message })?
+                .map_err(|e| Refusal { status: Status::Failure, message: e.to_string() })?
         } else {
             Vec::new()
         };
         spec.cwd = prepared.jailed.in_sandbox(Path::new("/workspace"));
-        spec.network =
-            self.config.network.expand(&req.network).map_err(|message| Refusal { status: Status::Failure, message })?;
+        spec.network = self
+            .config
+            .network
+            .expand(&req.network)
+            .map_err(|e| Refusal { status: Status::Failure, message: e.to_string() })?;
         spec.net_limits = self.config.network.limits();
         spec.allow_degraded = self.config.runtime.allow_degraded;
         spec.binds = prepared
