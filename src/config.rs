@@ -236,11 +236,13 @@ impl NetworkConfig {
 
     /// A request's network with its `@name`s expanded and every entry
     /// parsed and normalized; `none` and `host` as they are.
-    pub fn expand(&self, net: &crate::job::Network) -> Result<crate::job::Network, String> {
+    pub fn expand(
+        &self,
+        net: &crate::job::Network,
+    ) -> Result<crate::job::Network, crate::proxy::allowlist::EntryError> {
         match net {
             crate::job::Network::Allow(entries) => crate::proxy::allowlist::expand(entries, &self.allow)
-                .map(|l| crate::job::Network::Allow(l.to_strings()))
-                .map_err(|e| e.to_string()),
+                .map(|l| crate::job::Network::Allow(l.to_strings())),
             other => Ok(other.clone()),
         }
     }

@@ -54,6 +54,32 @@ pub struct Read {
     pub stat: Stat,
 }
 
+/// The refusals this module makes, inside the `io::Error`s its calls
+/// return: told apart by their type ([`is_not_regular`], [`is_too_large`]),
+/// never by their text.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("not a regular file")]
+    NotRegular,
+    #[error("larger than {0} bytes")]
+    TooLarge(u64),
+    /// Off Unix, where no errno says it.
+    #[cfg(not(unix))]
+    #[error("a symlink on the way is not followed")]
+    Symlink,
+}
+
+/// The refusal `e` carries, if it is one of ours.
+fn refusal(e: &std::io::Error) -> Option<&Refusal> {
+    e.get_ref().and_then(|inner| inner.downcast_ref::<Refusal>())
+}
+
+/// The error of a symlink on the way, off Unix.
+#[cfg(not(unix))]
+fn symlink_refused() -> std::io::Error {
+    std::io::Error::other(Refusal::Symlink)
+}
+
 /// Whether `e` is the refusal of a symlink on the way (`ELOOP`, from
 /// `O_NOFOLLOW` or `RESOLVE_NO_SYMLINKS`), or of a way out of the
 /// directory (`EXDEV`, from `RESOLVE_BENEATH`).
@@ -64,29 +90,29 @@ pub fn is_symlink_error(e: &std::io::Error) -> bool {
     }
     #[cfg(not(unix))]
     {
-        e.kind() == std::io::ErrorKind::Other && e.to_string().contains("symlink")
+        e.kind() == std::io::ErrorKind::Other && matches!(refusal(e), Some(Refusal::Symlink))
     }
 }
 
 /// The error of a file that is not a regular one (a FIFO, a device, a
 /// directory where a file was expected).
 pub fn not_regular() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, Refusal::NotRegular)
 }
 
 /// Whether `e` is [`not_regular`]'s.
 pub fn is_not_regular(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::InvalidInput && e.to_string() == "not a regular file"
+    e.kind() == std::io::ErrorKind::InvalidInput && matches!(refusal(e), Some(Refusal::NotRegular))
 }
 
 /// The error of a file over a size bound.
 pub fn too_large(max: u64) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("larger than {max} bytes"))
+    std::io::Error::new(std::io::ErrorKind::InvalidData, Refusal::TooLarge(max))
 }
 
 /// Whether `e` is [`too_large`]'s.
 pub fn is_too_large(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::InvalidData && e.to_string().starts_with("larger than ")
+    e.kind() == std::io::ErrorKind::InvalidData && matches!(refusal(e), Some(Refusal::TooLarge(_)))
 }
 
 /// The normal components of a relative path: no root, no `..`, no `.`

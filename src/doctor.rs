@@ -187,7 +187,21 @@ fn apparmor_check(root: bool) -> Option<Check> {
     ))
 }
 
-fn probe_unshare_user() -> Result<(), String> {
+/// Why a child could not make a user namespace.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// unshare's errno, described alone (the check's text names the call).
+    #[error("{}", .0.desc())]
+    Unshare(nix::errno::Errno),
+    #[error("probe ended as {0:?}")]
+    Ended(nix::sys::wait::WaitStatus),
+    #[error("{0}")]
+    Wait(nix::errno::Errno),
+    #[error("fork: {0}")]
+    Fork(nix::errno::Errno),
+}
+
+fn probe_unshare_user() -> Result<(), ProbeError> {
     // SAFETY: doctor runs before any runtime or thread is started, so the
     // child of this fork may run ordinary code; it only calls unshare and
     // _exit.
@@ -202,11 +216,11 @@ fn probe_unshare_user() -> Result<(), String> {
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => match nix::sys::wait::waitpid(child, None) {
             Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
-            Ok(nix::sys::wait::WaitStatus::Exited(_, e)) => Err(nix::errno::Errno::from_raw(e).desc().to_string()),
-            Ok(other) => Err(format!("probe ended as {other:?}")),
-            Err(e) => Err(e.to_string()),
+            Ok(nix::sys::wait::WaitStatus::Exited(_, e)) => Err(ProbeError::Unshare(nix::errno::Errno::from_raw(e))),
+            Ok(other) => Err(ProbeError::Ended(other)),
+            Err(e) => Err(ProbeError::Wait(e)),
         },
-        Err(e) => Err(format!("fork: {e}")),
+        Err(e) => Err(ProbeError::Fork(e)),
     }
 }
 

@@ -2,6 +2,8 @@
 //! LANG, and only the variables the caller names. The supervisor's own
 //! variables (tokens and the like) never reach a job.
 
+use std::path::{Path, PathBuf};
+
 /// Default PATH inside the sandbox.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -12,15 +14,20 @@ pub struct EnvArg {
     pub value: Option<String>,
 }
 
+/// An `--env` argument that is neither `KEY` nor `KEY=VALUE`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid environment variable '{0}': expected KEY or KEY=VALUE")]
+pub struct InvalidEnvArg(String);
+
 impl std::str::FromStr for EnvArg {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = InvalidEnvArg;
+    fn from_str(s: &str) -> Result<Self, InvalidEnvArg> {
         let (key, value) = match s.split_once('=') {
             Some((k, v)) => (k, Some(v.to_string())),
             None => (s, None),
         };
         if key.is_empty() || key.contains('\0') || value.as_deref().is_some_and(|v| v.contains('\0')) {
-            return Err(format!("invalid environment variable '{s}': expected KEY or KEY=VALUE"));
+            return Err(InvalidEnvArg(s.to_string()));
         }
         Ok(EnvArg { key: key.to_string(), value })
     }
@@ -38,21 +45,34 @@ impl std::str::FromStr for EnvArg {
 /// bare `KEY` line, which docker fills from its own environment, is
 /// refused: a file someone else wrote would choose which of this
 /// process's variables the job gets.
-pub fn read_env_file(path: &std::path::Path) -> Result<Vec<EnvArg>, String> {
+pub fn read_env_file(path: &Path) -> Result<Vec<EnvArg>, EnvFileError> {
     // Its directories too: a `config -> /root/secrets` link a job left in
     // a workspace must not lead root's read elsewhere.
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let real = std::fs::canonicalize(parent).map_err(|e| format!("--env-file {}: {e}", path.display()))?;
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let real =
+        std::fs::canonicalize(parent).map_err(|source| EnvFileError::Directory { path: path.to_path_buf(), source })?;
     if crate::safe_fs::through_symlink(parent, &real) {
-        return Err(format!(
-            "--env-file {}: its directory is reached through a symbolic link; give its real path, {}",
-            path.display(),
-            real.join(path.file_name().unwrap_or_default()).display()
-        ));
+        return Err(EnvFileError::ThroughSymlink {
+            path: path.to_path_buf(),
+            real: real.join(path.file_name().unwrap_or_default()),
+        });
     }
     let text = crate::safe_fs::read_regular_string(path, 1 << 20)
-        .map_err(|e| format!("--env-file {}: {e}", path.display()))?;
-    parse_env_file(&text).map_err(|(line, why)| format!("--env-file {}, line {line}: {why}", path.display()))
+        .map_err(|source| EnvFileError::Read { path: path.to_path_buf(), source })?;
+    parse_env_file(&text).map_err(|(line, why)| EnvFileError::Line { path: path.to_path_buf(), line, why })
+}
+
+/// Why an env file gave no variables.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvFileError {
+    #[error("--env-file {path}: {source}")]
+    Directory { path: PathBuf, source: std::io::Error },
+    #[error("--env-file {path}: its directory is reached through a symbolic link; give its real path, {real}")]
+    ThroughSymlink { path: PathBuf, real: PathBuf },
+    #[error("--env-file {path}: {source}")]
+    Read { path: PathBuf, source: crate::safe_fs::SafeFsError },
+    #[error("--env-file {path}, line {line}: {why}")]
+    Line { path: PathBuf, line: usize, why: String },
 }
 
 fn parse_env_file(text: &str) -> Result<Vec<EnvArg>, (usize, String)> {
@@ -83,7 +103,7 @@ fn parse_env_file(text: &str) -> Result<Vec<EnvArg>, (usize, String)> {
                 ),
             ));
         }
-        let arg: EnvArg = trimmed.parse().map_err(|e| (n + 1, e))?;
+        let arg: EnvArg = trimmed.parse().map_err(|e: InvalidEnvArg| (n + 1, e.to_string()))?;
         out.push(arg);
     }
     Ok(out)
@@ -156,7 +176,7 @@ mod tests {
         std::fs::write(&secret, "TOKEN=hunter2\n").unwrap();
         let link = dir.path().join(".env");
         std::os::unix::fs::symlink(&secret, &link).unwrap();
-        let e = read_env_file(&link).unwrap_err();
+        let e = read_env_file(&link).unwrap_err().to_string();
         assert!(e.starts_with(&format!("--env-file {}", link.display())) && !e.contains("hunter2"), "{e}");
         let fifo = dir.path().join("fifo.env");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
@@ -167,7 +187,7 @@ mod tests {
         std::fs::create_dir(&real).unwrap();
         std::fs::write(real.join(".env"), "TOKEN=hunter2\n").unwrap();
         std::os::unix::fs::symlink(&real, dir.path().join("config")).unwrap();
-        let e = read_env_file(&dir.path().join("config/.env")).unwrap_err();
+        let e = read_env_file(&dir.path().join("config/.env")).unwrap_err().to_string();
         assert!(e.contains("symbolic link") && !e.contains("TOKEN=hunter2"), "{e}");
     }
 

@@ -35,7 +35,7 @@ impl Network {
     /// Parse `--net`: `none`, `host`, or `allow:ENTRY,ENTRY,…` (entries of
     /// `proxy::allowlist`, `@name` for a list of confine.toml's
     /// `[network.allow]`). Entries are checked here, names when expanded.
-    pub fn parse_arg(text: &str) -> Result<Network, String> {
+    pub fn parse_arg(text: &str) -> Result<Network, NetworkArgError> {
         match text {
             "none" => Ok(Network::None),
             "host" => Ok(Network::Host),
@@ -43,13 +43,11 @@ impl Network {
                 Some(list) => {
                     let entries: Vec<String> = list.split(',').map(|e| e.trim().to_string()).collect();
                     for e in entries.iter().filter(|e| !e.starts_with('@')) {
-                        crate::proxy::allowlist::Entry::parse(e).map_err(|e| e.to_string())?;
+                        crate::proxy::allowlist::Entry::parse(e)?;
                     }
                     Ok(Network::Allow(entries))
                 }
-                None => Err(format!(
-                    "'{text}': give none, host, or allow:HOST[,HOST…] (e.g. allow:registry.example.org,@python)"
-                )),
+                None => Err(NetworkArgError::Mode(text.to_string())),
             },
         }
     }
@@ -58,6 +56,15 @@ impl Network {
     pub fn isolated(&self) -> bool {
         !matches!(self, Network::Host)
     }
+}
+
+/// Why a `--net` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetworkArgError {
+    #[error("'{0}': give none, host, or allow:HOST[,HOST…] (e.g. allow:registry.example.org,@python)")]
+    Mode(String),
+    #[error(transparent)]
+    Entry(#[from] crate::proxy::allowlist::EntryError),
 }
 
 /// Limits of an allowlisted job's network (`[network]` of confine.toml).

@@ -35,6 +35,17 @@ pub enum SafeFsError {
     /// Opening, reading or writing failed.
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    /// A step of a guarded walk ([`open_guarded`]) failed.
+    #[cfg(target_os = "linux")]
+    #[error("{path}: {source}")]
+    Walk { path: PathBuf, source: nix::errno::Errno },
+    /// A guarded walk met a symlink inside a root jobs write to.
+    #[cfg(target_os = "linux")]
+    #[error(
+        "{path}: {link} is a symbolic link inside a directory that jobs write to (a job could have put it there); \
+         give the real path, or remove the link if you did not make it"
+    )]
+    Planted { path: PathBuf, link: PathBuf },
 }
 
 impl SafeFsError {
@@ -132,17 +143,6 @@ pub fn read_regular_string(path: &Path, max: u64) -> Result<String, SafeFsError>
         .map_err(|_| SafeFsError::io(path, io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text")))
 }
 
-/// The message of a path refused for a symlink inside a job-writable root.
-#[cfg(target_os = "linux")]
-fn planted(path: &Path, link: &Path) -> String {
-    format!(
-        "{}: {} is a symbolic link inside a directory that jobs write to (a job could have put it there); \
-         give the real path, or remove the link if you did not make it",
-        path.display(),
-        link.display()
-    )
-}
-
 /// `path` reached one component at a time from `/` (or the working
 /// directory), following the symlinks of the user's own directories but
 /// refusing any inside `roots` (canonical directories that hostile code
@@ -155,11 +155,11 @@ fn planted(path: &Path, link: &Path) -> String {
 /// name swapped meanwhile is caught, not followed. Returns an `O_PATH`
 /// fd of what the path names.
 #[cfg(target_os = "linux")]
-pub fn open_guarded(path: &Path, roots: &[PathBuf], with_last: bool) -> Result<std::os::fd::OwnedFd, String> {
+pub fn open_guarded(path: &Path, roots: &[PathBuf], with_last: bool) -> Result<std::os::fd::OwnedFd, SafeFsError> {
     use nix::fcntl::{openat, OFlag};
     use nix::sys::stat::Mode;
     use std::path::Component;
-    let shown = |e: nix::errno::Errno| format!("{}: {e}", path.display());
+    let shown = |source: nix::errno::Errno| SafeFsError::Walk { path: path.to_path_buf(), source };
     let start = if path.is_absolute() { Path::new("/") } else { Path::new(".") };
     let mut at =
         nix::fcntl::open(start, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).map_err(shown)?;
@@ -174,7 +174,7 @@ pub fn open_guarded(path: &Path, roots: &[PathBuf], with_last: bool) -> Result<s
         };
         walked.push(name);
         let real = std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&at)))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|source| SafeFsError::Io { path: path.to_path_buf(), source })?;
         let guarded = roots.iter().any(|r| real.starts_with(r)) && (with_last || !last) && name != "..";
         let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
         if guarded {
@@ -184,7 +184,7 @@ pub fn open_guarded(path: &Path, roots: &[PathBuf], with_last: bool) -> Result<s
         if guarded {
             let st = nix::sys::stat::fstat(&next).map_err(shown)?;
             if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-                return Err(planted(path, &walked));
+                return Err(SafeFsError::Planted { path: path.to_path_buf(), link: walked });
             }
         }
         at = next;
@@ -194,19 +194,20 @@ pub fn open_guarded(path: &Path, roots: &[PathBuf], with_last: bool) -> Result<s
 
 /// The canonical path of `path` ([`open_guarded`] with its last
 /// component): what a bind's source must then be, to the end.
-pub fn resolve_guarded(path: &Path, roots: &[PathBuf]) -> Result<PathBuf, String> {
+pub fn resolve_guarded(path: &Path, roots: &[PathBuf]) -> Result<PathBuf, SafeFsError> {
+    // Not `SafeFsError::io`: a failure here is reported as it is.
+    let failed = |source| SafeFsError::Io { path: path.to_path_buf(), source };
     #[cfg(target_os = "linux")]
     {
         let fd = open_guarded(path, roots, true)?;
-        std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd)))
-            .map_err(|e| format!("{}: {e}", path.display()))
+        std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd))).map_err(failed)
     }
     #[cfg(not(target_os = "linux"))]
     {
         // No fd paths to read back here: resolved by name (no sandbox
         // binds off Linux; this keeps the other builds whole).
         let _ = roots;
-        std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))
+        std::fs::canonicalize(path).map_err(failed)
     }
 }
 
@@ -242,8 +243,10 @@ impl OutputFile {
     /// As [`OutputFile::prepare`], but refusing a symlink on the way inside
     /// `roots` (directories jobs write to), in the same steps that open the
     /// directory ([`open_guarded`]).
-    pub fn prepare_guarded(path: &Path, roots: &[PathBuf]) -> Result<OutputFile, String> {
-        let (parent, name) = split(path).map_err(|e| e.to_string())?;
+    pub fn prepare_guarded(path: &Path, roots: &[PathBuf]) -> Result<OutputFile, SafeFsError> {
+        let (parent, name) = split(path)?;
+        // Not `SafeFsError::io`: a failure here is reported as it is.
+        let failed = |source| SafeFsError::Io { path: parent.to_path_buf(), source };
         #[cfg(target_os = "linux")]
         let dir = {
             let fd = open_guarded(parent, roots, true)?;
@@ -251,13 +254,13 @@ impl OutputFile {
             // again through it (no name is looked up).
             let flags = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
             let dir = nix::fcntl::openat(&fd, ".", flags, nix::sys::stat::Mode::empty())
-                .map_err(|e| format!("{}: {e}", parent.display()))?;
-            Dir::from_fd(dir).map_err(|e| format!("{}: {e}", parent.display()))?
+                .map_err(|source| SafeFsError::Walk { path: parent.to_path_buf(), source })?;
+            Dir::from_fd(dir).map_err(failed)?
         };
         #[cfg(not(target_os = "linux"))]
         let dir = {
             let _ = roots;
-            Dir::open(parent).map_err(|e| format!("{}: {e}", parent.display()))?
+            Dir::open(parent).map_err(failed)?
         };
         Ok(OutputFile { dir, name: name.to_os_string(), shown: path.to_path_buf() })
     }

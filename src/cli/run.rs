@@ -153,7 +153,35 @@ impl<T: Copy> Limit<T> {
     }
 }
 
-fn unlimited<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Limit<T>, String> {
+/// Why a flag's value was refused (clap prints it after the flag).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    #[error("invalid size '{0}': use a number with an optional K, M, G or T suffix, e.g. 256M")]
+    Size(String),
+    #[error("memory limit '{0}' is too small: the sandbox itself needs a few MiB; use at least 4M")]
+    MemoryTooSmall(String),
+    #[error("invalid process count '{0}': give a whole number of at least 1, or unlimited")]
+    Pids(String),
+    #[error("invalid CPU count '{given}': give cores between 0.01 and {online}, e.g. 0.5, or unlimited")]
+    Cpus { given: String, online: usize },
+    #[error("--tmp-size '{0}' must be more than 0")]
+    ZeroTmpSize(String),
+    #[error("invalid duration '{0}': use a number with ms, s, m or h, e.g. 30s")]
+    Duration(String),
+    #[error("duration '{0}' must be more than 0")]
+    ZeroDuration(String),
+    #[error("no user '{0}' in the sandbox's /etc/passwd; give a number (any uid works inside)")]
+    NoUser(String),
+    #[error("/etc/passwd gives '{0}' no numeric uid")]
+    NoNumericUid(String),
+    #[error("no group '{0}' in the sandbox's /etc/group; give a number")]
+    NoGroup(String),
+    /// `(uid_t)-1` means "unchanged" to the id syscalls.
+    #[error("4294967295 is not a valid id")]
+    ReservedId,
+}
+
+fn unlimited<T>(s: &str, parse: impl Fn(&str) -> Result<T, ArgError>) -> Result<Limit<T>, ArgError> {
     if s.trim().eq_ignore_ascii_case("unlimited") {
         Ok(Limit::Unlimited)
     } else {
@@ -163,7 +191,7 @@ fn unlimited<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Li
 
 /// `--user UID[:GID]`, names looked up in the files the sandbox shows
 /// (the host's /etc/passwd and /etc/group, bound read-only).
-fn parse_user(s: &str) -> Result<(u32, u32), String> {
+fn parse_user(s: &str) -> Result<(u32, u32), ArgError> {
     user_ids(
         s,
         &std::fs::read_to_string("/etc/passwd").unwrap_or_default(),
@@ -171,7 +199,7 @@ fn parse_user(s: &str) -> Result<(u32, u32), String> {
     )
 }
 
-fn user_ids(s: &str, passwd: &str, group: &str) -> Result<(u32, u32), String> {
+fn user_ids(s: &str, passwd: &str, group: &str) -> Result<(u32, u32), ArgError> {
     // name:x:uid:gid:… (passwd) and name:x:gid:… (group).
     let entry = |db: &str, key: &dyn Fn(&[&str]) -> bool| -> Option<Vec<String>> {
         db.lines()
@@ -186,10 +214,8 @@ fn user_ids(s: &str, passwd: &str, group: &str) -> Result<(u32, u32), String> {
     let (uid, passwd_gid) = match user.parse::<u32>() {
         Ok(uid) => (uid, entry(passwd, &|f| f[2] == user).and_then(|f| f.get(3).and_then(|g| g.parse().ok()))),
         Err(_) => {
-            let f = entry(passwd, &|f| f[0] == user).ok_or_else(|| {
-                format!("no user '{user}' in the sandbox's /etc/passwd; give a number (any uid works inside)")
-            })?;
-            let uid = f[2].parse().map_err(|_| format!("/etc/passwd gives '{user}' no numeric uid"))?;
+            let f = entry(passwd, &|f| f[0] == user).ok_or_else(|| ArgError::NoUser(user.to_string()))?;
+            let uid = f[2].parse().map_err(|_| ArgError::NoNumericUid(user.to_string()))?;
             (uid, f.get(3).and_then(|g| g.parse().ok()))
         }
     };
@@ -199,11 +225,11 @@ fn user_ids(s: &str, passwd: &str, group: &str) -> Result<(u32, u32), String> {
             Ok(gid) => gid,
             Err(_) => entry(group, &|f| f[0] == g)
                 .and_then(|f| f[2].parse().ok())
-                .ok_or_else(|| format!("no group '{g}' in the sandbox's /etc/group; give a number"))?,
+                .ok_or_else(|| ArgError::NoGroup(g.to_string()))?,
         },
     };
     if uid == u32::MAX || gid == u32::MAX {
-        return Err("4294967295 is not a valid id".into());
+        return Err(ArgError::ReservedId);
     }
     Ok((uid, gid))
 }
@@ -231,7 +257,7 @@ pub fn job_spec(args: &RunArgs, config: &Config) -> Result<JobSpec, SandboxError
     let mut spec = JobSpec::new(args.command.clone());
     let mut env = Vec::new();
     for file in &args.env_file {
-        env.extend(crate::env::read_env_file(file).map_err(SandboxError::Unavailable)?);
+        env.extend(crate::env::read_env_file(file).map_err(|e| SandboxError::Unavailable(e.to_string()))?);
     }
     env.extend(args.env.iter().cloned());
     // A terminal's type, so that what the job prints to it can use it.
@@ -254,7 +280,7 @@ pub fn job_spec(args: &RunArgs, config: &Config) -> Result<JobSpec, SandboxError
         spec.cwd = spec.cwd.join(cwd);
     }
     spec.workspace_rw = args.rw;
-    spec.network = config.network.expand(&args.net).map_err(SandboxError::Unavailable)?;
+    spec.network = config.network.expand(&args.net).map_err(|e| SandboxError::Unavailable(e.to_string()))?;
     spec.net_limits = config.network.limits();
     spec.hostname = args.hostname.clone();
     spec.allow_degraded = args.allow_degraded;
@@ -265,7 +291,7 @@ pub fn job_spec(args: &RunArgs, config: &Config) -> Result<JobSpec, SandboxError
     spec.user = args.user;
     spec.protect.clear();
     if let (Some(ws), true, false) = (&spec.workspace, args.rw, args.no_protect) {
-        spec.protect = crate::sandbox::protect::defaults(ws).map_err(SandboxError::Unavailable)?;
+        spec.protect = crate::sandbox::protect::defaults(ws).map_err(|e| SandboxError::Unavailable(e.to_string()))?;
     }
     for p in &args.protect {
         spec.protect.push(protected_path(p, spec.workspace.as_deref())?);
@@ -443,7 +469,7 @@ fn network_denials(o: &Outcome) -> Vec<String> {
 struct StatusFile(crate::safe_fs::OutputFile);
 
 impl StatusFile {
-    fn prepare(path: &Path, args: &RunArgs) -> Result<StatusFile, String> {
+    fn prepare(path: &Path, args: &RunArgs) -> Result<StatusFile, crate::safe_fs::SafeFsError> {
         let mut roots: Vec<PathBuf> = args.workspace.iter().filter_map(|w| std::fs::canonicalize(w).ok()).collect();
         for b in args.bind.iter().chain(&args.ro_bind) {
             let src = b.split_once(':').map_or(b.as_str(), |(a, _)| a);
@@ -452,9 +478,9 @@ impl StatusFile {
         crate::safe_fs::OutputFile::prepare_guarded(path, &roots).map(StatusFile)
     }
 
-    fn write(&self, o: &Outcome) -> Result<(), String> {
-        let bytes = serde_json::to_vec_pretty(o).map_err(|e| e.to_string())?;
-        self.0.write(&bytes).map_err(|e| e.to_string())
+    fn write(&self, o: &Outcome) -> Result<(), crate::safe_fs::WriteError<serde_json::Error>> {
+        let bytes = serde_json::to_vec_pretty(o).map_err(crate::safe_fs::WriteError::Content)?;
+        self.0.write(&bytes).map_err(crate::safe_fs::WriteError::Fs)
     }
 }
 
@@ -704,8 +730,8 @@ fn human_bytes(b: u64) -> String {
 
 /// `256M`, `1G`, `1.5G`, `4096`: bytes, with K, M, G, T as powers of 1024
 /// (docker's units; `Ki`, `MiB`, `MB` are read the same way).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let err = || format!("invalid size '{s}': use a number with an optional K, M, G or T suffix, e.g. 256M");
+pub fn parse_size(s: &str) -> Result<u64, ArgError> {
+    let err = || ArgError::Size(s.to_string());
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -730,22 +756,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// The smallest `--memory` that leaves room for the sandbox's own init.
 const MIN_MEMORY: u64 = 4 << 20;
 
-fn parse_memory(s: &str) -> Result<Limit<u64>, String> {
+fn parse_memory(s: &str) -> Result<Limit<u64>, ArgError> {
     unlimited(s, |s| {
         let n = parse_size(s)?;
         if n < MIN_MEMORY {
-            return Err(format!(
-                "memory limit '{s}' is too small: the sandbox itself needs a few MiB; use at least 4M"
-            ));
+            return Err(ArgError::MemoryTooSmall(s.to_string()));
         }
         Ok(n)
     })
 }
 
-fn parse_pids(s: &str) -> Result<Limit<u64>, String> {
+fn parse_pids(s: &str) -> Result<Limit<u64>, ArgError> {
     unlimited(s, |s| match s.trim().parse::<u64>() {
         Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("invalid process count '{s}': give a whole number of at least 1, or unlimited")),
+        _ => Err(ArgError::Pids(s.to_string())),
     })
 }
 
@@ -766,27 +790,27 @@ fn protected_path(p: &Path, workspace: Option<&Path>) -> Result<PathBuf, Sandbox
     Ok(rel.to_path_buf())
 }
 
-fn parse_tmp_size(s: &str) -> Result<u64, String> {
+fn parse_tmp_size(s: &str) -> Result<u64, ArgError> {
     match parse_size(s)? {
         // tmpfs reads size=0 as "unlimited".
-        0 => Err(format!("--tmp-size '{s}' must be more than 0")),
+        0 => Err(ArgError::ZeroTmpSize(s.to_string())),
         n => Ok(n),
     }
 }
 
-fn parse_cpus(s: &str) -> Result<Limit<f64>, String> {
+fn parse_cpus(s: &str) -> Result<Limit<f64>, ArgError> {
     unlimited(s, |s| {
         let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         match s.trim().parse::<f64>() {
             Ok(c) if c.is_finite() && c >= 0.01 && c <= online as f64 => Ok(c),
-            _ => Err(format!("invalid CPU count '{s}': give cores between 0.01 and {online}, e.g. 0.5, or unlimited")),
+            _ => Err(ArgError::Cpus { given: s.to_string(), online }),
         }
     })
 }
 
 /// `30s`, `500ms`, `1.5s`, `2m`, `1h`; a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let err = || format!("invalid duration '{s}': use a number with ms, s, m or h, e.g. 30s");
+pub fn parse_duration(s: &str) -> Result<Duration, ArgError> {
+    let err = || ArgError::Duration(s.to_string());
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -801,9 +825,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| err())
 }
 
-pub(crate) fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_positive_duration(s: &str) -> Result<Duration, ArgError> {
     match parse_duration(s)? {
-        d if d.is_zero() => Err(format!("duration '{s}' must be more than 0")),
+        d if d.is_zero() => Err(ArgError::ZeroDuration(s.to_string())),
         d => Ok(d),
     }
 }
@@ -820,10 +844,10 @@ mod limit_parsing_tests {
         assert_eq!(parse_size("64KiB"), Ok(64 << 10));
         assert_eq!(parse_size("4096"), Ok(4096));
         for bad in ["", "M", "12X", "-1M", "1..2M", "1e3"] {
-            let e = parse_size(bad).unwrap_err();
+            let e = parse_size(bad).unwrap_err().to_string();
             assert!(e.contains("e.g. 256M"), "{bad}: {e}");
         }
-        assert!(parse_memory("1M").unwrap_err().contains("at least 4M"));
+        assert!(parse_memory("1M").unwrap_err().to_string().contains("at least 4M"));
         assert_eq!(parse_memory("unlimited"), Ok(Limit::Unlimited));
         assert_eq!(parse_memory("256M"), Ok(Limit::Value(256 << 20)));
         assert_eq!(parse_pids("UNLIMITED"), Ok(Limit::Unlimited));
@@ -840,12 +864,12 @@ mod limit_parsing_tests {
         assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
         for bad in ["", "s", "10 years", "-1s", "1d"] {
-            assert!(parse_duration(bad).unwrap_err().contains("e.g. 30s"), "{bad}");
+            assert!(parse_duration(bad).unwrap_err().to_string().contains("e.g. 30s"), "{bad}");
         }
         assert!(parse_positive_duration("0").is_err());
         assert_eq!(parse_cpus("0.5"), Ok(Limit::Value(0.5)));
         assert_eq!(parse_cpus("unlimited"), Ok(Limit::Unlimited));
-        assert!(parse_cpus("0").unwrap_err().contains("between 0.01"));
+        assert!(parse_cpus("0").unwrap_err().to_string().contains("between 0.01"));
         assert!(parse_cpus("100000").is_err());
         assert!(parse_cpus("nan").is_err());
     }
@@ -875,9 +899,9 @@ mod tests {
         assert_eq!(user_ids("4242", PASSWD, GROUP), Ok((4242, 0)), "unknown numbers: group 0, as docker");
         assert_eq!(user_ids("ci:nogroup", PASSWD, GROUP), Ok((1001, 65534)));
         assert_eq!(user_ids("1000:1000", PASSWD, GROUP), Ok((1000, 1000)));
-        let err = user_ids("alice", PASSWD, GROUP).unwrap_err();
+        let err = user_ids("alice", PASSWD, GROUP).unwrap_err().to_string();
         assert!(err.contains("no user 'alice'") && err.contains("/etc/passwd"), "{err}");
-        let err = user_ids("ci:wheel", PASSWD, GROUP).unwrap_err();
+        let err = user_ids("ci:wheel", PASSWD, GROUP).unwrap_err().to_string();
         assert!(err.contains("no group 'wheel'"), "{err}");
         assert!(user_ids("", PASSWD, GROUP).is_err());
         assert!(user_ids("4294967295", PASSWD, GROUP).is_err());

@@ -2,7 +2,7 @@
 //! `symlink_metadata` first. Racy (see the module doc); the Linux build
 //! never uses it.
 
-use super::{components, not_regular, too_large, Read, Stat};
+use super::{components, not_regular, symlink_refused, too_large, Read, Stat};
 use std::ffi::{OsStr, OsString};
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -11,10 +11,6 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub struct Dir {
     path: PathBuf,
-}
-
-fn symlink_refused() -> std::io::Error {
-    std::io::Error::other("a symlink on the way is not followed")
 }
 
 fn stat_of(m: &std::fs::Metadata) -> Stat {

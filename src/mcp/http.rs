@@ -48,7 +48,7 @@ pub async fn serve_http(server: ConfineServer, opts: HttpOptions, shutdown: Canc
     }
     if opts.no_token {
         // Before binding: a public address without a token is refused here.
-        Guard::new(opts.addr, &opts.allow_origins, Auth::Open).map_err(McpError::Config)?;
+        Guard::new(opts.addr, &opts.allow_origins, Auth::Open)?;
     }
     let listener =
         tokio::net::TcpListener::bind(opts.addr).await.map_err(|source| McpError::Bind { addr: opts.addr, source })?;
@@ -75,7 +75,7 @@ pub async fn serve_http(server: ConfineServer, opts: HttpOptions, shutdown: Canc
     } else {
         Auth::Tokens(opts.tokens)
     };
-    let guard = Guard::new(local, &opts.allow_origins, auth).map_err(McpError::Config)?;
+    let guard = Guard::new(local, &opts.allow_origins, auth)?;
     let router = router(server, guard.clone(), shutdown.child_token());
     // The one line a wrapper (or a test) reads to find the port of `--http 127.0.0.1:0`.
     eprintln!(

@@ -46,6 +46,20 @@ pub enum Auth {
     Open,
 }
 
+/// Why a listener's options can't work: each says what to pass instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GuardError {
+    #[error("no bearer token to check requests against")]
+    NoToken,
+    #[error(
+        "binding to {0} (not loopback) requires a bearer token: drop --no-token (one is then \
+         generated), or pass --token-file FILE"
+    )]
+    PublicWithoutToken(SocketAddr),
+    #[error("--allow-origin '{0}' is not an origin: use scheme://host[:port], e.g. https://app.example.com")]
+    NotAnOrigin(String),
+}
+
 /// The allowlists and tokens of one HTTP listener.
 #[derive(Debug, Clone)]
 pub struct Guard {
@@ -61,15 +75,10 @@ impl Guard {
     /// Check the allowlist values (an origin must be `scheme://host[:port]`,
     /// no path, or `null`) and the tokens: a listener without any is only
     /// allowed on loopback.
-    pub fn new(bind: SocketAddr, allow_origins: &[String], auth: Auth) -> Result<Guard, String> {
+    pub fn new(bind: SocketAddr, allow_origins: &[String], auth: Auth) -> Result<Guard, GuardError> {
         match &auth {
-            Auth::Tokens(t) if t.is_empty() => return Err("no bearer token to check requests against".into()),
-            Auth::Open if !bind.ip().is_loopback() => {
-                return Err(format!(
-                    "binding to {bind} (not loopback) requires a bearer token: drop --no-token (one is then \
-                     generated), or pass --token-file FILE"
-                ))
-            }
+            Auth::Tokens(t) if t.is_empty() => return Err(GuardError::NoToken),
+            Auth::Open if !bind.ip().is_loopback() => return Err(GuardError::PublicWithoutToken(bind)),
             _ => {}
         }
         let mut origins = Vec::new();
@@ -81,9 +90,7 @@ impl Guard {
                 continue;
             }
             let Some((_, host, _)) = split_origin(&norm) else {
-                return Err(format!(
-                    "--allow-origin '{o}' is not an origin: use scheme://host[:port], e.g. https://app.example.com"
-                ));
+                return Err(GuardError::NotAnOrigin(o.clone()));
             };
             names.push(host.to_string());
             origins.push(norm);

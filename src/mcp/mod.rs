@@ -57,9 +57,12 @@ pub enum McpError {
     /// The HTTP server failed while serving.
     #[error("HTTP server: {0}")]
     Http(std::io::Error),
-    /// Options that can't work together (no token on a public bind, a bad origin).
+    /// Options that can't work together, or a token that can't be read.
     #[error("{0}")]
     Config(String),
+    /// A listener's options can't work (no token on a public bind, a bad origin).
+    #[error(transparent)]
+    Guard(#[from] crate::mcp::http_guard::GuardError),
     /// The runtime service could not be built.
     #[error("cannot start the runtime service: {0}")]
     Service(String),

@@ -20,6 +20,15 @@ use sha2::{Digest, Sha256};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 
+/// Why an output's tail ring was not stored after its head.
+#[derive(Debug, thiserror::Error)]
+enum TailError {
+    #[error("reading its tail back: {0}")]
+    Read(std::io::Error),
+    #[error(transparent)]
+    Store(#[from] ArtifactError),
+}
+
 /// Bytes asked of one pipe read.
 pub(crate) const READ_BYTES: usize = 128 << 10;
 /// Capacity of every buffer: a read, plus room for redaction output (the
@@ -314,7 +323,7 @@ impl Processor {
     /// Store the tail ring after the head: as it is when nothing fell out
     /// of it; else after a marker line that says what was dropped, from the
     /// first whole line on, its chunks numbered as in the whole output.
-    fn store_tail(&mut self, sink: &mut ChunkSink, ring: &super::tail::TailRing) -> Result<(), String> {
+    fn store_tail(&mut self, sink: &mut ChunkSink, ring: &super::tail::TailRing) -> Result<(), TailError> {
         let mut cut = Cutter::default();
         let mut failed: Option<ArtifactError> = None;
         let mut skip = 0usize;
@@ -329,7 +338,7 @@ impl Processor {
                 }
                 held_newlines += memchr::memchr_iter(b'\n', piece).count() as u64;
             })
-            .map_err(|e| format!("reading its tail back: {e}"))?;
+            .map_err(TailError::Read)?;
             let dropped_newlines = ring.newlines - held_newlines + u64::from(skip > 0);
             let dropped_bytes = ring.overwritten() + skip as u64;
             let cap = self.sink.limits.stored_bytes;
@@ -350,7 +359,7 @@ impl Processor {
             );
             let head_lines = self.stored_lines;
             self.keep_stored(marker.as_bytes());
-            cut.push(sink, marker.as_bytes()).and_then(|()| cut.flush(sink)).map_err(|e| e.to_string())?;
+            cut.push(sink, marker.as_bytes()).and_then(|()| cut.flush(sink))?;
             sink.skip_lines(dropped_newlines - marker_newlines);
             self.truncated = true;
             self.dropped = Some(Dropped {
@@ -374,10 +383,10 @@ impl Processor {
                 failed = Some(e);
             }
         })
-        .map_err(|e| format!("reading its tail back: {e}"))?;
+        .map_err(TailError::Read)?;
         match failed {
-            Some(e) => Err(e.to_string()),
-            None => cut.flush(sink).map_err(|e| e.to_string()),
+            Some(e) => Err(e.into()),
+            None => Ok(cut.flush(sink)?),
         }
     }
 

@@ -12,6 +12,22 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// ignores it.
 pub const TEST_RESOLVE_ENV: &str = "CONFINE_TEST_RESOLVE";
 
+/// Why a target gives the proxy no address to connect to.
+#[derive(Debug, thiserror::Error)]
+pub enum AddrError {
+    /// `kind`: what the address is ([`non_public`], the host's own, a
+    /// cloud platform's endpoint).
+    #[error("{host} resolves to {ip} ({kind}), which the allowlist does not name")]
+    Unlisted { host: String, ip: IpAddr, kind: &'static str },
+    #[error("{0} has no address")]
+    NoAddress(String),
+    #[cfg(target_os = "linux")]
+    #[error("cannot list this host's addresses: {0}")]
+    OwnAddresses(nix::errno::Errno),
+    #[error("{name} does not resolve: {source}")]
+    Unresolved { name: String, source: std::io::Error },
+}
+
 /// What kind of address this is, when it is not a public one.
 pub fn non_public(ip: IpAddr) -> Option<&'static str> {
     match canonical_ip(ip) {
@@ -82,7 +98,7 @@ pub fn permitted(
     list: &Allowlist,
     host: &str,
     own: &[IpAddr],
-) -> Result<Vec<SocketAddr>, String> {
+) -> Result<Vec<SocketAddr>, AddrError> {
     let mut refused = None;
     let mut out = Vec::new();
     for a in addrs {
@@ -95,9 +111,7 @@ pub fn permitted(
             .or_else(|| platform_endpoint(ip));
         match kind {
             Some(kind) if !list.names_address(ip, a.port()) => {
-                refused.get_or_insert_with(|| {
-                    format!("{host} resolves to {ip} ({kind}), which the allowlist does not name")
-                });
+                refused.get_or_insert_with(|| AddrError::Unlisted { host: host.to_string(), ip, kind });
             }
             _ => out.push(SocketAddr::new(ip, a.port())),
         }
@@ -105,15 +119,15 @@ pub fn permitted(
     match (out.is_empty(), refused) {
         (false, _) => Ok(out),
         (true, Some(why)) => Err(why),
-        (true, None) => Err(format!("{host} has no address")),
+        (true, None) => Err(AddrError::NoAddress(host.to_string())),
     }
 }
 
 /// Every address of the host's interfaces, read at each decision (they
 /// change: DHCP, hotplug). Unreadable, the decision fails closed.
 #[cfg(target_os = "linux")]
-pub fn own_addresses() -> Result<Vec<IpAddr>, String> {
-    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("cannot list this host's addresses: {e}"))?;
+pub fn own_addresses() -> Result<Vec<IpAddr>, AddrError> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(AddrError::OwnAddresses)?;
     Ok(addrs
         .filter_map(|a| {
             let sa = a.address?;
@@ -141,14 +155,14 @@ fn overridden(name: &str, port: u16) -> Option<Vec<SocketAddr>> {
 }
 
 /// Resolve `name` (normalized) on the host, as the proxy itself.
-pub async fn resolve(name: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+pub async fn resolve(name: &str, port: u16) -> Result<Vec<SocketAddr>, AddrError> {
     if let Some(addrs) = overridden(name, port) {
         return Ok(addrs);
     }
     // Absolute (a trailing dot): the host's search domains never apply.
     match tokio::net::lookup_host((format!("{name}."), port)).await {
         Ok(addrs) => Ok(addrs.collect()),
-        Err(e) => Err(format!("{name} does not resolve: {e}")),
+        Err(source) => Err(AddrError::Unresolved { name: name.to_string(), source }),
     }
 }
 
@@ -194,13 +208,13 @@ mod tests {
     fn non_public_addresses_pass_only_when_listed() {
         let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
         let list = Allowlist::parse(&["app.test", "127.0.0.1:8080"]).unwrap();
-        let e = permitted(vec![sa("127.0.0.1:443")], &list, "app.test", &[]).unwrap_err();
+        let e = permitted(vec![sa("127.0.0.1:443")], &list, "app.test", &[]).unwrap_err().to_string();
         assert!(e.contains("127.0.0.1 (loopback)"), "{e}");
         assert_eq!(permitted(vec![sa("127.0.0.1:8080")], &list, "app.test", &[]).unwrap(), [sa("127.0.0.1:8080")]);
         // A public address beside a private one: only the public one is used.
         let both = vec![sa("10.0.0.1:443"), sa("93.184.216.34:443")];
         assert_eq!(permitted(both, &list, "app.test", &[]).unwrap(), [sa("93.184.216.34:443")]);
-        assert!(permitted(vec![], &list, "app.test", &[]).unwrap_err().contains("no address"));
+        assert!(permitted(vec![], &list, "app.test", &[]).unwrap_err().to_string().contains("no address"));
     }
 
     /// A name that resolves to one of the host's own public addresses
@@ -212,14 +226,14 @@ mod tests {
         let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
         let own: Vec<IpAddr> = vec!["45.33.0.77".parse().unwrap(), "2600:3c01::77".parse().unwrap()];
         let list = Allowlist::parse(&["app.test", "45.33.0.77:9000"]).unwrap();
-        let e = permitted(vec![sa("45.33.0.77:8081")], &list, "app.test", &own).unwrap_err();
+        let e = permitted(vec![sa("45.33.0.77:8081")], &list, "app.test", &own).unwrap_err().to_string();
         assert!(e.contains("45.33.0.77 (an address of this host)"), "{e}");
-        let e = permitted(vec![sa("[::ffff:45.33.0.77]:443")], &list, "app.test", &own).unwrap_err();
+        let e = permitted(vec![sa("[::ffff:45.33.0.77]:443")], &list, "app.test", &own).unwrap_err().to_string();
         assert!(e.contains("an address of this host"), "{e}");
-        let e = permitted(vec![sa("[2600:3c01::77]:443")], &list, "app.test", &own).unwrap_err();
+        let e = permitted(vec![sa("[2600:3c01::77]:443")], &list, "app.test", &own).unwrap_err().to_string();
         assert!(e.contains("an address of this host"), "{e}");
         assert_eq!(permitted(vec![sa("45.33.0.77:9000")], &list, "app.test", &own).unwrap(), [sa("45.33.0.77:9000")]);
-        let e = permitted(vec![sa("168.63.129.16:80")], &list, "app.test", &own).unwrap_err();
+        let e = permitted(vec![sa("168.63.129.16:80")], &list, "app.test", &own).unwrap_err().to_string();
         assert!(e.contains("WireServer"), "{e}");
     }
 

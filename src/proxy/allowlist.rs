@@ -75,6 +75,20 @@ pub enum EntryError {
     TooMany { count: usize, max: usize },
 }
 
+/// Why a connection's target is refused: not a host, or not allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// `host` is shown clipped: the client chose it.
+    #[error("'{host}' is not a host name ({why})")]
+    NotAHost { host: String, why: &'static str },
+    #[error("port {port} is not open for {host} (an entry opens 443 and 80, or the port it names)")]
+    Port { host: String, port: u16 },
+    #[error("{0} is an address, and the allowlist does not name it")]
+    Address(String),
+    #[error("{0} is not on the allowlist")]
+    Name(String),
+}
+
 /// Most entries one job's allowlist may have, after `@name`s are expanded.
 pub const MAX_ENTRIES: usize = 256;
 
@@ -280,7 +294,7 @@ impl Allowlist {
 
     /// The entry allowing `host` (a name or an IP literal, as the client
     /// gave it) on `port`, or why none does.
-    pub fn grant(&self, host: &str, port: u16) -> Result<Grant, String> {
+    pub fn grant(&self, host: &str, port: u16) -> Result<Grant, Refused> {
         let target = Target::parse(host)?;
         let mut name_matched = false;
         for e in &self.entries {
@@ -303,11 +317,9 @@ impl Allowlist {
             }
         }
         Err(match (name_matched, &target) {
-            (true, _) => {
-                format!("port {port} is not open for {host} (an entry opens 443 and 80, or the port it names)")
-            }
-            (false, Target::Ip(_)) => format!("{host} is an address, and the allowlist does not name it"),
-            (false, Target::Name(_)) => format!("{host} is not on the allowlist"),
+            (true, _) => Refused::Port { host: host.to_string(), port },
+            (false, Target::Ip(_)) => Refused::Address(host.to_string()),
+            (false, Target::Name(_)) => Refused::Name(host.to_string()),
         })
     }
 
@@ -334,7 +346,7 @@ pub enum Target {
 impl Target {
     /// `host` as in a CONNECT authority or a URL: a name, an IPv4
     /// literal, or an IPv6 literal with or without brackets.
-    pub fn parse(host: &str) -> Result<Target, String> {
+    pub fn parse(host: &str) -> Result<Target, Refused> {
         let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
         if let Ok(ip) = bare.parse::<IpAddr>() {
             return Ok(Target::Ip(canonical_ip(ip)));
@@ -342,7 +354,7 @@ impl Target {
         // IPv6 zone ids, and other shapes no name has.
         normalize_name(bare)
             .map(Target::Name)
-            .map_err(|why| format!("'{}' is not a host name ({why})", crate::proxy::clip_text(host, 80)))
+            .map_err(|why| Refused::NotAHost { host: crate::proxy::clip_text(host, 80), why })
     }
 }
 
@@ -385,14 +397,14 @@ mod tests {
         let l = list(&["registry.example.org", "*.files.example.org", "api.example.org:8443"]);
         assert!(l.grant("registry.example.org", 443).is_ok());
         assert!(l.grant("REGISTRY.example.org.", 80).is_ok());
-        assert!(l.grant("registry.example.org", 22).unwrap_err().contains("port 22 is not open"));
+        assert!(l.grant("registry.example.org", 22).unwrap_err().to_string().contains("port 22 is not open"));
         assert!(l.grant("a.files.example.org", 443).is_ok());
         assert!(l.grant("a.b.files.example.org", 443).is_ok());
         assert!(l.grant("files.example.org", 443).is_err(), "a wildcard does not cover its apex");
         assert!(l.grant("evilfiles.example.org", 443).is_err());
         assert!(l.grant("api.example.org", 8443).is_ok());
         assert!(l.grant("api.example.org", 443).is_err(), "a port given opens only that port");
-        assert!(l.grant("example.org", 443).unwrap_err().contains("not on the allowlist"));
+        assert!(l.grant("example.org", 443).unwrap_err().to_string().contains("not on the allowlist"));
     }
 
     #[test]
@@ -404,7 +416,7 @@ mod tests {
         assert!(l.grant("::1", 8443).is_ok());
         assert!(l.grant("2001:db8::1", 443).is_ok());
         assert!(l.grant("[2001:0db8::0001]", 80).is_ok());
-        assert!(l.grant("127.0.0.2", 8080).unwrap_err().contains("does not name it"));
+        assert!(l.grant("127.0.0.2", 8080).unwrap_err().to_string().contains("does not name it"));
         assert!(l.grant("93.184.216.34", 443).is_err(), "a name on the list is not its addresses");
         assert!(l.names_address("127.0.0.1".parse().unwrap(), 8080));
         assert!(!l.names_address("127.0.0.1".parse().unwrap(), 80));

@@ -524,8 +524,10 @@ async fn open_upstream(
     host: &str,
     port: u16,
 ) -> Result<(Grant, TcpStream), Response<Body>> {
-    let (grant, addrs) = decide(state, host, port).await.map_err(|r| state.refuse(conn, StatusCode::FORBIDDEN, r))?;
-    let upstream = connect_upstream(&addrs).await.map_err(|reason| {
+    let (grant, addrs) =
+        decide(state, host, port).await.map_err(|e| state.refuse(conn, StatusCode::FORBIDDEN, e.to_string()))?;
+    let upstream = connect_upstream(&addrs).await.map_err(|e| {
+        let reason = e.to_string();
         state.keep(conn, false);
         conn.fail(&grant, reason.clone());
         text(StatusCode::BAD_GATEWAY, &reason)
@@ -541,34 +543,60 @@ async fn open_upstream(
 }
 
 /// The allowlist's entry for the target and the addresses to connect to.
-async fn decide(state: &State, host: &str, port: u16) -> Result<(Grant, Vec<SocketAddr>), String> {
+async fn decide(state: &State, host: &str, port: u16) -> Result<(Grant, Vec<SocketAddr>), Denied> {
     if let Some(max) = state.limits.max_bytes.filter(|max| state.total.load(Ordering::Relaxed) >= *max) {
-        return Err(byte_limit(max).to_string());
+        return Err(Denied::ByteLimit(byte_limit(max)));
     }
     let grant = state.allow.grant(host, port)?;
     let addrs = match Target::parse(host)? {
         Target::Ip(ip) => vec![SocketAddr::new(ip, port)],
         Target::Name(name) => match tokio::time::timeout(STEP_TIMEOUT, resolve(&name, port)).await {
             Ok(r) => r?,
-            Err(_) => return Err(format!("resolving {name} took longer than {}s", STEP_TIMEOUT.as_secs())),
+            Err(_) => return Err(Denied::SlowResolve { name, secs: STEP_TIMEOUT.as_secs() }),
         },
     };
     Ok((grant, permitted(addrs, &state.allow, host, &own_addresses()?)?))
 }
 
-async fn connect_upstream(addrs: &[SocketAddr]) -> Result<TcpStream, String> {
-    let mut last = String::from("no address");
+/// Why the proxy refuses a target (the job's record says it).
+#[derive(Debug, thiserror::Error)]
+enum Denied {
+    /// The job's byte budget is spent.
+    #[error("{0}")]
+    ByteLimit(std::io::Error),
+    #[error(transparent)]
+    Refused(#[from] super::allowlist::Refused),
+    #[error(transparent)]
+    Address(#[from] super::addr::AddrError),
+    #[error("resolving {name} took longer than {secs}s")]
+    SlowResolve { name: String, secs: u64 },
+}
+
+/// Why none of a target's addresses could be reached: the last one's
+/// failure.
+#[derive(Debug, thiserror::Error)]
+enum Unreachable {
+    #[error("could not connect: no address")]
+    NoAddress,
+    #[error("could not connect: {addr}: {source}")]
+    Refused { addr: SocketAddr, source: std::io::Error },
+    #[error("could not connect: {addr}: no answer within {secs}s")]
+    Silent { addr: SocketAddr, secs: u64 },
+}
+
+async fn connect_upstream(addrs: &[SocketAddr]) -> Result<TcpStream, Unreachable> {
+    let mut last = Unreachable::NoAddress;
     for a in addrs.iter().take(4) {
         match tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(a)).await {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
                 return Ok(s);
             }
-            Ok(Err(e)) => last = format!("{a}: {e}"),
-            Err(_) => last = format!("{a}: no answer within {}s", STEP_TIMEOUT.as_secs()),
+            Ok(Err(e)) => last = Unreachable::Refused { addr: *a, source: e },
+            Err(_) => last = Unreachable::Silent { addr: *a, secs: STEP_TIMEOUT.as_secs() },
         }
     }
-    Err(format!("could not connect: {last}"))
+    Err(last)
 }
 
 async fn connect(
@@ -894,8 +922,8 @@ async fn forward(state: Arc<State>, mut req: Request<hyper::body::Incoming>) -> 
     if req.headers().get_all(HOST).iter().count() > 1 {
         return state.refuse(&conn, StatusCode::BAD_REQUEST, "more than one Host header".into());
     }
-    if let Err(reason) = host_header_matches(req.headers().get(HOST), &host, port) {
-        return state.refuse(&conn, StatusCode::FORBIDDEN, reason);
+    if let Err(e) = host_header_matches(req.headers().get(HOST), &host, port) {
+        return state.refuse(&conn, StatusCode::FORBIDDEN, e.to_string());
     }
     let upstream = match open_upstream(&state, &conn, &host, port).await {
         Ok((_, upstream)) => upstream,
@@ -947,10 +975,10 @@ async fn forward(state: Arc<State>, mut req: Request<hyper::body::Incoming>) -> 
 /// The `Host` header must name the URL's host and port (its default, 80,
 /// when it names none): a forged one would reach the allowed address
 /// while the server serves another site.
-fn host_header_matches(value: Option<&HeaderValue>, host: &str, port: u16) -> Result<(), String> {
+fn host_header_matches(value: Option<&HeaderValue>, host: &str, port: u16) -> Result<(), HostHeaderError> {
     let Some(value) = value else { return Ok(()) };
-    let text = value.to_str().map_err(|_| "the Host header is not text".to_string())?;
-    let forged = || format!("the Host header '{}' is not the request's target '{}:{port}'", clip(text), clip(host));
+    let text = value.to_str().map_err(|_| HostHeaderError::NotText)?;
+    let forged = || HostHeaderError::Forged { header: clip(text), host: clip(host), port };
     if text.contains('@') {
         return Err(forged());
     }
@@ -964,6 +992,16 @@ fn host_header_matches(value: Option<&HeaderValue>, host: &str, port: u16) -> Re
     } else {
         Err(forged())
     }
+}
+
+/// Why a plain HTTP request's `Host` header is refused. Both names are
+/// shown clipped: the job chose them.
+#[derive(Debug, thiserror::Error)]
+enum HostHeaderError {
+    #[error("the Host header is not text")]
+    NotText,
+    #[error("the Host header '{header}' is not the request's target '{host}:{port}'")]
+    Forged { header: String, host: String, port: u16 },
 }
 
 /// The upstream side of a plain HTTP request, counting bytes each way
@@ -1092,7 +1130,7 @@ mod tests {
         assert!(host_header_matches(Some(&v("EXAMPLE.org:80")), "example.org", 80).is_ok());
         assert!(host_header_matches(Some(&v("example.org:8080")), "example.org", 8080).is_ok());
         assert!(host_header_matches(Some(&v("[::1]:8080")), "[::1]", 8080).is_ok());
-        let e = host_header_matches(Some(&v("internal.example")), "example.org", 80).unwrap_err();
+        let e = host_header_matches(Some(&v("internal.example")), "example.org", 80).unwrap_err().to_string();
         assert!(e.contains("'internal.example' is not the request's target"), "{e}");
         assert!(host_header_matches(Some(&v("example.org:81")), "example.org", 80).is_err());
         assert!(host_header_matches(Some(&v("example.org")), "example.org", 8080).is_err());

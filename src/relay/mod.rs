@@ -107,6 +107,12 @@ pub enum RelayError {
     Malformed(String),
 }
 
+/// An option of a relayed command that its client should have resolved,
+/// as the command line names it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} must be resolved by the client before it is relayed")]
+pub(crate) struct Unresolved(&'static str);
+
 /// `config` with its relative paths made absolute from `cwd`: the same
 /// text read in two directories is two configurations.
 pub(crate) fn absolute(mut config: Config, cwd: &std::path::Path) -> Config {
@@ -126,9 +132,9 @@ pub(crate) fn absolute(mut config: Config, cwd: &std::path::Path) -> Config {
 /// one does before sending: a server never reads its own standard input
 /// or a file a client named for it to read, and never takes a path
 /// relative to its own working directory.
-pub(crate) fn resolved(command: &Command) -> Result<(), String> {
+pub(crate) fn resolved(command: &Command) -> Result<(), Unresolved> {
     use crate::cli::memory::MemoryCommand as M;
-    let unresolved = |what: &str| Err(format!("{what} must be resolved by the client before it is relayed"));
+    let unresolved = |what: &'static str| Err(Unresolved(what));
     let repo = |r: &crate::cli::memory::RepoArgs| if r.repo.is_some() { unresolved("--repo") } else { Ok(()) };
     match command {
         Command::Memory(M::Store(a)) if a.content_file.is_some() || a.content.is_none() => unresolved("--content-file"),

@@ -353,8 +353,8 @@ async fn answer(request: Request, stdio: Stdio, stream: &Arc<tokio::net::UnixStr
             "it runs with another configuration ({file}): give this command the same one (--config), or stop the server"
         ));
     }
-    if let Err(message) = super::resolved(&request.command) {
-        return refused(message);
+    if let Err(e) = super::resolved(&request.command) {
+        return refused(e.to_string());
     }
     match request.command {
         Command::Exec(e) => exec(e, stdio, stream, ctx).await,

@@ -17,6 +17,19 @@ pub struct HostLayout {
     pub workspace: Option<PathBuf>,
 }
 
+/// Why a sandbox path has no host path, or a job file was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum HostPathError {
+    #[error("{0}: use an absolute path without '..'")]
+    NotAbsolute(PathBuf),
+    #[error("{0}: without a mount namespace only /tmp and /workspace exist for the job; use a directory under them")]
+    Outside(PathBuf),
+    #[error("{0}: job files must be under /tmp")]
+    FileOutsideTmp(PathBuf),
+    #[error("{path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
 /// Create the private `/tmp` of a job, readable by its owner only.
 pub fn private_tmp(job_id: &str) -> std::io::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("confine-{job_id}"));
@@ -31,9 +44,9 @@ pub fn private_tmp(job_id: &str) -> std::io::Result<PathBuf> {
 impl HostLayout {
     /// The host path of `path`, a path inside the sandbox. Only paths under
     /// `/workspace` (with a workspace) and `/tmp` have one.
-    pub fn host_path(&self, path: &Path) -> Result<PathBuf, String> {
+    pub fn host_path(&self, path: &Path) -> Result<PathBuf, HostPathError> {
         if !path.has_root() || path.components().any(|c| matches!(c, Component::ParentDir)) {
-            return Err(format!("{}: use an absolute path without '..'", path.display()));
+            return Err(HostPathError::NotAbsolute(path.to_path_buf()));
         }
         if let (Some(ws), Ok(rest)) = (&self.workspace, path.strip_prefix("/workspace")) {
             return Ok(if rest.as_os_str().is_empty() { ws.clone() } else { ws.join(rest) });
@@ -41,10 +54,7 @@ impl HostLayout {
         if let Ok(rest) = path.strip_prefix("/tmp") {
             return Ok(if rest.as_os_str().is_empty() { self.tmp.clone() } else { self.tmp.join(rest) });
         }
-        Err(format!(
-            "{}: without a mount namespace only /tmp and /workspace exist for the job; use a directory under them",
-            path.display()
-        ))
+        Err(HostPathError::Outside(path.to_path_buf()))
     }
 
     /// `word` (an argument) as the job must see it: a sandbox path under
@@ -73,16 +83,17 @@ impl HostLayout {
     }
 
     /// Write the job's files into the private `/tmp`.
-    pub fn write_files(&self, files: &[JobFile]) -> Result<(), String> {
+    pub fn write_files(&self, files: &[JobFile]) -> Result<(), HostPathError> {
         for f in files {
             let path = self.host_path(&f.path)?;
             if !path.starts_with(&self.tmp) {
-                return Err(format!("{}: job files must be under /tmp", f.path.display()));
+                return Err(HostPathError::FileOutsideTmp(f.path.clone()));
             }
+            let failed = |source| HostPathError::Write { path: f.path.clone(), source };
             if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", f.path.display()))?;
+                std::fs::create_dir_all(parent).map_err(failed)?;
             }
-            std::fs::write(&path, &f.contents).map_err(|e| format!("{}: {e}", f.path.display()))?;
+            std::fs::write(&path, &f.contents).map_err(failed)?;
         }
         Ok(())
     }

@@ -46,13 +46,38 @@ const INCLUDE_DEPTH: usize = 10;
 /// The default protected paths of `workspace` (relative to it), in the
 /// order found. Err: something git reads from the workspace is missing
 /// (a job could create it) or has other names (a job could write it).
-pub fn defaults(workspace: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn defaults(workspace: &Path) -> Result<Vec<PathBuf>, ProtectError> {
     let Ok(ws) = Dir::open(workspace) else { return Ok(DEFAULT_PROTECTED.iter().map(PathBuf::from).collect()) };
     let mut found = Found { workspace, ws: &ws, paths: Vec::new() };
     found.add(PathBuf::from(".git"));
     found.repository(Path::new(""))?;
     found.nested()?;
     Ok(found.paths)
+}
+
+/// Why a read-write workspace can't be protected as it is: each says
+/// what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtectError {
+    /// Something git reads from the workspace is missing: a job could
+    /// create it.
+    #[error(
+        "{what} names {rel}, inside the workspace, which does not exist: a job could create it, and your next \
+         git command would use it; create it, or change that setting"
+    )]
+    Missing { what: String, rel: PathBuf },
+    /// A file git reads is a symlink: a job could change its target.
+    #[error(
+        "{rel} is a symbolic link: git would read what it points at, which a job could change; replace it \
+         with the file itself"
+    )]
+    Symlink { rel: PathBuf },
+    /// A file git reads or runs has other names: a job could write it.
+    #[error(
+        "{rel} has {names} names (hard links): a job could write it through another one in the workspace, and your \
+         next git command would read or run it; remove the other links (find . -samefile {rel})"
+    )]
+    HardLinks { rel: PathBuf, names: u64 },
 }
 
 struct Found<'a> {
@@ -88,15 +113,10 @@ impl Found<'_> {
 
     /// `rel` (inside the workspace) must exist, or git could be handed
     /// what a job creates there; and a file must have no other name.
-    fn must_exist(&mut self, rel: PathBuf, what: &str) -> Result<(), String> {
+    fn must_exist(&mut self, rel: PathBuf, what: &str) -> Result<(), ProtectError> {
         let full = self.workspace.join(&rel);
-        let meta = std::fs::symlink_metadata(&full).map_err(|_| {
-            format!(
-                "{what} names {}, inside the workspace, which does not exist: a job could create it, and your next \
-                 git command would use it; create it, or change that setting",
-                rel.display()
-            )
-        })?;
+        let meta = std::fs::symlink_metadata(&full)
+            .map_err(|_| ProtectError::Missing { what: what.to_string(), rel: rel.clone() })?;
         single_name(&rel, &meta)?;
         self.add(rel);
         Ok(())
@@ -104,7 +124,7 @@ impl Found<'_> {
 
     /// The repository whose worktree is `top` (relative to the workspace):
     /// its gitdir and commondir, configuration and hooks.
-    fn repository(&mut self, top: &Path) -> Result<(), String> {
+    fn repository(&mut self, top: &Path) -> Result<(), ProtectError> {
         let worktree = self.workspace.join(top);
         let dot_git = worktree.join(".git");
         let Ok(meta) = std::fs::symlink_metadata(&dot_git) else { return Ok(()) };
@@ -174,7 +194,7 @@ impl Found<'_> {
         worktree: &Path,
         hooks_path: &mut Option<(PathBuf, String)>,
         depth: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProtectError> {
         let Some(text) = self.read(file) else { return Ok(()) };
         let base = file.parent().unwrap_or(Path::new("/"));
         for (section, key, value) in entries(&text) {
@@ -197,7 +217,7 @@ impl Found<'_> {
 
     /// Hooks in `dir`: a symlink into the workspace has its target kept
     /// read-only (and present); a file with other names is refused.
-    fn hooks(&mut self, dir: &Path) -> Result<(), String> {
+    fn hooks(&mut self, dir: &Path) -> Result<(), ProtectError> {
         // A hooks directory that is itself a link: git runs what it points at.
         if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
             if let Ok(target) = std::fs::read_link(dir) {
@@ -225,13 +245,9 @@ impl Found<'_> {
 
     /// A file git reads, inside the workspace: one name, and no symlink
     /// (git would read whatever it points at).
-    fn check_single(&self, rel: &Path) -> Result<(), String> {
+    fn check_single(&self, rel: &Path) -> Result<(), ProtectError> {
         match std::fs::symlink_metadata(self.workspace.join(rel)) {
-            Ok(meta) if meta.file_type().is_symlink() => Err(format!(
-                "{} is a symbolic link: git would read what it points at, which a job could change; replace it \
-                 with the file itself",
-                rel.display()
-            )),
+            Ok(meta) if meta.file_type().is_symlink() => Err(ProtectError::Symlink { rel: rel.to_path_buf() }),
             Ok(meta) => single_name(rel, &meta),
             Err(_) => Ok(()),
         }
@@ -239,7 +255,7 @@ impl Found<'_> {
 
     /// The `.git` of repositories nested in the workspace, a few levels
     /// down, and what each tells git to read from the workspace.
-    fn nested(&mut self) -> Result<(), String> {
+    fn nested(&mut self) -> Result<(), ProtectError> {
         let mut queue: std::collections::VecDeque<(PathBuf, usize)> = [(PathBuf::new(), 0)].into();
         let mut seen = 0;
         while let Some((rel, depth)) = queue.pop_front() {
@@ -321,18 +337,12 @@ fn read_host_config(path: &Path) -> Option<Vec<u8>> {
 
 /// A file git reads or runs must have one name: through another, in the
 /// workspace, a job could write it.
-fn single_name(rel: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+fn single_name(rel: &Path, meta: &std::fs::Metadata) -> Result<(), ProtectError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
         if meta.is_file() && meta.nlink() > 1 {
-            return Err(format!(
-                "{} has {} names (hard links): a job could write it through another one in the workspace, and your \
-                 next git command would read or run it; remove the other links (find . -samefile {})",
-                rel.display(),
-                meta.nlink(),
-                rel.display()
-            ));
+            return Err(ProtectError::HardLinks { rel: rel.to_path_buf(), names: meta.nlink() });
         }
     }
     #[cfg(not(unix))]

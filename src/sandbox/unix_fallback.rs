@@ -244,12 +244,12 @@ pub fn spawn(spec: &JobSpec, stdio: StdioSpec, tmp: Option<PrivateTmp>) -> Resul
     };
     let layout = tmp.layout(spec.workspace.clone());
     let ids = job_ids(spec);
-    layout.write_files(&spec.files).map_err(SandboxError::Unavailable)?;
+    layout.write_files(&spec.files).map_err(|e| SandboxError::Unavailable(e.to_string()))?;
     if let Some((uid, gid)) = ids {
         // The job's own: the directory, and what was written into it for
         // the job (code mode compiles next to its source).
         for f in &spec.files {
-            let mut path = layout.host_path(&f.path).map_err(SandboxError::Unavailable)?;
+            let mut path = layout.host_path(&f.path).map_err(|e| SandboxError::Unavailable(e.to_string()))?;
             while path.starts_with(&tmp.path) && path != tmp.path {
                 std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(SandboxError::Spawn)?;
                 if !path.pop() {

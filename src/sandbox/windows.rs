@@ -214,7 +214,7 @@ where
     let tmp = host_paths::private_tmp(&job_id).map_err(SandboxError::Spawn)?;
     let _cleanup = TmpDir(tmp.clone());
     let layout = HostLayout { tmp, workspace: spec.workspace.clone() };
-    layout.write_files(&spec.files).map_err(SandboxError::Unavailable)?;
+    layout.write_files(&spec.files).map_err(|e| SandboxError::Unavailable(e.to_string()))?;
     let cwd = layout.host_path(&spec.cwd).map_err(|e| SandboxError::Unavailable(format!("--cwd {e}")))?;
     let job = job_object(&spec.limits)?;
 

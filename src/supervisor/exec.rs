@@ -302,6 +302,7 @@ impl Supervisor {
         let admitted = match planner.admit(&req, &policy_req) {
             Ok(a) => a,
             Err(e) => {
+                let e = e.to_string();
                 let decision = Decision::rejected(&input, e.clone(), &digest);
                 return self.reject(Rejection::Invalid, job_id, &input, &decision, Status::Failure, e);
             }
@@ -347,7 +348,7 @@ impl Supervisor {
         drop(slot);
         let (outcome, captured, output, teardown) = match response {
             Ok(parts) => parts,
-            Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e),
+            Err(e) => return self.deny(job_id, &input, &decision, Status::Failure, e.to_string()),
         };
         let mut outcome = outcome;
         outcome.queued_ms = queued_ms;
@@ -421,7 +422,7 @@ impl Supervisor {
     }
 
     /// Start the job on the supervisor's backend.
-    async fn start(&self, job_id: &str, job: Placed, prestart: Prestart) -> Result<Started, String> {
+    async fn start(&self, job_id: &str, job: Placed, prestart: Prestart) -> Result<Started, NotStarted> {
         let stdio = prestart.stdio();
         match self.backend {
             BackendKind::Linux => {
@@ -447,15 +448,15 @@ impl Supervisor {
                         spawn().await
                     }
                 };
-                let mut started = started.map_err(|e| crate::sandbox::describe_start_error(&e))?;
+                let mut started = started.map_err(|e| NotStarted::Sandbox(crate::sandbox::describe_start_error(&e)))?;
                 started.job_id = job_id.to_string();
                 Ok(Started::Linux(Box::new(started)))
             }
             BackendKind::UnixFallback => crate::sandbox::unix_fallback::spawn(&job.spec, stdio, job.fallback_tmp)
                 .map(|j| Started::Fallback(Box::new(j)))
-                .map_err(|e| crate::sandbox::describe_start_error(&e)),
+                .map_err(|e| NotStarted::Sandbox(crate::sandbox::describe_start_error(&e))),
             // Refused when the supervisor was opened; an error here, never a panic.
-            other => Err(format!("the {} backend is not available here", other.name())),
+            other => Err(NotStarted::Backend(other.name())),
         }
     }
 
@@ -468,7 +469,7 @@ impl Supervisor {
         output: &OutputConfig,
         mut placed: Placed,
         ctl: &mut JobControl,
-    ) -> Result<Ran, String> {
+    ) -> Result<Ran, NotStarted> {
         let persist = req.persist_output.unwrap_or(true);
         // Secrets: the listed variables' values, and what the caller passes
         // to the job under a secret-like name (API_TOKEN, DB_PASSWORD, …).
@@ -483,19 +484,19 @@ impl Supervisor {
         // without its start in the trail.
         let job_id = started_entry.id.as_str();
         if !hold {
-            let stores = self.stores.wait().await.map_err(|e| e.to_string())?;
+            let stores = self.stores.wait().await?;
             stores.admit(started_entry)?;
         }
         let mut job = self.start(job_id, placed, streams).await?;
         // Ready at once unless the job is held (for the store, or built
         // before the decision). On error the held job is dropped
         // unreleased, which kills its tree.
-        let stores = self.stores.wait().await.map_err(|e| e.to_string())?;
+        let stores = self.stores.wait().await?;
         if hold {
             stores.admit(started_entry)?;
         }
         if job.held() {
-            job.release().await.map_err(|e| format!("cannot start the job: {e}"))?;
+            job.release().await.map_err(NotStarted::Release)?;
         }
         let cap = Capture::start(Some(&stores.artifacts), repo_id, output, redactor.clone(), persist);
         let started = Instant::now();
@@ -586,6 +587,7 @@ impl Supervisor {
         entry.status = status;
         let mut resp = not_run(job_id, status, decision, error);
         if let Err(e) = self.audit(entry) {
+            let e = e.to_string();
             let error = resp.error.unwrap_or_default();
             // A job stopped because the store failed already says why.
             resp.error = Some(if error.contains(&e) {
@@ -598,13 +600,11 @@ impl Supervisor {
     }
 
     /// Append `entry` to the audit trail (flushed before it returns).
-    fn audit(&self, entry: AuditEntry) -> Result<(), String> {
-        let stores = self.stores().map_err(|e| e.to_string())?;
+    fn audit(&self, entry: AuditEntry) -> Result<(), NotAudited> {
+        let stores = self.stores()?;
         stores.audit.append(entry).map(drop).map_err(|e| match e {
-            AuditError::Store(StoreError::Full { free, .. }) => {
-                format!("no room for it on the store's disk ({free} bytes free; see store.min_free_bytes)")
-            }
-            e => e.to_string(),
+            AuditError::Store(StoreError::Full { free, .. }) => NotAudited::Full { free },
+            e => NotAudited::Audit(e),
         })
     }
 
@@ -624,6 +624,36 @@ impl Supervisor {
     pub fn load(&self) -> (usize, usize) {
         (self.queue.running(), self.queue.queued())
     }
+}
+
+/// Why a job the pipeline let through did not run.
+#[derive(Debug, thiserror::Error)]
+enum NotStarted {
+    /// The store is not there to record it.
+    #[error(transparent)]
+    Stores(#[from] super::SupervisorError),
+    #[error(transparent)]
+    Admit(#[from] super::stores::AdmitError),
+    /// The sandbox failed to start, described with what to do when it
+    /// ran out of file descriptors ([`crate::sandbox::describe_start_error`]).
+    #[error("{0}")]
+    Sandbox(String),
+    #[error("the {0} backend is not available here")]
+    Backend(&'static str),
+    /// The held job could not be let go.
+    #[error("cannot start the job: {0}")]
+    Release(crate::sandbox::SandboxError),
+}
+
+/// Why a request's audit record was not written.
+#[derive(Debug, thiserror::Error)]
+enum NotAudited {
+    #[error(transparent)]
+    Stores(#[from] super::SupervisorError),
+    #[error("no room for it on the store's disk ({free} bytes free; see store.min_free_bytes)")]
+    Full { free: u64 },
+    #[error(transparent)]
+    Audit(AuditError),
 }
 
 /// A job started on one of the backends the supervisor can drive.

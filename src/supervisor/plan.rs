@@ -39,6 +39,26 @@ pub(crate) struct Refusal {
     pub message: String,
 }
 
+/// Why a request is refused before the policy sees it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Invalid {
+    #[error(transparent)]
+    Input(#[from] crate::policy::input::InputError),
+    #[error(transparent)]
+    Network(#[from] crate::proxy::allowlist::EntryError),
+    #[error(transparent)]
+    Runtime(#[from] runtimes::RuntimeError),
+    #[error(transparent)]
+    Repo(#[from] crate::config::ConfigError),
+    #[error("repoId is required: name a repository of [[repos]] in confine.toml")]
+    NoRepo,
+}
+
+/// The unix-fallback backend's private /tmp of a job could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot create the job's private /tmp: {0}")]
+struct NoPrivateTmp(std::io::Error);
+
 /// A request that passed the checks before the policy: its runtime and
 /// repository.
 pub(crate) struct Admitted {
@@ -89,13 +109,13 @@ pub(crate) fn policy_request(req: &JobRequest, net: &crate::config::NetworkConfi
 impl Planner<'_> {
     /// Bad input, an unknown runtime or repository: refused before the
     /// policy sees the request (and audited all the same by the caller).
-    pub fn admit(&self, req: &JobRequest, policy_req: &ExecRequest) -> Result<Admitted, String> {
-        policy_req.check(&self.config.limits).map_err(|e| e.to_string())?;
+    pub fn admit(&self, req: &JobRequest, policy_req: &ExecRequest) -> Result<Admitted, Invalid> {
+        policy_req.check(&self.config.limits)?;
         self.config.network.expand(&req.network)?;
-        let runtime = runtimes::lookup(&req.runtime).map_err(|e| e.to_string())?;
+        let runtime = runtimes::lookup(&req.runtime)?;
         let repo = match req.repo_id.as_deref() {
-            Some(id) => self.config.repo(id).map_err(|e| e.to_string())?.clone(),
-            None => return Err("repoId is required: name a repository of [[repos]] in confine.toml".into()),
+            Some(id) => self.config.repo(id)?.clone(),
+            None => return Err(Invalid::NoRepo),
         };
         Ok(Admitted { runtime, repo })
     }
@@ -153,7 +173,7 @@ impl Planner<'_> {
     ) -> Result<Placed, Refusal> {
         let (argv, fallback_tmp) = self
             .place_plan(&prepared.plan, &prepared.jailed.root)
-            .map_err(|message| Refusal { status: Status::Failure, message })?;
+            .map_err(|e| Refusal { status: Status::Failure, message: e.to_string() })?;
         let mut spec = JobSpec::new(argv);
         spec.env = prepared.env.clone();
         spec.workspace = Some(prepared.jailed.root.clone());
@@ -163,13 +183,16 @@ impl Planner<'_> {
         spec.workspace_rw = self.config.sandbox.workspace_rw;
         spec.protect = if spec.workspace_rw {
             crate::sandbox::protect::defaults(&prepared.jailed.root)
-                .map_err(|message| Refusal { status: Status::Failure, message })?
+                .map_err(|e| Refusal { status: Status::Failure, message: e.to_string() })?
         } else {
             Vec::new()
         };
         spec.cwd = prepared.jailed.in_sandbox(Path::new("/workspace"));
-        spec.network =
-            self.config.network.expand(&req.network).map_err(|message| Refusal { status: Status::Failure, message })?;
+        spec.network = self
+            .config
+            .network
+            .expand(&req.network)
+            .map_err(|e| Refusal { status: Status::Failure, message: e.to_string() })?;
         spec.net_limits = self.config.network.limits();
         spec.allow_degraded = self.config.runtime.allow_degraded;
         spec.binds = prepared
@@ -205,11 +228,11 @@ impl Planner<'_> {
         &self,
         exec_plan: &plan::ExecPlan,
         workspace: &Path,
-    ) -> Result<(Vec<String>, Option<PrivateTmp>), String> {
+    ) -> Result<(Vec<String>, Option<PrivateTmp>), NoPrivateTmp> {
         if self.backend != BackendKind::UnixFallback {
             return Ok((exec_plan.argv(), None));
         }
-        let tmp = PrivateTmp::create().map_err(|e| format!("cannot create the job's private /tmp: {e}"))?;
+        let tmp = PrivateTmp::create().map_err(NoPrivateTmp)?;
         let layout = tmp.layout(Some(workspace.to_path_buf()));
         let mut placed = exec_plan.clone();
         for word in placed.steps.iter_mut().flatten() {

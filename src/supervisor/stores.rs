@@ -17,10 +17,28 @@
 use super::gc::GcSchedule;
 use super::SupervisorError;
 use crate::store::artifacts::Artifacts;
-use crate::store::audit::{AuditEntry, AuditLog, AuditSink, RECORDED_LATE_NOTE};
-use crate::store::Store;
+use crate::store::audit::{AuditEntry, AuditError, AuditLog, AuditSink, RECORDED_LATE_NOTE};
+use crate::store::{Store, StoreError};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
+
+/// Why a job may not be let run ([`Stores::admit`]): no record, no job.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AdmitError {
+    /// The store has no room, or has failed.
+    #[error(transparent)]
+    Room(#[from] StoreError),
+    #[error(transparent)]
+    Unrecorded(#[from] Unrecorded),
+    #[error("the job's start could not be recorded, so it did not run: {0}")]
+    Start(AuditError),
+}
+
+/// An earlier job's record, kept by [`Stores::keep_unrecorded`], still
+/// can't be written.
+#[derive(Debug, thiserror::Error)]
+#[error("an earlier job's audit record could not be written yet ({0}): no job runs until it is")]
+pub(crate) struct Unrecorded(AuditError);
 
 /// The open store and the trees the supervisor uses.
 pub struct Stores {
@@ -49,10 +67,10 @@ impl Stores {
     /// store has room and has not failed, the records of earlier jobs that
     /// could not be written are written now, and the job's own entry is
     /// pending, flushed. No record, no job.
-    pub(crate) fn admit(&self, started: &AuditEntry) -> Result<(), String> {
-        self.store.check_room().map_err(|e| e.to_string())?;
+    pub(crate) fn admit(&self, started: &AuditEntry) -> Result<(), AdmitError> {
+        self.store.check_room()?;
         self.write_unrecorded()?;
-        self.audit.begin(started).map_err(|e| format!("the job's start could not be recorded, so it did not run: {e}"))
+        self.audit.begin(started).map_err(AdmitError::Start)
     }
 
     /// Keep `entry`, whose append failed, for [`Stores::admit`] to write.
@@ -62,7 +80,7 @@ impl Stores {
 
     /// Append the records kept by [`Stores::keep_unrecorded`], each noted
     /// as written late (its job's answer said it was not written).
-    pub(crate) fn write_unrecorded(&self) -> Result<(), String> {
+    pub(crate) fn write_unrecorded(&self) -> Result<(), Unrecorded> {
         let mut left = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(entry) = left.first() {
             let mut late = entry.clone();
@@ -70,9 +88,7 @@ impl Stores {
             if let Err(e) = self.audit.append(late) {
                 // The job is another caller's: its id goes to the log only.
                 tracing::warn!(job = %entry.id, error = %e, "a job's audit record still can't be written");
-                return Err(format!(
-                    "an earlier job's audit record could not be written yet ({e}): no job runs until it is"
-                ));
+                return Err(Unrecorded(e));
             }
             tracing::info!(job = %entry.id, "a job's audit record, refused before, is written");
             left.remove(0);

@@ -21,6 +21,11 @@ pub enum Step {
     Exit(i32),
 }
 
+/// A statement the interpreter does not know, by its command's name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}: command not found")]
+struct UnknownCommand(String);
+
 /// Commands the fake policy refuses, with the reason it gives.
 const DENIED: &[(&str, &str)] = &[
     ("rm", "destructive command"),
@@ -42,10 +47,10 @@ pub fn parse(runtime: &str, source: &str) -> Result<Vec<Step>, Vec<String>> {
         let step = if runtime == "python" { python(stmt) } else { shell(stmt) };
         match step {
             Ok(s) => steps.push(s),
-            Err(cmd) => match DENIED.iter().find(|(name, _)| *name == cmd) {
+            Err(unknown) => match DENIED.iter().find(|(name, _)| *name == unknown.0) {
                 Some((name, why)) => denied.push(format!("denied by policy: '{name}': {why}")),
                 None => {
-                    steps.push(Step::Err(format!("fake: {cmd}: command not found")));
+                    steps.push(Step::Err(format!("fake: {unknown}")));
                     steps.push(Step::Status(127));
                 }
             },
@@ -59,7 +64,7 @@ pub fn parse(runtime: &str, source: &str) -> Result<Vec<Step>, Vec<String>> {
 }
 
 /// A shell statement, or the command name it did not know.
-fn shell(stmt: &str) -> Result<Step, String> {
+fn shell(stmt: &str) -> Result<Step, UnknownCommand> {
     let (cmd, rest) = stmt.split_once(char::is_whitespace).unwrap_or((stmt, ""));
     let rest = rest.trim();
     match cmd {
@@ -82,12 +87,12 @@ fn shell(stmt: &str) -> Result<Step, String> {
                 [] => Ok(Step::Status(1)),
             }
         }
-        other => Err(other.to_string()),
+        other => Err(UnknownCommand(other.to_string())),
     }
 }
 
 /// A Python statement of the few forms the tests use.
-fn python(stmt: &str) -> Result<Step, String> {
+fn python(stmt: &str) -> Result<Step, UnknownCommand> {
     let call = |name: &str| stmt.strip_prefix(name).and_then(|r| r.strip_suffix(')')).map(str::trim);
     if let Some(arg) = call("print(") {
         return Ok(Step::Out(unquote(arg)));
@@ -101,7 +106,7 @@ fn python(stmt: &str) -> Result<Step, String> {
     if stmt.starts_with("raise") {
         return Ok(Step::Err(format!("Traceback (most recent call last):\n  {stmt}\nError: raised")));
     }
-    Err(stmt.split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap_or(stmt).to_string())
+    Err(UnknownCommand(stmt.split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap_or(stmt).to_string()))
 }
 
 fn unquote(s: &str) -> String {

@@ -32,6 +32,7 @@
 //! tree) are not walked: nothing is written there. A tree of more than
 //! [`MAX_ENTRIES`] entries is refused rather than walked for ever.
 
+use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, Mode, SFlag};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -43,18 +44,60 @@ pub const MAX_ENTRIES: u64 = 2_000_000;
 /// How deep the walk goes; deeper trees are refused.
 const MAX_DEPTH: usize = 256;
 
+/// What the check found, or why it could not finish: the tree is not
+/// idmapped, and the outcome says why.
+#[derive(Debug, thiserror::Error)]
+pub enum IdmapRefusal {
+    #[error("cannot read the tree to check it: {0}")]
+    ReadTree(Errno),
+    #[error(
+        "it is a repository itself (it has a HEAD: git finds it from below, and the job could write \
+         its hooks and config, which root's git trusts): bind it read-only"
+    )]
+    Repository,
+    #[error("it is nested deeper than {max} directories ({0})", max = MAX_DEPTH)]
+    TooDeep(PathBuf),
+    /// `dir`: relative to the tree.
+    #[error("cannot list {dir}: {source}")]
+    List { dir: String, source: Errno },
+    #[error("it holds more than {max} entries, too many to check", max = MAX_ENTRIES)]
+    TooMany,
+    #[error(
+        "it holds a repository, {0}, that is not protected (its hooks and config would be the job's to \
+         write, and root's git trusts them): in the workspace, add --protect {0} (or --no-protect); \
+         a bind has no protection: bind it read-only"
+    )]
+    Unprotected(PathBuf),
+    #[error("cannot check {path}: {source}")]
+    Check { path: PathBuf, source: Errno },
+    #[error("it holds a setuid or setgid file, {path} (mode {mode:o}), which the job could rewrite and keep set-id")]
+    SetId { path: PathBuf, mode: libc::mode_t },
+    #[error(
+        "it holds a file with {names} names, {path}: through a second name outside, the job could write a file \
+         that is not in the tree"
+    )]
+    HardLinks { path: PathBuf, names: libc::nlink_t },
+    #[error("it holds a file with file capabilities, {0}, which the job could rewrite and keep them")]
+    Capabilities(PathBuf),
+    #[error(
+        "it holds a bare repository, {0} (a directory with a HEAD: git finds it from below; the job could \
+         write its hooks and config, and root's git trusts them): move it out, or bind the tree read-only"
+    )]
+    BareRepository(PathBuf),
+    #[error("cannot read the capabilities of {name}: {source}")]
+    CapabilitiesUnreadable { name: String, source: std::io::Error },
+}
+
 /// Check the tree at `dir` (any fd of the directory, `O_PATH` will do)
 /// for what the module refuses, skipping `skip` (paths relative to the
 /// tree). `Err` says what was found, as `why` for the outcome.
 /// `guard_repos`: the tree's repositories are protected (`skip` has them),
 /// so one that is not is refused.
-pub fn check(dir: &OwnedFd, owner: (u32, u32), skip: &[PathBuf], guard_repos: bool) -> Result<(), String> {
+pub fn check(dir: &OwnedFd, owner: (u32, u32), skip: &[PathBuf], guard_repos: bool) -> Result<(), IdmapRefusal> {
     let top = openat(dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-        .map_err(|e| format!("cannot read the tree to check it: {e}"))?;
+        .map_err(IdmapRefusal::ReadTree)?;
     if guard_repos && is_repository(&top) {
-        return Err("it is a repository itself (it has a HEAD: git finds it from below, and the job could write \
-                    its hooks and config, which root's git trusts): bind it read-only"
-            .into());
+        return Err(IdmapRefusal::Repository);
     }
     let mut seen = 0u64;
     walk(top, Path::new(""), owner, skip, guard_repos, 0, &mut seen)
@@ -68,22 +111,23 @@ fn walk(
     guard_repos: bool,
     depth: usize,
     seen: &mut u64,
-) -> Result<(), String> {
+) -> Result<(), IdmapRefusal> {
     if depth > MAX_DEPTH {
-        return Err(format!("it is nested deeper than {MAX_DEPTH} directories ({})", rel.display()));
+        return Err(IdmapRefusal::TooDeep(rel.to_path_buf()));
     }
-    let mut listing = nix::dir::Dir::from_fd(dir).map_err(|e| format!("cannot list {}: {e}", shown(rel)))?;
+    let list_failed = |source| IdmapRefusal::List { dir: shown(rel), source };
+    let mut listing = nix::dir::Dir::from_fd(dir).map_err(list_failed)?;
     let fd = listing.as_raw_fd();
     let mut subdirs = Vec::new();
     for entry in listing.iter() {
-        let entry = entry.map_err(|e| format!("cannot list {}: {e}", shown(rel)))?;
+        let entry = entry.map_err(list_failed)?;
         let name = entry.file_name();
         if name.to_bytes() == b"." || name.to_bytes() == b".." {
             continue;
         }
         *seen += 1;
         if *seen > MAX_ENTRIES {
-            return Err(format!("it holds more than {MAX_ENTRIES} entries, too many to check"));
+            return Err(IdmapRefusal::TooMany);
         }
         let path = rel.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()));
         if skip.iter().any(|s| s == &path) {
@@ -93,13 +137,7 @@ fn walk(
             // A repository the protection did not reach (nested deeper
             // than it looks): through the idmap the job could plant its
             // hooks or config, which root's git would then run.
-            return Err(format!(
-                "it holds a repository, {}, that is not protected (its hooks and config would be the job's to \
-                 write, and root's git trusts them): in the workspace, add --protect {} (or --no-protect); \
-                 a bind has no protection: bind it read-only",
-                path.display(),
-                path.display()
-            ));
+            return Err(IdmapRefusal::Unprotected(path));
         }
         // SAFETY: `fd` is the listing's open directory fd, valid while
         // `listing` lives, which it does for this loop.
@@ -108,7 +146,7 @@ fn walk(
             Ok(st) => st,
             // Gone since it was listed: nothing of it can be written.
             Err(nix::errno::Errno::ENOENT) => continue,
-            Err(e) => return Err(format!("cannot check {}: {e}", path.display())),
+            Err(source) => return Err(IdmapRefusal::Check { path, source }),
         };
         let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
         if kind == SFlag::S_IFDIR {
@@ -121,25 +159,13 @@ fn walk(
             continue;
         }
         if kind == SFlag::S_IFREG && st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
-            return Err(format!(
-                "it holds a setuid or setgid file, {} (mode {:o}), which the job could rewrite and keep set-id",
-                path.display(),
-                st.st_mode & 0o7777
-            ));
+            return Err(IdmapRefusal::SetId { path, mode: st.st_mode & 0o7777 });
         }
         if st.st_nlink > 1 {
-            return Err(format!(
-                "it holds a file with {} names, {}: through a second name outside, the job could write a file \
-                 that is not in the tree",
-                st.st_nlink,
-                path.display()
-            ));
+            return Err(IdmapRefusal::HardLinks { path, names: st.st_nlink });
         }
         if kind == SFlag::S_IFREG && has_capabilities(fd, name)? {
-            return Err(format!(
-                "it holds a file with file capabilities, {}, which the job could rewrite and keep them",
-                path.display()
-            ));
+            return Err(IdmapRefusal::Capabilities(path));
         }
     }
     for path in subdirs {
@@ -154,14 +180,10 @@ fn walk(
         ) {
             Ok(sub) => sub,
             Err(nix::errno::Errno::ENOENT) => continue,
-            Err(e) => return Err(format!("cannot check {}: {e}", path.display())),
+            Err(source) => return Err(IdmapRefusal::Check { path, source }),
         };
         if guard_repos && is_repository(&sub) {
-            return Err(format!(
-                "it holds a bare repository, {} (a directory with a HEAD: git finds it from below; the job could \
-                 write its hooks and config, and root's git trusts them): move it out, or bind the tree read-only",
-                path.display()
-            ));
+            return Err(IdmapRefusal::BareRepository(path));
         }
         walk(sub, &path, owner, skip, guard_repos, depth + 1, seen)?;
     }
@@ -199,9 +221,14 @@ static NO_GETXATTRAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 /// on kernels before 6.13, `lgetxattr` through the directory's
 /// `/proc/self/fd` link (which names that very directory, but costs a
 /// lookup of its own, several times a `getxattrat`).
-fn has_capabilities(dir: std::os::fd::RawFd, name: &std::ffi::CStr) -> Result<bool, String> {
+fn has_capabilities(dir: std::os::fd::RawFd, name: &std::ffi::CStr) -> Result<bool, IdmapRefusal> {
     use std::os::unix::ffi::OsStrExt;
     use std::sync::atomic::Ordering;
+    // errno first, before anything else can change it.
+    let unreadable = || IdmapRefusal::CapabilitiesUnreadable {
+        source: std::io::Error::last_os_error(),
+        name: std::ffi::OsStr::from_bytes(name.to_bytes()).to_string_lossy().into_owned(),
+    };
     let attr = c"security.capability";
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "riscv64"))]
     if !NO_GETXATTRAT.load(Ordering::Relaxed) {
@@ -224,13 +251,7 @@ fn has_capabilities(dir: std::os::fd::RawFd, name: &std::ffi::CStr) -> Result<bo
             (n, _) if n >= 0 => return Ok(true),
             (_, Some(libc::ENOSYS)) => NO_GETXATTRAT.store(true, Ordering::Relaxed),
             (_, Some(libc::ENODATA | libc::ENOTSUP | libc::ENOENT)) => return Ok(false),
-            (_, _) => {
-                return Err(format!(
-                    "cannot read the capabilities of {}: {}",
-                    std::ffi::OsStr::from_bytes(name.to_bytes()).to_string_lossy(),
-                    std::io::Error::last_os_error()
-                ))
-            }
+            (_, _) => return Err(unreadable()),
         }
     }
     let mut path = format!("/proc/self/fd/{dir}/").into_bytes();
@@ -244,11 +265,7 @@ fn has_capabilities(dir: std::os::fd::RawFd, name: &std::ffi::CStr) -> Result<bo
     }
     match std::io::Error::last_os_error().raw_os_error() {
         Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::ENOENT) => Ok(false),
-        _ => Err(format!(
-            "cannot read the capabilities of {}: {}",
-            std::ffi::OsStr::from_bytes(name.to_bytes()).to_string_lossy(),
-            std::io::Error::last_os_error()
-        )),
+        _ => Err(unreadable()),
     }
 }
 

@@ -414,7 +414,7 @@ impl InitStage {
                 Ok(record) => init.sweep_record = Some((job_id.clone(), record)),
                 Err(e) => {
                     let _ = child.kill().await;
-                    return Err(SandboxError::Unavailable(e));
+                    return Err(SandboxError::Unavailable(e.to_string()));
                 }
             }
         }

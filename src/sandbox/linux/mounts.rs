@@ -356,40 +356,40 @@ impl Idmaps {
         skip: &[PathBuf],
         guard: bool,
         swept: Option<(u64, u64)>,
-    ) -> Result<OwnedFd, String> {
-        let errno = |what: &str, e: nix::errno::Errno| format!("{what} failed: {e}");
+    ) -> Result<OwnedFd, NotIdmapped> {
+        let errno = |step: &'static str| move |source| NotIdmapped::Sys { step, source };
         if self.own_root.is_none() {
             let root = open("/", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-                .map_err(|e| errno("opening /", e))?;
+                .map_err(errno("opening /"))?;
             self.own_root = Some(root);
         }
-        let root = self.own_root.as_ref().ok_or("no root")?;
+        let root = self.own_root.as_ref().ok_or(NotIdmapped::NoRoot)?;
         let rel = src.strip_prefix("/").unwrap_or(src);
         let resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
-        let fd = sys::openat2(root, rel, libc::O_PATH | libc::O_CLOEXEC, resolve)
-            .map_err(|e| errno("opening the source", e))?;
-        let st = nix::sys::stat::fstat(&fd).map_err(|e| errno("stat", e))?;
+        let fd =
+            sys::openat2(root, rel, libc::O_PATH | libc::O_CLOEXEC, resolve).map_err(errno("opening the source"))?;
+        let st = nix::sys::stat::fstat(&fd).map_err(errno("stat"))?;
         // The supervisor sweeps the directory it opened: one swapped in at
         // the path since would be written and never swept.
         if swept.is_some_and(|inode| inode != (st.st_dev, st.st_ino)) {
-            return Err("it is not the directory the supervisor opened a moment ago (its path was replaced)".into());
+            return Err(NotIdmapped::Replaced);
         }
         if rw && guard && swept.is_none() {
-            return Err("the supervisor could not open it to sweep after the job".into());
+            return Err(NotIdmapped::NotSwept);
         }
         // Changed owner since the plan: map what is there now.
         let owner = if (st.st_uid, st.st_gid) == owner { owner } else { (st.st_uid, st.st_gid) };
         if owner == self.job {
-            return Err("it now belongs to the job's own ids".into());
+            return Err(NotIdmapped::JobOwned);
         }
         if rw {
             super::idmap_check::check(&fd, owner, skip, guard)?;
         }
-        let tree = sys::open_tree_clone_recursive(&fd).map_err(|e| errno("open_tree", e))?;
+        let tree = sys::open_tree_clone_recursive(&fd).map_err(errno("open_tree"))?;
         let userns = match self.namespaces.iter().find(|(o, _)| *o == owner) {
             Some((_, ns)) => ns,
             None => {
-                let ns = super::namespaces::idmap_userns(owner, self.job).map_err(|e| e.to_string())?;
+                let ns = super::namespaces::idmap_userns(owner, self.job).map_err(NotIdmapped::Userns)?;
                 self.namespaces.push((owner, ns));
                 &self.namespaces[self.namespaces.len() - 1].1
             }
@@ -403,14 +403,38 @@ impl Idmaps {
     }
 }
 
+/// Why a bind's tree is not idmapped: the outcome lists it, after the
+/// bind's destination.
+#[derive(Debug, thiserror::Error)]
+enum NotIdmapped {
+    #[error("{step} failed: {source}")]
+    Sys { step: &'static str, source: nix::errno::Errno },
+    #[error("no root")]
+    NoRoot,
+    #[error("it is not the directory the supervisor opened a moment ago (its path was replaced)")]
+    Replaced,
+    #[error("the supervisor could not open it to sweep after the job")]
+    NotSwept,
+    #[error("it now belongs to the job's own ids")]
+    JobOwned,
+    #[error(transparent)]
+    Refused(#[from] super::idmap_check::IdmapRefusal),
+    #[error("{0}")]
+    Userns(SysError),
+    #[error("this kernel has no idmapped mounts (Linux 5.12 or later has)")]
+    NoKernelSupport,
+    #[error("the file system (or one mounted below it) does not support idmapped mounts (EINVAL)")]
+    NoFsSupport,
+    #[error("the kernel refused an idmapped mount: {0}")]
+    Kernel(nix::errno::Errno),
+}
+
 /// Why `mount_setattr(MOUNT_ATTR_IDMAP)` failed, in the user's words.
-fn idmap_refused(e: nix::errno::Errno) -> String {
+fn idmap_refused(e: nix::errno::Errno) -> NotIdmapped {
     match e {
-        nix::errno::Errno::ENOSYS => "this kernel has no idmapped mounts (Linux 5.12 or later has)".into(),
-        nix::errno::Errno::EINVAL => {
-            "the file system (or one mounted below it) does not support idmapped mounts (EINVAL)".into()
-        }
-        e => format!("the kernel refused an idmapped mount: {e}"),
+        nix::errno::Errno::ENOSYS => NotIdmapped::NoKernelSupport,
+        nix::errno::Errno::EINVAL => NotIdmapped::NoFsSupport,
+        e => NotIdmapped::Kernel(e),
     }
 }
 

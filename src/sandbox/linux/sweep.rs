@@ -30,6 +30,7 @@
 
 use super::cgroup::Owner;
 use crate::dirfd::Dir;
+use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
 use std::ffi::{OsStr, OsString};
@@ -50,6 +51,50 @@ const DONE_PREFIX: &str = ".done-";
 /// The largest record written and read back (a tree with thousands of
 /// protected repositories stays far below it).
 const MAX_RECORD: u64 = 16 << 20;
+
+/// Why a sweep's walk stopped (what it handed before stays handed).
+/// Directories are shown relative to the tree.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("cannot open the tree to sweep it: {0}")]
+    OpenTree(Errno),
+    #[error("lost the directory {0}")]
+    Lost(String),
+    #[error("cannot open {path}: {source}")]
+    Open { path: PathBuf, source: Errno },
+    #[error("cannot read {dir}: {source}")]
+    Read { dir: String, source: Errno },
+    #[error("cannot make {dir} writable by root alone: {source}")]
+    Chmod { dir: String, source: Errno },
+    #[error("cannot list {dir}: {source}")]
+    List { dir: String, source: Errno },
+    /// The tree changed under the walk (a concurrent rename).
+    #[error("lost the way back to {0} (the tree changed during the sweep)")]
+    WayBack(String),
+    #[error("cannot reopen {dir}: {source}")]
+    Reopen { dir: String, source: Errno },
+}
+
+/// Why a sweep's record can't be made or written: the job does not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{path}: {source}")]
+    Tree { path: PathBuf, source: Errno },
+    #[error("{0}")]
+    Encode(serde_json::Error),
+    #[error(
+        "the record of the sweep this job's read-write workspace needs would be {len} bytes, more than the \
+         {max} a later sweep reads (too many protected paths): bind it read-only",
+        max = MAX_RECORD
+    )]
+    TooLarge { len: usize },
+    #[error(
+        "cannot record the sweep this job's read-write workspace needs in {dir}: {0} (make {dir} \
+         writable by root, or bind the workspace read-only)",
+        dir = RECORD_DIR
+    )]
+    Write(std::io::Error),
+}
 
 /// A read-write tree to sweep once its job is over.
 pub struct Sweep {
@@ -81,9 +126,9 @@ impl Sweep {
     /// Give every repository the job made to `job` (its host uid and
     /// gid), never following a link. Returns the paths handed over, or
     /// why the walk could not finish (what it handed before stays handed).
-    pub fn disown_new_repositories(&self, job: (u32, u32)) -> Result<Vec<PathBuf>, String> {
+    pub fn disown_new_repositories(&self, job: (u32, u32)) -> Result<Vec<PathBuf>, SweepError> {
         let top = openat(&self.dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-            .map_err(|e| format!("cannot open the tree to sweep it: {e}"))?;
+            .map_err(SweepError::OpenTree)?;
         let mut rel = PathBuf::new();
         let mut handed = Vec::new();
         // The tree itself made a repository (a HEAD at its top).
@@ -104,14 +149,14 @@ impl Sweep {
                 continue;
             };
             let Some(at) = frame.dir.as_ref() else {
-                return Err(format!("lost the directory {}", shown(&rel)));
+                return Err(SweepError::Lost(shown(&rel)));
             };
             let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
             let sub = match openat(at, name.as_os_str(), flags, Mode::empty()) {
                 Ok(sub) => sub,
                 // Gone, or no longer a directory: nothing to walk there.
                 Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR | nix::errno::Errno::ELOOP) => continue,
-                Err(e) => return Err(format!("cannot open {}: {e}", rel.join(&name).display())),
+                Err(source) => return Err(SweepError::Open { path: rel.join(&name), source }),
             };
             rel.push(&name);
             // A bare repository (no `.git` name: git finds it by its
@@ -137,8 +182,8 @@ impl Sweep {
 
     /// List the directory `dir` (at `rel`): hand its `.git` over, and
     /// collect its subdirectories, skipping protected paths.
-    fn enter(&self, dir: OwnedFd, rel: &Path, job: (u32, u32), handed: &mut Vec<PathBuf>) -> Result<Frame, String> {
-        let st = fstat(&dir).map_err(|e| format!("cannot read {}: {e}", shown(rel)))?;
+    fn enter(&self, dir: OwnedFd, rel: &Path, job: (u32, u32), handed: &mut Vec<PathBuf>) -> Result<Frame, SweepError> {
+        let st = fstat(&dir).map_err(|source| SweepError::Read { dir: shown(rel), source })?;
         // A directory of the owner's that the job made writable to others
         // would let any local user finish a repository there that the
         // owner's git trusts (git checks the directory's owner only):
@@ -150,14 +195,15 @@ impl Sweep {
                 Ok(()) => {
                     tracing::info!(dir = %shown(rel), "a root-owned directory writable by others was made root's alone")
                 }
-                Err(e) => return Err(format!("cannot make {} writable by root alone: {e}", shown(rel))),
+                Err(source) => return Err(SweepError::Chmod { dir: shown(rel), source }),
             }
         }
-        let mut listing = nix::dir::Dir::from_fd(dir).map_err(|e| format!("cannot list {}: {e}", shown(rel)))?;
+        let list_failed = |source| SweepError::List { dir: shown(rel), source };
+        let mut listing = nix::dir::Dir::from_fd(dir).map_err(list_failed)?;
         let fd = listing.as_raw_fd();
         let mut pending = Vec::new();
         for entry in listing.iter() {
-            let entry = entry.map_err(|e| format!("cannot list {}: {e}", shown(rel)))?;
+            let entry = entry.map_err(list_failed)?;
             let name = entry.file_name();
             let bytes = name.to_bytes();
             if bytes == b"." || bytes == b".." {
@@ -200,16 +246,17 @@ impl Sweep {
 /// The directory of `parent` again, as `..` of its child `done`: it must
 /// be the same inode, or the tree changed under the walk (a concurrent
 /// rename), and the walk stops rather than go on somewhere else.
-fn parent_of(done: &Frame, parent: &Frame, rel: &Path) -> Result<nix::dir::Dir, String> {
-    let lost = || format!("lost the way back to {} (the tree changed during the sweep)", shown(rel));
+fn parent_of(done: &Frame, parent: &Frame, rel: &Path) -> Result<nix::dir::Dir, SweepError> {
+    let lost = || SweepError::WayBack(shown(rel));
+    let failed = |source| SweepError::Reopen { dir: shown(rel), source };
     let child = done.dir.as_ref().ok_or_else(lost)?;
-    let up = openat(child, "..", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-        .map_err(|e| format!("cannot reopen {}: {e}", shown(rel)))?;
-    let st = fstat(&up).map_err(|e| format!("cannot reopen {}: {e}", shown(rel)))?;
+    let up =
+        openat(child, "..", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).map_err(failed)?;
+    let st = fstat(&up).map_err(failed)?;
     if (st.st_dev, st.st_ino) != (parent.dev, parent.ino) {
         return Err(lost());
     }
-    nix::dir::Dir::from_fd(up).map_err(|e| format!("cannot reopen {}: {e}", shown(rel)))
+    nix::dir::Dir::from_fd(up).map_err(failed)
 }
 
 fn shown(rel: &Path) -> String {
@@ -325,10 +372,10 @@ fn record_name(job_id: &str) -> OsString {
 /// it idmaps ([`write_record`]). `stage`: the init stage's pid; `cgroups`:
 /// the job's cgroup directories. Refused when a later sweep could not read
 /// it back.
-pub fn plan(sweeps: &[Sweep], job: (u32, u32), stage: u32, cgroups: &[PathBuf]) -> Result<Record, String> {
+pub fn plan(sweeps: &[Sweep], job: (u32, u32), stage: u32, cgroups: &[PathBuf]) -> Result<Record, RecordError> {
     let mut trees = Vec::new();
     for s in sweeps {
-        let st = fstat(s.dir.as_fd()).map_err(|e| format!("{}: {e}", s.src.display()))?;
+        let st = fstat(s.dir.as_fd()).map_err(|source| RecordError::Tree { path: s.src.clone(), source })?;
         trees.push(Tree {
             src: s.src.as_os_str().as_bytes().to_vec(),
             dst: s.dst.as_os_str().as_bytes().to_vec(),
@@ -349,12 +396,9 @@ pub fn plan(sweeps: &[Sweep], job: (u32, u32), stage: u32, cgroups: &[PathBuf]) 
         gid: job.1,
         trees,
     };
-    let len = serde_json::to_vec(&rec).map_err(|e| e.to_string())?.len();
+    let len = serde_json::to_vec(&rec).map_err(RecordError::Encode)?.len();
     if len as u64 > MAX_RECORD {
-        return Err(format!(
-            "the record of the sweep this job's read-write workspace needs would be {len} bytes, more than the \
-             {MAX_RECORD} a later sweep reads (too many protected paths): bind it read-only"
-        ));
+        return Err(RecordError::TooLarge { len });
     }
     Ok(rec)
 }
@@ -369,18 +413,13 @@ impl Record {
 /// Write the record of job `job_id` (durably: synced file and directory),
 /// keeping the trees bound at `idmapped` only; none: nothing is written.
 /// The outer stage calls this before the job can run.
-pub fn write_record(job_id: &str, rec: &Record, idmapped: &[PathBuf]) -> Result<(), String> {
+pub fn write_record(job_id: &str, rec: &Record, idmapped: &[PathBuf]) -> Result<(), RecordError> {
     let mut rec = rec.clone();
     rec.trees.retain(|t| idmapped.iter().any(|d| d.as_os_str().as_bytes() == t.dst.as_slice()));
     if rec.trees.is_empty() {
         return Ok(());
     }
-    let fail = |e: std::io::Error| {
-        format!(
-            "cannot record the sweep this job's read-write workspace needs in {RECORD_DIR}: {e} (make {RECORD_DIR} \
-             writable by root, or bind the workspace read-only)"
-        )
-    };
+    let fail = RecordError::Write;
     let dir = record_dir(true).map_err(fail)?.ok_or_else(|| fail(std::io::ErrorKind::NotFound.into()))?;
     let bytes = serde_json::to_vec(&rec).map_err(|e| fail(std::io::Error::other(e)))?;
     let name = record_name(job_id);
@@ -534,19 +573,28 @@ fn birth_time(dir: &OwnedFd) -> Option<(i64, u32)> {
     (r == 0 && stx.stx_mask & libc::STATX_BTIME != 0).then_some((stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec))
 }
 
+/// Why a record's tree could not be opened again.
+#[derive(Debug, thiserror::Error)]
+enum ReopenError {
+    #[error("{0}")]
+    Root(Errno),
+    #[error("{path}: {source}")]
+    Tree { path: PathBuf, source: Errno },
+}
+
 /// A record's tree opened again from `/`, with no link on the way; `None`
 /// when nothing, or another directory, is at its path now.
-fn reopen(tree: &Tree) -> Result<Option<Sweep>, String> {
+fn reopen(tree: &Tree) -> Result<Option<Sweep>, ReopenError> {
     let src = PathBuf::from(OsStr::from_bytes(&tree.src));
-    let root = nix::fcntl::open("/", OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty()).map_err(|e| e.to_string())?;
+    let root = nix::fcntl::open("/", OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty()).map_err(ReopenError::Root)?;
     let rel = src.strip_prefix("/").unwrap_or(&src);
     let resolve = libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
     let dir = match super::sys::openat2(&root, rel, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC, resolve) {
         Ok(dir) => dir,
         Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR | nix::errno::Errno::ELOOP) => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", src.display())),
+        Err(source) => return Err(ReopenError::Tree { path: src, source }),
     };
-    let st = fstat(dir.as_fd()).map_err(|e| format!("{}: {e}", src.display()))?;
+    let st = fstat(dir.as_fd()).map_err(|source| ReopenError::Tree { path: src.clone(), source })?;
     let born = birth_time(&dir);
     if (st.st_dev, st.st_ino) != (tree.dev, tree.ino) || (tree.btime.is_some() && born != tree.btime) {
         return Ok(None);
@@ -584,7 +632,8 @@ mod tests {
         assert!(parent_of(&child, &parent, Path::new("a")).is_ok());
         std::fs::rename(t.path().join("a/b"), t.path().join("elsewhere/b")).unwrap();
         let e = parent_of(&child, &parent, Path::new("a")).err().unwrap();
-        assert!(e.contains("the tree changed during the sweep"), "{e}");
+        assert!(matches!(e, SweepError::WayBack(_)), "{e}");
+        assert!(e.to_string().contains("the tree changed during the sweep"), "{e}");
     }
 
     /// Deeper than the fds the walk holds, with `.git`s on the way down,
@@ -634,6 +683,7 @@ mod tests {
         let skip = (0..20_000).map(|i| PathBuf::from(format!("{name}{i}/.git"))).collect();
         let sweep = Sweep { dir: open_dir(t.path()), src: t.path().into(), dst: "/workspace".into(), owner: 0, skip };
         let e = plan(&[sweep], (65534, 65534), 0, &[]).err().unwrap();
-        assert!(e.contains("more than the 16777216 a later sweep reads"), "{e}");
+        assert!(matches!(e, RecordError::TooLarge { .. }), "{e}");
+        assert!(e.to_string().contains("more than the 16777216 a later sweep reads"), "{e}");
     }
 }

@@ -15,6 +15,28 @@ use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Why the stage could not set up or start the job. The report to the
+/// supervisor carries it as text ([`StageReport::error`]).
+#[derive(Debug, thiserror::Error)]
+enum StageError {
+    #[error("reading the spec: {0}")]
+    ReadSpec(std::io::Error),
+    #[error("bad spec: {0}")]
+    BadSpec(serde_json::Error),
+    #[error("an argument or variable contains a NUL byte")]
+    Nul,
+    /// A system call failed: its name, and the error.
+    #[error("{call}: {source}")]
+    Sys { call: &'static str, source: std::io::Error },
+}
+
+impl StageError {
+    /// The system call `call` that just failed, with errno's error.
+    fn last_os(call: &'static str) -> StageError {
+        StageError::Sys { call, source: std::io::Error::last_os_error() }
+    }
+}
+
 /// Signals received and not yet forwarded, one bit per signal number.
 static PENDING: AtomicU64 = AtomicU64::new(0);
 /// The supervisor asked for the tree kill (or died).
@@ -54,10 +76,10 @@ pub fn main() -> ! {
     std::process::exit(if report.error.is_some() && report.exit_code.is_none() { 125 } else { 0 })
 }
 
-fn read_spec(ctl: &mut std::os::unix::net::UnixStream) -> Result<StageSpec, String> {
+fn read_spec(ctl: &mut std::os::unix::net::UnixStream) -> Result<StageSpec, StageError> {
     let mut buf = Vec::new();
-    ctl.read_to_end(&mut buf).map_err(|e| format!("reading the spec: {e}"))?;
-    serde_json::from_slice(&buf).map_err(|e| format!("bad spec: {e}"))
+    ctl.read_to_end(&mut buf).map_err(StageError::ReadSpec)?;
+    serde_json::from_slice(&buf).map_err(StageError::BadSpec)
 }
 
 /// Everything `execve` needs, built before `fork` so that the child only
@@ -69,8 +91,8 @@ struct Prepared {
     cwd: CString,
 }
 
-fn cstring(s: impl Into<Vec<u8>>) -> Result<CString, String> {
-    CString::new(s).map_err(|_| "an argument or variable contains a NUL byte".to_string())
+fn cstring(s: impl Into<Vec<u8>>) -> Result<CString, StageError> {
+    CString::new(s).map_err(|_| StageError::Nul)
 }
 
 /// `argv[0]` looked up in the job's own PATH (ours is empty).
@@ -93,14 +115,14 @@ fn prepare(spec: &StageSpec) -> Result<Prepared, StageReport> {
     let path = resolve(program, &spec.env)
         .ok_or_else(|| fail(127, format!("{program}: command not found in the job's PATH")))?;
     let built = (|| {
-        Ok::<_, String>(Prepared {
+        Ok::<_, StageError>(Prepared {
             path: cstring(path.as_os_str().as_encoded_bytes())?,
             argv: spec.argv.iter().map(|a| cstring(a.as_str())).collect::<Result<_, _>>()?,
             envp: spec.env.iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect::<Result<_, _>>()?,
             cwd: cstring(spec.cwd.as_os_str().as_encoded_bytes())?,
         })
     })();
-    built.map_err(|e| fail(125, e))
+    built.map_err(|e| fail(125, e.to_string()))
 }
 
 fn install_handlers() {
@@ -120,27 +142,27 @@ fn install_handlers() {
 /// a double-forked `setsid` escapee is still ours to kill; and if the
 /// supervisor dies we get the tree-kill signal.
 #[cfg(target_os = "linux")]
-fn become_subreaper() -> Result<(), String> {
+fn become_subreaper() -> Result<(), StageError> {
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(format!("PR_SET_CHILD_SUBREAPER: {}", std::io::Error::last_os_error()));
+        return Err(StageError::last_os("PR_SET_CHILD_SUBREAPER"));
     }
     // SAFETY: as above; the handler is installed already.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, KILL_TREE_SIGNAL, 0, 0, 0) } != 0 {
-        return Err(format!("PR_SET_PDEATHSIG: {}", std::io::Error::last_os_error()));
+        return Err(StageError::last_os("PR_SET_PDEATHSIG"));
     }
     Ok(())
 }
 
 #[cfg(not(target_os = "linux"))]
-fn become_subreaper() -> Result<(), String> {
+fn become_subreaper() -> Result<(), StageError> {
     Ok(())
 }
 
 fn run(spec: &StageSpec) -> StageReport {
     install_handlers();
     if let Err(e) = become_subreaper() {
-        return StageReport { error: Some(e), ..StageReport::default() };
+        return StageReport { error: Some(e.to_string()), ..StageReport::default() };
     }
     let prepared = match prepare(spec) {
         Ok(p) => p,
@@ -157,11 +179,11 @@ fn run(spec: &StageSpec) -> StageReport {
 }
 
 /// A pipe whose ends close on exec (macOS has no pipe2).
-fn cloexec_pipe() -> Result<[libc::c_int; 2], String> {
+fn cloexec_pipe() -> Result<[libc::c_int; 2], StageError> {
     let mut fds = [0; 2];
     // SAFETY: fds is a valid array of two ints.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+        return Err(StageError::last_os("pipe"));
     }
     for fd in fds {
         // SAFETY: fd was just returned by pipe; single-threaded, so no fork races.
@@ -174,7 +196,7 @@ fn cloexec_pipe() -> Result<[libc::c_int; 2], String> {
 fn start(spec: &StageSpec, p: &Prepared) -> Result<libc::pid_t, StageReport> {
     let fail =
         |code: i32, msg: String| StageReport { exit_code: Some(code), error: Some(msg), ..StageReport::default() };
-    let [rd, wr] = cloexec_pipe().map_err(|e| fail(125, e))?;
+    let [rd, wr] = cloexec_pipe().map_err(|e| fail(125, e.to_string()))?;
     let mut argv: Vec<*const libc::c_char> = p.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let mut envp: Vec<*const libc::c_char> = p.envp.iter().map(|a| a.as_ptr()).collect();

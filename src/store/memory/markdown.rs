@@ -119,13 +119,24 @@ pub(crate) fn render(m: &Memory, file_hashes: &BTreeMap<String, Option<String>>)
     Ok(text)
 }
 
+/// Why a file's text is not a memory. Each says what to fix, in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ParseError {
+    #[error("the file must start with a '---' line (YAML front matter)")]
+    NoFrontMatter,
+    #[error("the front matter has no closing '---' line")]
+    Unclosed,
+    /// `line` counts from the file's first line.
+    #[error("line {line} of the file: {message}")]
+    Line { line: usize, message: String },
+    #[error("front matter: {0}")]
+    FrontMatter(String),
+}
+
 /// Split and parse a file's text. Errors say what to fix, in one line.
-pub(crate) fn parse(text: &str) -> Result<Parsed, String> {
+pub(crate) fn parse(text: &str) -> Result<Parsed, ParseError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let rest = text
-        .strip_prefix("---\n")
-        .or_else(|| text.strip_prefix("---\r\n"))
-        .ok_or("the file must start with a '---' line (YAML front matter)")?;
+    let rest = text.strip_prefix("---\n").or_else(|| text.strip_prefix("---\r\n")).ok_or(ParseError::NoFrontMatter)?;
     let mut offset = 0;
     let mut close = None;
     for line in rest.split_inclusive('\n') {
@@ -136,7 +147,7 @@ pub(crate) fn parse(text: &str) -> Result<Parsed, String> {
         }
         offset += line.len();
     }
-    let (yaml_end, body_start, crlf) = close.ok_or("the front matter has no closing '---' line")?;
+    let (yaml_end, body_start, crlf) = close.ok_or(ParseError::Unclosed)?;
     let front: FrontMatter = serde_yaml_ng::from_str(&rest[..yaml_end]).map_err(|e| {
         let msg = e.to_string();
         let msg = first_line(&msg);
@@ -144,9 +155,9 @@ pub(crate) fn parse(text: &str) -> Result<Parsed, String> {
         match e.location() {
             Some(loc) => {
                 let msg = msg.rfind(" at line ").map_or(msg, |i| &msg[..i]);
-                format!("line {} of the file: {msg}", loc.line() + 1)
+                ParseError::Line { line: loc.line() + 1, message: msg.to_string() }
             }
-            None => format!("front matter: {msg}"),
+            None => ParseError::FrontMatter(msg.to_string()),
         }
     })?;
     let body = &rest[body_start..];
@@ -297,11 +308,12 @@ mod tests {
 
     #[test]
     fn bad_files_are_named_precisely() {
-        assert!(parse("no front matter").unwrap_err().contains("must start with"));
-        assert!(parse("---\ntype: bugfix\ntitle: x\n").unwrap_err().contains("no closing"));
-        let e = parse("---\ntype: bugfix\ntitle: x\ncolour: red\n---\nbody\n").unwrap_err();
+        assert_eq!(parse("no front matter").unwrap_err(), ParseError::NoFrontMatter);
+        assert!(parse("no front matter").unwrap_err().to_string().contains("must start with"));
+        assert!(parse("---\ntype: bugfix\ntitle: x\n").unwrap_err().to_string().contains("no closing"));
+        let e = parse("---\ntype: bugfix\ntitle: x\ncolour: red\n---\nbody\n").unwrap_err().to_string();
         assert!(e.contains("unknown field `colour`"), "{e}");
-        let e = parse("---\ntype: opinion\ntitle: x\n---\nbody\n").unwrap_err();
+        let e = parse("---\ntype: opinion\ntitle: x\n---\nbody\n").unwrap_err().to_string();
         assert_eq!(
             e,
             "line 2 of the file: type: unknown variant `opinion`, expected one of `decision`, `bugfix`, `task_context`"

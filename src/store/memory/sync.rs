@@ -114,7 +114,7 @@ impl MemoryDb {
             return Ok(Some(Change::Rewrite(old.clone())));
         }
         let text = std::str::from_utf8(&bytes).map_err(|_| "not UTF-8 text".to_string())?;
-        let parsed = markdown::parse(text)?;
+        let parsed = markdown::parse(text).map_err(|e| e.to_string())?;
         let fm = parsed.front;
         if let Some(other) = fm.memory_id.as_deref().filter(|m| *m != id) {
             return Err(format!("memoryId '{}' does not match the file name; rename one", validate::clip(other)));

@@ -57,6 +57,23 @@ pub struct Cache {
     owner: u32,
 }
 
+/// Why a cache directory is not used (every job then compiles).
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cannot create {dir}: {source}")]
+    Create { dir: PathBuf, source: std::io::Error },
+    #[error("cannot inspect {dir}: {source}")]
+    Inspect { dir: PathBuf, source: std::io::Error },
+    #[error("{0} is not a directory")]
+    NotADirectory(PathBuf),
+    /// Someone else could plant programs in it.
+    #[error(
+        "{dir} must be owned by uid {owner} and writable only by it (it is uid {uid}, mode {mode:o}); \
+         fix with: chown {owner} {dir} && chmod 700 {dir}"
+    )]
+    Untrusted { dir: PathBuf, owner: u32, uid: u32, mode: u32 },
+}
+
 impl Cache {
     /// The cache this process may use, or `None` (not root, turned off, or
     /// the directory is not safe to trust: then every job compiles).
@@ -80,22 +97,22 @@ impl Cache {
     /// Use (creating it 0700 if missing) `dir`, which must be a real
     /// directory owned by `owner` and writable by no one else, as must its
     /// parent when it was just created by us.
-    pub fn at(dir: &Path, owner: u32) -> Result<Cache, String> {
-        if let Err(e) = fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
-            return Err(format!("cannot create {}: {e}", dir.display()));
+    pub fn at(dir: &Path, owner: u32) -> Result<Cache, CacheError> {
+        if let Err(source) = fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+            return Err(CacheError::Create { dir: dir.to_path_buf(), source });
         }
-        let meta = fs::symlink_metadata(dir).map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
+        let meta =
+            fs::symlink_metadata(dir).map_err(|source| CacheError::Inspect { dir: dir.to_path_buf(), source })?;
         if !meta.file_type().is_dir() {
-            return Err(format!("{} is not a directory", dir.display()));
+            return Err(CacheError::NotADirectory(dir.to_path_buf()));
         }
         if meta.uid() != owner || meta.mode() & 0o022 != 0 {
-            return Err(format!(
-                "{} must be owned by uid {owner} and writable only by it (it is uid {}, mode {:o}); \
-                 fix with: chown {owner} {0} && chmod 700 {0}",
-                dir.display(),
-                meta.uid(),
-                meta.mode() & 0o7777
-            ));
+            return Err(CacheError::Untrusted {
+                dir: dir.to_path_buf(),
+                owner,
+                uid: meta.uid(),
+                mode: meta.mode() & 0o7777,
+            });
         }
         Ok(Cache { dir: dir.to_path_buf(), owner })
     }

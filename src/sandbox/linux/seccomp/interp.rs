@@ -6,7 +6,30 @@
 use super::bpf::{native_arch, program, ALU_AND_K, JA, JEQ_K, JGE_K, JGT_K, JSET_K, LD_W_ABS, RET_K};
 use super::compile;
 use super::profile::{self, Plan};
+use super::SeccompError;
 use std::io::{Read, Seek};
+
+/// Why a program could not be built or run, or where two differ.
+#[derive(Debug, thiserror::Error)]
+pub enum InterpError {
+    #[error("load outside seccomp_data: {0}")]
+    Load(u32),
+    #[error("ran off the program at {0}")]
+    RanOff(usize),
+    #[error("unexpected BPF opcode {code:#x} at {pc}")]
+    Opcode { code: u16, pc: usize },
+    #[error("no native seccomp architecture")]
+    NoArch,
+    #[error("{0}")]
+    Compile(#[from] SeccompError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Memfd(nix::errno::Errno),
+    /// The two programs' answers to one input (`input` describes it).
+    #[error("{input}: {ours:#x} here, {theirs:#x} from libseccomp")]
+    Differ { input: String, ours: u32, theirs: u32 },
+}
 
 /// `struct seccomp_data`, as the filter sees it.
 #[derive(Debug, Clone, Copy)]
@@ -17,7 +40,7 @@ pub struct Data {
 }
 
 impl Data {
-    fn word(&self, off: u32) -> Result<u32, String> {
+    fn word(&self, off: u32) -> Result<u32, InterpError> {
         Ok(match off {
             0 => self.nr,
             4 => self.arch,
@@ -30,17 +53,17 @@ impl Data {
                     (arg >> 32) as u32
                 }
             }
-            _ => return Err(format!("load outside seccomp_data: {off}")),
+            _ => return Err(InterpError::Load(off)),
         })
     }
 }
 
 /// Run a classic BPF program the way the kernel does. An instruction
 /// seccomp would refuse, or a jump out of the program, is an error.
-pub fn run(prog: &[libc::sock_filter], d: &Data) -> Result<u32, String> {
+pub fn run(prog: &[libc::sock_filter], d: &Data) -> Result<u32, InterpError> {
     let (mut pc, mut a) = (0usize, 0u32);
     loop {
-        let i = *prog.get(pc).ok_or_else(|| format!("ran off the program at {pc}"))?;
+        let i = *prog.get(pc).ok_or(InterpError::RanOff(pc))?;
         let k = i.k;
         let jump = |cond: bool| pc + 1 + usize::from(if cond { i.jt } else { i.jf });
         pc = match i.code {
@@ -58,7 +81,7 @@ pub fn run(prog: &[libc::sock_filter], d: &Data) -> Result<u32, String> {
             JGE_K => jump(a >= k),
             JSET_K => jump(a & k != 0),
             RET_K => return Ok(k),
-            c => return Err(format!("unexpected BPF opcode {c:#x} at {pc}")),
+            code => return Err(InterpError::Opcode { code, pc }),
         };
     }
 }
@@ -77,26 +100,26 @@ pub fn from_bytes(bytes: &[u8]) -> Vec<libc::sock_filter> {
 }
 
 /// libseccomp's program for `plan`.
-pub fn libseccomp_program(plan: &Plan) -> Result<Vec<libc::sock_filter>, String> {
-    let ctx = compile::filter("p", plan).map_err(|e| e.to_string())?;
+pub fn libseccomp_program(plan: &Plan) -> Result<Vec<libc::sock_filter>, InterpError> {
+    let ctx = compile::filter("p", plan)?;
     let mut file = tempfile_in_memory()?;
-    compile::export("p", &ctx, &file).map_err(|e| e.to_string())?;
-    file.rewind().map_err(|e| e.to_string())?;
+    compile::export("p", &ctx, &file)?;
+    file.rewind()?;
     let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    file.read_to_end(&mut bytes)?;
     Ok(from_bytes(&bytes))
 }
 
-fn tempfile_in_memory() -> Result<std::fs::File, String> {
+fn tempfile_in_memory() -> Result<std::fs::File, InterpError> {
     nix::sys::memfd::memfd_create(c"confine-bpf-interp", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
         .map(std::fs::File::from)
-        .map_err(|e| e.to_string())
+        .map_err(InterpError::Memfd)
 }
 
 /// Our program for `plan`.
-pub fn ours(plan: &Plan) -> Result<Vec<libc::sock_filter>, String> {
-    let arch = native_arch().ok_or("no native seccomp architecture")?;
-    program("p", plan, arch).map_err(|e| e.to_string())
+pub fn ours(plan: &Plan) -> Result<Vec<libc::sock_filter>, InterpError> {
+    let arch = native_arch().ok_or(InterpError::NoArch)?;
+    Ok(program("p", plan, arch)?)
 }
 
 /// Argument values around every constant of `plan`'s conditions: the
@@ -140,14 +163,14 @@ pub fn compare(
     b: &[libc::sock_filter],
     values: &[u64],
     extra: &[Data],
-) -> Result<u64, String> {
-    let (arch, _) = native_arch().ok_or("no native seccomp architecture")?;
-    let same = |d: &Data, what: &dyn Fn() -> String| -> Result<(), String> {
+) -> Result<u64, InterpError> {
+    let (arch, _) = native_arch().ok_or(InterpError::NoArch)?;
+    let same = |d: &Data, what: &dyn Fn() -> String| -> Result<(), InterpError> {
         let (x, y) = (run(a, d)?, run(b, d)?);
         if x == y {
             Ok(())
         } else {
-            Err(format!("{}: {x:#x} here, {y:#x} from libseccomp", what()))
+            Err(InterpError::Differ { input: what(), ours: x, theirs: y })
         }
     };
     let mut checked = 0u64;

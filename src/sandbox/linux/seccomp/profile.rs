@@ -292,6 +292,53 @@ const MAX_ERRNO: u32 = 4095;
 /// Syscalls take at most six arguments.
 const MAX_ARGS: u32 = 6;
 
+/// What is wrong with one field of a profile, and what to write instead;
+/// [`SeccompError`] names the file and the entry it is in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FieldError {
+    #[error("has both 'name' and 'names': keep only 'names'")]
+    NameAndNames,
+    #[error("names no syscall: give 'names' a list of syscall names")]
+    NoNames,
+    #[error("'{0}' is not a syscall name")]
+    NotASyscallName(String),
+    #[error("errnoRet {0} is not an errno (at most {max}): use a value from errno(3)", max = MAX_ERRNO)]
+    NotAnErrno(u32),
+    #[error(
+        "SCMP_ACT_NOTIFY needs a user-space notification agent, which confine does not run: \
+         use SCMP_ACT_ERRNO or SCMP_ACT_ALLOW"
+    )]
+    Notify,
+    #[error("unknown action '{0}': use one of {actions}", actions = ACTIONS)]
+    UnknownAction(String),
+    /// `errnoRet` with an action that returns no errno (named).
+    #[error("errnoRet is only meaningful with SCMP_ACT_ERRNO or SCMP_ACT_TRACE, not {0}: remove it")]
+    ErrnoRetUnused(String),
+    /// One of an entry's `args`, by its position there.
+    #[error("args[{position}]: {problem}")]
+    Arg { position: usize, problem: Box<FieldError> },
+    #[error("index {0} is out of range: syscalls have arguments 0 to 5")]
+    ArgIndex(u32),
+    #[error("unknown op '{0}': use one of {ops}", ops = OPS)]
+    UnknownOp(String),
+    #[error(
+        "valueTwo {value_two:#x} has bits outside the mask {mask:#x}, so the rule could never match: \
+         fix the mask (value) or valueTwo"
+    )]
+    OutsideMask { value_two: u64, mask: u64 },
+    /// `valueTwo` with another op than SCMP_CMP_MASKED_EQ (named).
+    #[error("valueTwo is only used by SCMP_CMP_MASKED_EQ, not {0}: remove it")]
+    ValueTwoUnused(String),
+    #[error("unknown architecture '{0}': use SCMP_ARCH_* names such as SCMP_ARCH_X86_64")]
+    UnknownScmpArch(String),
+    #[error("unknown capability '{0}': use names such as CAP_SYS_ADMIN")]
+    UnknownCapability(String),
+    #[error("unknown architecture '{0}': use Docker's names such as amd64, arm64, x86")]
+    UnknownArch(String),
+    #[error("minKernel '{0}' is not a kernel version: write it as \"major.minor\", e.g. \"5.8\"")]
+    MinKernel(String),
+}
+
 /// Parse a profile. `file` names it in errors. A field that does not fit
 /// the format is reported with the `syscalls` entry it is in.
 pub fn parse(file: &str, text: &str) -> Result<Profile, SeccompError> {
@@ -325,7 +372,7 @@ pub fn plan(file: &str, profile: &Profile, host: &HostFacts) -> Result<Plan, Sec
         |field: &str, reason: String| SeccompError::Field { file: file.into(), field: field.into(), reason };
 
     let default_action = parse_action(&profile.default_action, profile.default_errno_ret)
-        .map_err(|reason| field_err("defaultAction", reason))?;
+        .map_err(|e| field_err("defaultAction", e.to_string()))?;
     if profile.listener_path.as_deref().is_some_and(|p| !p.is_empty()) {
         return Err(field_err(
             "listenerPath",
@@ -353,28 +400,31 @@ pub fn plan(file: &str, profile: &Profile, host: &HostFacts) -> Result<Plan, Sec
     // int 0x80, x32) kills the job. Stricter than Docker, never weaker; the
     // names are still checked so that a typo is reported.
     for arch in profile.architectures.iter().flatten() {
-        check_scmp_arch(arch).map_err(|reason| field_err("architectures", reason))?;
+        check_scmp_arch(arch).map_err(|e| field_err("architectures", e.to_string()))?;
     }
     for row in profile.arch_map.iter().flatten() {
-        check_scmp_arch(&row.architecture).map_err(|reason| field_err("archMap", reason))?;
+        check_scmp_arch(&row.architecture).map_err(|e| field_err("archMap", e.to_string()))?;
         for sub in row.sub_architectures.iter().flatten() {
-            check_scmp_arch(sub).map_err(|reason| field_err("archMap", reason))?;
+            check_scmp_arch(sub).map_err(|e| field_err("archMap", e.to_string()))?;
         }
     }
 
     let mut rules = Vec::new();
     for (index, entry) in profile.syscalls.iter().flatten().enumerate() {
         let entry_err = |reason: String| SeccompError::Entry { file: file.into(), index, names: label(entry), reason };
-        let names = entry_names(entry).map_err(entry_err)?;
-        let action = parse_action(&entry.action, entry.errno_ret).map_err(entry_err)?;
+        let wrong = |e: FieldError| entry_err(e.to_string());
+        let names = entry_names(entry).map_err(wrong)?;
+        let action = parse_action(&entry.action, entry.errno_ret).map_err(wrong)?;
         let conds = entry
             .args
             .iter()
             .flatten()
             .enumerate()
-            .map(|(i, a)| parse_arg(a).map_err(|reason| format!("args[{i}]: {reason}")))
+            .map(|(position, a)| {
+                parse_arg(a).map_err(|problem| FieldError::Arg { position, problem: Box::new(problem) })
+            })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(entry_err)?;
+            .map_err(wrong)?;
         check_filter(entry.includes.as_ref()).map_err(|r| entry_err(format!("includes: {r}")))?;
         check_filter(entry.excludes.as_ref()).map_err(|r| entry_err(format!("excludes: {r}")))?;
         if !applies(entry, host) {
@@ -401,18 +451,16 @@ fn alternatives(conds: &[Cond]) -> Vec<Vec<Cond>> {
     }
 }
 
-fn entry_names(entry: &Syscall) -> Result<Vec<String>, String> {
+fn entry_names(entry: &Syscall) -> Result<Vec<String>, FieldError> {
     let mut names = match (&entry.names, &entry.name) {
-        (Some(names), Some(_)) if !names.is_empty() => {
-            return Err("has both 'name' and 'names': keep only 'names'".into())
-        }
+        (Some(names), Some(_)) if !names.is_empty() => return Err(FieldError::NameAndNames),
         (Some(names), _) if !names.is_empty() => names.clone(),
         (_, Some(name)) => vec![name.clone()],
-        _ => return Err("names no syscall: give 'names' a list of syscall names".into()),
+        _ => return Err(FieldError::NoNames),
     };
     for name in &names {
         if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(format!("'{name}' is not a syscall name"));
+            return Err(FieldError::NotASyscallName(name.clone()));
         }
     }
     names.dedup();
@@ -421,11 +469,9 @@ fn entry_names(entry: &Syscall) -> Result<Vec<String>, String> {
 
 /// Parse an action name with its `errnoRet`. ERRNO and TRACE default to
 /// EPERM, as in runc.
-pub fn parse_action(name: &str, errno_ret: Option<u32>) -> Result<Action, String> {
+pub fn parse_action(name: &str, errno_ret: Option<u32>) -> Result<Action, FieldError> {
     let ret = match errno_ret {
-        Some(n) if n > MAX_ERRNO => {
-            return Err(format!("errnoRet {n} is not an errno (at most {MAX_ERRNO}): use a value from errno(3)"))
-        }
+        Some(n) if n > MAX_ERRNO => return Err(FieldError::NotAnErrno(n)),
         Some(n) => Some(n as u16),
         None => None,
     };
@@ -437,24 +483,18 @@ pub fn parse_action(name: &str, errno_ret: Option<u32>) -> Result<Action, String
         "SCMP_ACT_TRAP" => Action::Trap,
         "SCMP_ACT_KILL" | "SCMP_ACT_KILL_THREAD" => Action::KillThread,
         "SCMP_ACT_KILL_PROCESS" => Action::KillProcess,
-        "SCMP_ACT_NOTIFY" => {
-            return Err("SCMP_ACT_NOTIFY needs a user-space notification agent, which confine does not run: \
-                 use SCMP_ACT_ERRNO or SCMP_ACT_ALLOW"
-                .into())
-        }
-        other => return Err(format!("unknown action '{other}': use one of {ACTIONS}")),
+        "SCMP_ACT_NOTIFY" => return Err(FieldError::Notify),
+        other => return Err(FieldError::UnknownAction(other.to_string())),
     };
     if ret.is_some() && !matches!(action, Action::Errno(_) | Action::Trace(_)) {
-        return Err(format!(
-            "errnoRet is only meaningful with SCMP_ACT_ERRNO or SCMP_ACT_TRACE, not {name}: remove it"
-        ));
+        return Err(FieldError::ErrnoRetUnused(name.to_string()));
     }
     Ok(action)
 }
 
-fn parse_arg(arg: &Arg) -> Result<Cond, String> {
+fn parse_arg(arg: &Arg) -> Result<Cond, FieldError> {
     if arg.index >= MAX_ARGS {
-        return Err(format!("index {} is out of range: syscalls have arguments 0 to 5", arg.index));
+        return Err(FieldError::ArgIndex(arg.index));
     }
     let op = match arg.op.as_str() {
         "SCMP_CMP_NE" => Op::Ne,
@@ -464,49 +504,43 @@ fn parse_arg(arg: &Arg) -> Result<Cond, String> {
         "SCMP_CMP_GE" => Op::Ge,
         "SCMP_CMP_GT" => Op::Gt,
         "SCMP_CMP_MASKED_EQ" => Op::MaskedEq(arg.value),
-        other => return Err(format!("unknown op '{other}': use one of {OPS}")),
+        other => return Err(FieldError::UnknownOp(other.to_string())),
     };
     match op {
         Op::MaskedEq(mask) => {
             if arg.value_two & !mask != 0 {
-                return Err(format!(
-                    "valueTwo {:#x} has bits outside the mask {mask:#x}, so the rule could never match: \
-                     fix the mask (value) or valueTwo",
-                    arg.value_two
-                ));
+                return Err(FieldError::OutsideMask { value_two: arg.value_two, mask });
             }
             Ok(Cond { index: arg.index, op, value: arg.value_two })
         }
-        _ if arg.value_two != 0 => {
-            Err(format!("valueTwo is only used by SCMP_CMP_MASKED_EQ, not {}: remove it", arg.op))
-        }
+        _ if arg.value_two != 0 => Err(FieldError::ValueTwoUnused(arg.op.clone())),
         _ => Ok(Cond { index: arg.index, op, value: arg.value }),
     }
 }
 
-fn check_scmp_arch(arch: &str) -> Result<(), String> {
+fn check_scmp_arch(arch: &str) -> Result<(), FieldError> {
     if SCMP_ARCHES.contains(&arch) {
         Ok(())
     } else {
-        Err(format!("unknown architecture '{arch}': use SCMP_ARCH_* names such as SCMP_ARCH_X86_64"))
+        Err(FieldError::UnknownScmpArch(arch.to_string()))
     }
 }
 
-fn check_filter(filter: Option<&Filter>) -> Result<(), String> {
+fn check_filter(filter: Option<&Filter>) -> Result<(), FieldError> {
     let Some(filter) = filter else { return Ok(()) };
     for cap in filter.caps.iter().flatten() {
         if cap.parse::<caps::Capability>().is_err() {
-            return Err(format!("unknown capability '{cap}': use names such as CAP_SYS_ADMIN"));
+            return Err(FieldError::UnknownCapability(cap.clone()));
         }
     }
     for arch in filter.arches.iter().flatten() {
         if !ARCH_NAMES.contains(&arch.as_str()) {
-            return Err(format!("unknown architecture '{arch}': use Docker's names such as amd64, arm64, x86"));
+            return Err(FieldError::UnknownArch(arch.clone()));
         }
     }
     if let Some(v) = &filter.min_kernel {
         if KernelVersion::parse(v).is_none() {
-            return Err(format!("minKernel '{v}' is not a kernel version: write it as \"major.minor\", e.g. \"5.8\""));
+            return Err(FieldError::MinKernel(v.clone()));
         }
     }
     Ok(())
