@@ -197,7 +197,7 @@ fn crash_writer() {
 fn a_writer_killed_mid_capture_leaves_a_store_that_opens() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "crash_writer", "--ignored", "--nocapture"])
+        .args(["--exact", "suite::artifacts::crash_writer", "--ignored", "--nocapture"])
         .env("CONFINE_CRASH_DIR", dir.path())
         .stdout(Stdio::null())
         .spawn()

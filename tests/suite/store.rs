@@ -211,7 +211,7 @@ fn a_writer_killed_at_random_points_leaves_a_whole_store() {
     let mut artifacts = 0;
     for kill in 0..kills {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "store_writer", "--ignored", "--quiet", "--test-threads=1", "--nocapture"])
+            .args(["--exact", "suite::store::store_writer", "--ignored", "--quiet", "--test-threads=1", "--nocapture"])
             .env("CONFINE_STORE_WRITER_DIR", dir.path())
             .env("CONFINE_STORE_WRITER_SEED", rng.next().to_string())
             .stdout(std::process::Stdio::null())

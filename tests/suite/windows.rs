@@ -243,7 +243,7 @@ fn memory_limit_holds() {
         json.to_str().unwrap(),
         "--",
         me.to_str().unwrap(),
-        "helper_memory_hog",
+        "suite::windows::helper_memory_hog",
         "--exact",
         "--ignored",
         "--nocapture",
