@@ -48,7 +48,7 @@ pub async fn serve_memory(
     let memory = MemoryService::open(store, &config.repos).map_err(|e| super::McpError::Service(e.to_string()))?;
     let memory = Arc::new(memory);
     let m = memory.clone();
-    match tokio::task::spawn_blocking(move || m.startup()).await {
+    match tokio::task::spawn_blocking(move || crate::store::releasing(|| m.startup())).await {
         Ok(problems) => {
             for p in problems {
                 tracing::warn!("memory: {p}");
@@ -116,7 +116,7 @@ impl ConfineServer {
         if let Err(e) = self.caller(&ctx).and_then(|c| c.check_repo(req.repo_id())) {
             return self.error(tool, &e);
         }
-        let joined = tokio::task::spawn_blocking(move || call(&memory, &req)).await;
+        let joined = tokio::task::spawn_blocking(move || crate::store::releasing(|| call(&memory, &req))).await;
         match joined {
             Ok(Ok(resp)) => self.structured(tool, &resp, CallOutcome::default()),
             Ok(Err(e)) => self.error(tool, &service_error(e)),
@@ -130,7 +130,7 @@ impl ConfineServer {
         let mut value = serde_json::to_value(info).unwrap_or_default();
         let (Some(memory), Some(repo_id)) = (self.memory.clone(), repo_id) else { return value };
         let id = repo_id.to_string();
-        match tokio::task::spawn_blocking(move || memory.stale_count(&id)).await {
+        match tokio::task::spawn_blocking(move || crate::store::releasing(|| memory.stale_count(&id))).await {
             Ok(Ok(n)) => {
                 if let Some(obj) = value.as_object_mut() {
                     obj.insert("staleMemories".into(), n.into());

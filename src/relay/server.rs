@@ -361,10 +361,12 @@ async fn answer(request: Request, stdio: Stdio, stream: &Arc<tokio::net::UnixStr
         command => {
             let ctx = ctx.clone();
             let ran = tokio::task::spawn_blocking(move || {
-                let mut io = stdio.io();
-                let exit = run(&ctx, command, &mut io);
-                io.flush();
-                exit
+                crate::store::releasing(|| {
+                    let mut io = stdio.io();
+                    let exit = run(&ctx, command, &mut io);
+                    io.flush();
+                    exit
+                })
             })
             .await;
             match ran {

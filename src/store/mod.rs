@@ -171,6 +171,28 @@ pub(crate) fn free_bytes(file: &File) -> Option<u64> {
     }
 }
 
+/// Let go of what sled retired on this thread. sled frees what a write
+/// replaces (among it every 512 KiB log buffer it seals, at each flush and
+/// whenever one fills) through crossbeam's epoch collector, which keeps it
+/// in the retiring thread's own bag until 64 retirements pile up there. A
+/// thread that writes now and then (a read can write too: sled splits a
+/// full node on the way) holds its last log buffers for as long as it
+/// lives, and a server has many such threads. Handing the bag to the
+/// collector frees them as soon as no other thread can see them.
+///
+/// Call it on a thread that used the store and may now idle: after a flush
+/// ([`Store::flush`] does), at the end of a blocking task ([`releasing`]).
+pub fn release_garbage() {
+    crossbeam_epoch::pin().flush();
+}
+
+/// `f`, then [`release_garbage`]: for a blocking task that uses the store.
+pub fn releasing<T>(f: impl FnOnce() -> T) -> T {
+    let out = f();
+    release_garbage();
+    out
+}
+
 impl Store {
     /// Open (or create) the store at `path`. sled's flusher thread writes
     /// what was written every 500 ms, whether or not anyone flushed it.
@@ -322,6 +344,7 @@ impl Store {
 
     fn flush_inner(&self) -> Result<(), StoreError> {
         self.inner.db.flush()?;
+        release_garbage();
         self.inner.data.sync_data().map_err(|source| StoreError::Sync { what: "the database", source })?;
         self.inner.syncs.fetch_add(1, Ordering::Relaxed);
         self.sync_sled_blobs()?;

@@ -81,7 +81,7 @@ pub(crate) fn spawn(
         }
     };
     match tokio::runtime::Handle::try_current() {
-        Ok(rt) => Some(rt.spawn_blocking(collect)),
+        Ok(rt) => Some(rt.spawn_blocking(move || crate::store::releasing(collect))),
         Err(_) => {
             collect();
             None
