@@ -537,9 +537,8 @@ struct CallerStreams {
 impl CallerStreams {
     #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
     fn detect(backend: BackendKind, spec: &JobSpec, args: &RunArgs) -> std::io::Result<CallerStreams> {
-        use crate::sandbox::Backend;
         #[cfg(target_os = "linux")]
-        if backend.relays_caller_streams() {
+        if crate::sandbox::Backend::relays_caller_streams(&backend) {
             let relayed = super::stdio::CallerStdio::detect(spec.tty, args.interactive)?;
             return Ok(CallerStreams { relayed: Some(relayed) });
         }

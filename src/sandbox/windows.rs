@@ -42,6 +42,11 @@ const TICKS_PER_MS: i64 = 10_000;
 /// the tree (KILL_ON_JOB_CLOSE).
 struct Handle(HANDLE);
 
+// SAFETY: a kernel handle is valid in every thread of the process, and
+// the kernel serializes what is done through it; `Handle` is its only
+// owner and closes it once.
+unsafe impl Send for Handle {}
+
 impl Drop for Handle {
     fn drop(&mut self) {
         // SAFETY: we own this handle and close it once.
