@@ -4,7 +4,7 @@
 use crate::config::Config;
 use crate::env::{scrubbed, EnvArg};
 use crate::job::{Bind, JobSpec, Network, Outcome};
-use crate::sandbox::{BackendChoice, BackendKind, SandboxError, StdioSpec};
+use crate::sandbox::{BackendChoice, BackendKind, Job, Launch, SandboxError, StdioSpec, Stop};
 use clap::{Args, ValueEnum};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -499,105 +499,122 @@ async fn run(args: &RunArgs, config: &Config) -> Result<Outcome, SandboxError> {
             "--user needs the linux backend (a user namespace); this one runs the job as your own user".into(),
         ));
     }
-    match backend {
-        #[cfg(target_os = "linux")]
-        BackendKind::Linux => {
-            let parent = args.cgroup_parent.as_ref().or(config.sandbox.cgroup_parent.as_ref());
-            if let Some(parent) = parent {
-                let config = crate::sandbox::linux::cgroup::CgroupConfig { parent: Some(parent.clone()) };
-                let _ = crate::sandbox::linux::cgroup::configure(config);
-            }
-            run_linux(args, spec).await
-        }
-        #[cfg(unix)]
-        BackendKind::UnixFallback => run_fallback(args, spec).await,
-        #[cfg(windows)]
-        BackendKind::Windows => crate::sandbox::windows::run(&spec, StdioSpec::inherit(), stop_request()).await,
-        #[allow(unreachable_patterns)]
-        other => Err(SandboxError::BackendUnavailable {
-            backend: crate::sandbox::Backend::name(&other),
-            reason: "not built for this platform".into(),
-        }),
-    }
-}
-
-/// The first stop request confine gets (SIGTERM, SIGINT, SIGHUP), as the
-/// signal to forward to the job.
-#[cfg(unix)]
-fn stop_request() -> Result<impl std::future::Future<Output = libc::c_int>, SandboxError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(SandboxError::Spawn)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(SandboxError::Spawn)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(SandboxError::Spawn)?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => libc::SIGTERM,
-            _ = int.recv() => libc::SIGINT,
-            _ = hup.recv() => libc::SIGHUP,
-        }
-    })
-}
-
-/// Ctrl-C or Ctrl-Break: Windows has no signals to forward, only the tree kill.
-#[cfg(windows)]
-async fn stop_request() {
-    let _ = tokio::signal::ctrl_c().await;
-}
-
-#[cfg(unix)]
-async fn run_fallback(args: &RunArgs, spec: JobSpec) -> Result<Outcome, SandboxError> {
-    // Before the job starts: a stop request must reach the job, not end confine.
-    let cancel = stop_request()?;
-    crate::sandbox::unix_fallback::run(&spec, StdioSpec::inherit(), args.kill_grace, cancel).await
-}
-
-#[cfg(target_os = "linux")]
-async fn run_linux(args: &RunArgs, spec: JobSpec) -> Result<Outcome, SandboxError> {
-    // Compiled once, before the job: a profile that does not compile exactly
-    // as written stops the run (exit 125) rather than weakening the filter.
-    let profile = match &args.seccomp {
-        Some(path) => crate::sandbox::linux::seccomp::compile_file(path),
-        None => crate::sandbox::linux::seccomp::compile_default(),
-    }?;
+    let parent = args.cgroup_parent.as_ref().or(config.sandbox.cgroup_parent.as_ref());
+    let seccomp = backend.prepare(args.seccomp.as_deref(), parent)?;
     // Before the job starts: a stop request must never kill confine itself
     // and leave the job to the parent-death signal alone.
     let stops = StopRequests::watch()?;
-    let caller = super::stdio::CallerStdio::detect(spec.tty, args.interactive).map_err(SandboxError::Spawn)?;
-    let mut job = crate::sandbox::linux::spawn(&spec, caller.stdio(), Some((&profile.name, &profile.fd)))
-        .await
-        .map_err(|e| with_limits_hint(e, args))?;
-    let mut relays = match caller.start(&mut job) {
+    let caller = CallerStreams::detect(backend, &spec, args).map_err(SandboxError::Spawn)?;
+    let launch = Launch { seccomp: seccomp.as_ref(), ..Launch::default() };
+    let mut job = backend.spawn(&spec, caller.stdio(), launch).await.map_err(|e| with_limits_hint(e, args))?;
+    let relays = match caller.start(job.as_mut()) {
         Ok(r) => r,
         Err(e) => {
             job.kill_tree();
             return Err(SandboxError::Spawn(e));
         }
     };
-    let resizer = relays.has_pty().then(|| watch_window_size(&relays)).flatten();
+    let resizer = relays.watch_window_size();
     // Stopping confine cancels the job: the signal is forwarded, and the
     // tree is killed after the grace period.
     let first = stops.clone();
-    let outcome = job.supervise(args.kill_grace, async move { first.next(0).await }).await;
+    let (outcome, teardown) = job.supervise(args.kill_grace, Box::pin(async move { first.next(0).await })).await;
+    teardown.finish().await;
     if let Some(r) = resizer {
         r.abort();
     }
-    // The job's whole tree is dead: its output is all in the relays' pipes.
-    // A stop request ends the wait for it at once (the caller's reader may
-    // have stopped reading); one made during the job gives it the grace.
-    let seen = stops.count();
-    if seen > 0 {
-        let _ = tokio::time::timeout(args.kill_grace, relays.drain()).await;
-    } else {
-        tokio::select! {
-            () = relays.drain() => {}
-            _ = stops.next(seen) => {}
+    relays.drain(&stops, args.kill_grace).await;
+    Ok(outcome)
+}
+
+/// How the caller's streams reach the job: relayed by this process where
+/// the backend keeps them from the job (`CallerStdio`), else passed through.
+struct CallerStreams {
+    #[cfg(target_os = "linux")]
+    relayed: Option<super::stdio::CallerStdio>,
+}
+
+impl CallerStreams {
+    #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+    fn detect(backend: BackendKind, spec: &JobSpec, args: &RunArgs) -> std::io::Result<CallerStreams> {
+        #[cfg(target_os = "linux")]
+        if crate::sandbox::Backend::relays_caller_streams(&backend) {
+            let relayed = super::stdio::CallerStdio::detect(spec.tty, args.interactive)?;
+            return Ok(CallerStreams { relayed: Some(relayed) });
+        }
+        Ok(CallerStreams {
+            #[cfg(target_os = "linux")]
+            relayed: None,
+        })
+    }
+
+    /// What the job gets as its standard streams.
+    fn stdio(&self) -> StdioSpec {
+        #[cfg(target_os = "linux")]
+        if let Some(caller) = &self.relayed {
+            return caller.stdio();
+        }
+        StdioSpec::inherit()
+    }
+
+    /// Start the relays of a job just spawned with [`CallerStreams::stdio`].
+    #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+    fn start(self, job: &mut dyn Job) -> std::io::Result<RunningRelays> {
+        #[cfg(target_os = "linux")]
+        if let Some(caller) = self.relayed {
+            return Ok(RunningRelays { relays: Some(caller.start(job)?) });
+        }
+        Ok(RunningRelays {
+            #[cfg(target_os = "linux")]
+            relays: None,
+        })
+    }
+}
+
+/// The relays of a running job, if its streams are relayed.
+struct RunningRelays {
+    #[cfg(target_os = "linux")]
+    relays: Option<super::stdio::Relays>,
+}
+
+impl RunningRelays {
+    /// Follow the caller's terminal size with the job's pty, if it has one.
+    fn watch_window_size(&self) -> Option<tokio::task::JoinHandle<()>> {
+        #[cfg(target_os = "linux")]
+        if let Some(relays) = self.relays.as_ref().filter(|r| r.has_pty()) {
+            return watch_window_size(relays);
+        }
+        None
+    }
+
+    /// Once the job's whole tree is dead its output is all in the relays'
+    /// pipes: wait for them to drain. A stop request ends the wait at once
+    /// (the caller's reader may have stopped reading); one made during the
+    /// job gives it `grace`.
+    #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+    async fn drain(self, stops: &StopRequests, grace: Duration) {
+        #[cfg(target_os = "linux")]
+        if let Some(mut relays) = self.relays {
+            let seen = stops.count();
+            if seen > 0 {
+                let _ = tokio::time::timeout(grace, relays.drain()).await;
+            } else {
+                tokio::select! {
+                    () = relays.drain() => {}
+                    _ = stops.next(seen) => {}
+                }
+            }
         }
     }
-    Ok(outcome)
 }
 
 /// A spawn that failed for want of cgroup limits names the defaults
 /// that needed them, and how to run without.
+#[cfg(not(target_os = "linux"))]
+fn with_limits_hint(e: SandboxError, _args: &RunArgs) -> SandboxError {
+    e
+}
+
 #[cfg(target_os = "linux")]
 fn with_limits_hint(e: SandboxError, args: &RunArgs) -> SandboxError {
     let defaulted = args.memory.is_none() || args.cpus.is_none() || args.pids.is_none();
@@ -627,51 +644,67 @@ fn watch_window_size(relays: &super::stdio::Relays) -> Option<tokio::task::JoinH
     }))
 }
 
-/// The stop requests confine gets (SIGTERM, SIGINT, SIGHUP), counted from
-/// the moment they are watched, so that none is lost between two waits.
-#[cfg(target_os = "linux")]
+/// The stop requests confine gets (SIGTERM, SIGINT, SIGHUP; Ctrl-C on
+/// Windows), counted from the moment they are watched, so that none is
+/// lost between two waits.
 #[derive(Clone)]
 struct StopRequests {
-    seen: std::sync::Arc<std::sync::Mutex<Vec<nix::sys::signal::Signal>>>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Stop>>>,
     notify: std::sync::Arc<tokio::sync::Notify>,
 }
 
-#[cfg(target_os = "linux")]
 impl StopRequests {
     fn watch() -> Result<StopRequests, SandboxError> {
-        use nix::sys::signal::Signal;
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).map_err(SandboxError::Spawn)?;
-        let mut int = signal(SignalKind::interrupt()).map_err(SandboxError::Spawn)?;
-        let mut hup = signal(SignalKind::hangup()).map_err(SandboxError::Spawn)?;
         let stops = StopRequests { seen: Default::default(), notify: Default::default() };
         let record = stops.clone();
+        let recorded = move |stop: Stop| {
+            if let Ok(mut seen) = record.seen.lock() {
+                seen.push(stop);
+            }
+            record.notify.notify_waiters();
+        };
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = signal(SignalKind::terminate()).map_err(SandboxError::Spawn)?;
+            let mut int = signal(SignalKind::interrupt()).map_err(SandboxError::Spawn)?;
+            let mut hup = signal(SignalKind::hangup()).map_err(SandboxError::Spawn)?;
+            tokio::spawn(async move {
+                loop {
+                    let sig = tokio::select! {
+                        _ = term.recv() => libc::SIGTERM,
+                        _ = int.recv() => libc::SIGINT,
+                        _ = hup.recv() => libc::SIGHUP,
+                    };
+                    recorded(Stop::Forward(sig));
+                }
+            });
+        }
+        // Windows has no signals to forward, only the tree kill.
+        #[cfg(windows)]
         tokio::spawn(async move {
             loop {
-                let sig = tokio::select! {
-                    _ = term.recv() => Signal::SIGTERM,
-                    _ = int.recv() => Signal::SIGINT,
-                    _ = hup.recv() => Signal::SIGHUP,
-                };
-                if let Ok(mut seen) = record.seen.lock() {
-                    seen.push(sig);
+                let r = tokio::signal::ctrl_c().await;
+                recorded(Stop::Kill);
+                if r.is_err() {
+                    break;
                 }
-                record.notify.notify_waiters();
             }
         });
         Ok(stops)
     }
 
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     fn count(&self) -> usize {
         self.seen.lock().map(|s| s.len()).unwrap_or(0)
     }
 
     /// The first request after the first `after` ones.
-    async fn next(&self, after: usize) -> nix::sys::signal::Signal {
+    async fn next(&self, after: usize) -> Stop {
         loop {
             let notified = self.notify.notified();
-            if let Some(sig) = self.seen.lock().ok().and_then(|s| s.get(after).copied()) {
-                return sig;
+            if let Some(stop) = self.seen.lock().ok().and_then(|s| s.get(after).copied()) {
+                return stop;
             }
             notified.await;
         }

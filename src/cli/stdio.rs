@@ -18,8 +18,7 @@
 //! waits for the output relays to drain after the job ends, and a stop
 //! request (SIGTERM, SIGINT, SIGHUP) ends that wait at once.
 
-use crate::sandbox::linux::RunningJob;
-use crate::sandbox::{StdioSpec, StdioTarget};
+use crate::sandbox::{Job, StdioSpec, StdioTarget};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -88,7 +87,7 @@ impl CallerStdio {
     }
 
     /// Start the relays of a job just spawned with [`CallerStdio::stdio`].
-    pub fn start(self, job: &mut RunningJob) -> io::Result<Relays> {
+    pub fn start(self, job: &mut dyn Job) -> io::Result<Relays> {
         let mut relays = Relays { outputs: Vec::new(), raw: None, master: None };
         if let Some(pty) = self.pty {
             // Only the job's side may hold the terminal open now: the
@@ -106,12 +105,13 @@ impl CallerStdio {
             return Ok(relays);
         }
         if self.routes[0] == Route::Relay {
-            if let Some(to_job) = job.stdin_fd() {
-                spawn_detached("confine-stdin", dup(0)?, File::from(to_job))?;
+            if let Some(to_job) = job.stdin_pipe() {
+                spawn_detached("confine-stdin", dup(0)?, File::from(to_job?))?;
             }
         }
-        for (fd, pipe) in [(1, job.stdout_fd()), (2, job.stderr_fd())] {
+        for (fd, pipe) in [(1, job.stdout_pipe()), (2, job.stderr_pipe())] {
             if let Some(pipe) = pipe {
+                let pipe = pipe?;
                 relays.outputs.push(spawn_copy("confine-relay", File::from(pipe), dup(fd)?)?);
             }
         }

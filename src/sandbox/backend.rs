@@ -58,6 +58,10 @@ pub trait Backend {
     /// The Linux backend's guarantees this one lacks, as `layers.missing`
     /// names them (empty for the full sandbox).
     fn lost(&self) -> &'static [&'static str];
+    /// Whether `confine run` keeps the caller's own terminal and files
+    /// from the job, relaying them through pipes (or a pty of the job's
+    /// own), rather than passing them through.
+    fn relays_caller_streams(&self) -> bool;
 }
 
 /// What the fallback backends lack; the names of `Layers`' fields.
@@ -86,6 +90,10 @@ impl Backend for BackendKind {
             BackendKind::Linux => &[],
             BackendKind::UnixFallback | BackendKind::Windows => NO_NAMESPACES_ETC,
         }
+    }
+
+    fn relays_caller_streams(&self) -> bool {
+        matches!(self, BackendKind::Linux)
     }
 }
 
@@ -206,5 +214,12 @@ mod tests {
         assert_eq!(BackendKind::UnixFallback.name(), "unix-fallback");
         assert_eq!(serde_json::to_string(&BackendKind::UnixFallback).unwrap(), "\"unix-fallback\"");
         assert!(BackendKind::Linux.lost().is_empty());
+    }
+
+    #[test]
+    fn only_the_full_sandbox_relays_the_callers_streams() {
+        assert!(BackendKind::Linux.relays_caller_streams());
+        assert!(!BackendKind::UnixFallback.relays_caller_streams());
+        assert!(!BackendKind::Windows.relays_caller_streams());
     }
 }

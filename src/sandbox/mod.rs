@@ -1,11 +1,14 @@
 //! Backends that run a [`crate::job::JobSpec`]. Linux is the real one;
 //! other platforms get a clearly weaker fallback, which says what it lacks
-//! (docs/design.md, "Guarantees per backend").
+//! (docs/design.md, "Guarantees per backend"). Every backend starts and
+//! supervises its jobs through one lifecycle ([`Job`], spawned by
+//! [`BackendKind::spawn`]); callers never name a backend's own types.
 
 mod backend;
 pub mod guarantees;
 pub mod host_paths;
 pub mod identity;
+mod lifecycle;
 #[cfg(target_os = "linux")]
 pub mod linux;
 pub mod protect;
@@ -16,6 +19,7 @@ pub mod windows;
 
 pub use backend::{select, select_with_config, Backend, BackendChoice, BackendKind};
 pub use guarantees::{Guarantee, Guarantees, Level};
+pub use lifecycle::{BoxFuture, Early, Job, Launch, Pipe, SeccompProfile, Stop, Teardown, DEFAULT_KILL_GRACE};
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -210,18 +210,25 @@ pub struct FallbackJob {
     started: std::time::Instant,
     spec: JobSpec,
     ids: Option<(u32, u32)>,
+    /// The id its outcome carries: its private /tmp's, unless the caller
+    /// named the job.
+    job_id: String,
     /// Last field: the directory goes after the stage is gone.
     tmp: PrivateTmp,
 }
 
-/// Run `spec` to its end. `cancel` resolving forwards its signal (status
-/// `cancelled`); the timeout sends SIGTERM (status `timeout`); either way
-/// the tree is killed `kill_grace` later.
-pub async fn run<C>(spec: &JobSpec, stdio: StdioSpec, kill_grace: Duration, cancel: C) -> Result<Outcome, SandboxError>
-where
-    C: Future<Output = libc::c_int>,
-{
-    Ok(spawn(spec, stdio, None)?.supervise(kill_grace, cancel).await)
+/// Start `spec` through the backend-neutral lifecycle, in the caller's
+/// private /tmp if it made one.
+pub(crate) fn spawn_job(
+    spec: &JobSpec,
+    stdio: StdioSpec,
+    launch: super::Launch<'_>,
+) -> Result<Box<dyn super::Job>, SandboxError> {
+    let mut job = spawn(spec, stdio, launch.private_tmp)?;
+    if let Some(id) = launch.job_id {
+        job.job_id = id.to_string();
+    }
+    Ok(Box::new(job))
 }
 
 /// Start `spec` under the `__fallback-init` stage, in `tmp` (else a new
@@ -299,7 +306,8 @@ pub fn spawn(spec: &JobSpec, stdio: StdioSpec, tmp: Option<PrivateTmp>) -> Resul
     }
     ours.set_nonblocking(true).map_err(SandboxError::Spawn)?;
     let ctl = tokio::net::UnixStream::from_std(ours).map_err(SandboxError::Spawn)?;
-    Ok(FallbackJob { child, ctl, started, spec: spec.clone(), ids, tmp })
+    let job_id = tmp.job_id.clone();
+    Ok(FallbackJob { child, ctl, started, spec: spec.clone(), ids, job_id, tmp })
 }
 
 impl FallbackJob {
@@ -325,7 +333,7 @@ impl FallbackJob {
     where
         C: Future<Output = libc::c_int>,
     {
-        let FallbackJob { mut child, mut ctl, started, spec, ids, tmp } = self;
+        let FallbackJob { mut child, mut ctl, started, spec, ids, job_id, tmp } = self;
         let stage = child.id().and_then(|p| libc::pid_t::try_from(p).ok());
         let reaped = std::sync::atomic::AtomicBool::new(false);
         let send = |sig: libc::c_int| {
@@ -379,9 +387,51 @@ impl FallbackJob {
         };
         let report: Option<StageReport> =
             buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()).find_map(|l| serde_json::from_slice(l).ok());
-        let job_id = tmp.job_id.clone();
         drop(tmp);
         outcome(&spec, job_id, started, status, report, ending, ids)
+    }
+}
+
+impl super::Job for FallbackJob {
+    fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin> {
+        FallbackJob::take_stdin(self)
+    }
+
+    fn stdin_pipe(&mut self) -> Option<std::io::Result<super::Pipe>> {
+        FallbackJob::take_stdin(self).map(|p| p.into_owned_fd())
+    }
+
+    fn stdout_pipe(&mut self) -> Option<std::io::Result<super::Pipe>> {
+        self.stdout().map(|p| p.into_owned_fd())
+    }
+
+    fn stderr_pipe(&mut self) -> Option<std::io::Result<super::Pipe>> {
+        self.stderr().map(|p| p.into_owned_fd())
+    }
+
+    /// The stage's "kill the tree now": it kills the job's escapees too.
+    fn kill_tree(&mut self) {
+        if let Some(pid) = self.child.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
+            // SAFETY: kill(2) on our own child, not yet reaped (`self`
+            // holds it unwaited); ESRCH is harmless.
+            unsafe { libc::kill(pid, KILL_TREE_SIGNAL) };
+        }
+    }
+
+    fn supervise(
+        self: Box<Self>,
+        kill_grace: Duration,
+        stop: super::BoxFuture<'static, super::Stop>,
+    ) -> super::BoxFuture<'static, (Outcome, super::Teardown)> {
+        let signal = async move {
+            match stop.await {
+                // Not SIGKILL: a killed stage could not kill the job's
+                // escapees or report.
+                super::Stop::Kill => KILL_TREE_SIGNAL,
+                super::Stop::Forward(sig) => sig,
+            }
+        };
+        Box::pin(async move { (FallbackJob::supervise(*self, kill_grace, signal).await, super::Teardown::none()) })
     }
 }
 

@@ -42,6 +42,11 @@ const TICKS_PER_MS: i64 = 10_000;
 /// the tree (KILL_ON_JOB_CLOSE).
 struct Handle(HANDLE);
 
+// SAFETY: a kernel handle is valid in every thread of the process, and
+// the kernel serializes what is done through it; `Handle` is its only
+// owner and closes it once.
+unsafe impl Send for Handle {}
+
 impl Drop for Handle {
     fn drop(&mut self) {
         // SAFETY: we own this handle and close it once.
@@ -195,12 +200,29 @@ fn terminate(job: &Handle) {
     unsafe { TerminateJobObject(job.0, KILLED_EXIT_CODE) };
 }
 
-/// Run `spec` in a Job Object to its end. `cancel` resolving (Ctrl-C)
-/// kills the tree (status `cancelled`); so does the timeout (`timeout`).
-pub async fn run<C>(spec: &JobSpec, stdio: StdioSpec, cancel: C) -> Result<Outcome, SandboxError>
-where
-    C: Future<Output = ()>,
-{
+/// A job in its Job Object, or a program that could not be executed
+/// (whose outcome says so: no sandbox failed).
+pub struct WindowsJob {
+    spec: JobSpec,
+    job_id: String,
+    started: std::time::Instant,
+    run: Running,
+    /// Last field: the directory goes after the job is gone.
+    _tmp: TmpDir,
+}
+
+enum Running {
+    Job { child: tokio::process::Child, job: Handle },
+    NotExecuted(Box<Outcome>),
+}
+
+/// Start `spec` in a Job Object. A program that can't be executed is no
+/// error of the sandbox: its job's outcome is exit code 127 or 126.
+pub(crate) fn spawn_job(
+    spec: &JobSpec,
+    stdio: StdioSpec,
+    launch: super::Launch<'_>,
+) -> Result<Box<dyn super::Job>, SandboxError> {
     let program = spec.argv.first().ok_or(SandboxError::NoCommand)?;
     if let crate::job::Network::Allow(_) = spec.network {
         return Err(SandboxError::Unavailable(super::NET_ALLOW_NEEDS_LINUX.into()));
@@ -210,9 +232,9 @@ where
             return Err(SandboxError::Workspace { path: ws.clone(), reason: "not a directory".into() });
         }
     }
-    let job_id = crate::ids::job_id();
+    let job_id = launch.job_id.map_or_else(crate::ids::job_id, str::to_string);
     let tmp = host_paths::private_tmp(&job_id).map_err(SandboxError::Spawn)?;
-    let _cleanup = TmpDir(tmp.clone());
+    let cleanup = TmpDir(tmp.clone());
     let layout = HostLayout { tmp, workspace: spec.workspace.clone() };
     layout.write_files(&spec.files).map_err(|e| SandboxError::Unavailable(e.to_string()))?;
     let cwd = layout.host_path(&spec.cwd).map_err(|e| SandboxError::Unavailable(format!("--cwd {e}")))?;
@@ -229,15 +251,20 @@ where
         .creation_flags(CREATE_SUSPENDED)
         .kill_on_drop(true);
     let started = std::time::Instant::now();
-    let mut child = match cmd.spawn() {
+    let done = |run| {
+        Ok(Box::new(WindowsJob { spec: spec.clone(), job_id: job_id.clone(), started, run, _tmp: cleanup })
+            as Box<dyn super::Job>)
+    };
+    let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-            let mut o = outcome(spec, job_id, started, Some(code), None);
+            let mut o = outcome(spec, job_id.clone(), started, Some(code), None);
             o.error = Some(format!("{program}: cannot execute ({e})"));
-            return Ok(o);
+            return done(Running::NotExecuted(Box::new(o)));
         }
     };
+    let mut child = child;
     let process = child.raw_handle().ok_or_else(|| os_error("process handle"))?;
     // SAFETY: both handles are valid; the child is still suspended.
     if unsafe { AssignProcessToJobObject(job.0, process as HANDLE) } == 0 {
@@ -251,37 +278,90 @@ where
             return Err(e);
         }
     }
+    done(Running::Job { child, job })
+}
 
-    let deadline = spec.limits.timeout_ms.map(|ms| Instant::from_std(started) + Duration::from_millis(ms));
-    let never = Instant::now() + Duration::from_secs(100 * 365 * 86400);
-    let mut ending = None;
-    let status = {
-        let exit = child.wait();
-        tokio::pin!(exit);
-        tokio::pin!(cancel);
-        loop {
-            tokio::select! {
-                status = &mut exit => break status,
-                _ = sleep_until(deadline.unwrap_or(never)), if deadline.is_some() && ending.is_none() => {
-                    ending = Some(Status::Timeout);
-                    terminate(&job);
-                }
-                _ = &mut cancel, if ending.is_none() => {
-                    ending = Some(Status::Cancelled);
-                    terminate(&job);
+impl super::Job for WindowsJob {
+    fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin> {
+        match &mut self.run {
+            Running::Job { child, .. } => child.stdin.take(),
+            Running::NotExecuted(_) => None,
+        }
+    }
+
+    fn stdin_pipe(&mut self) -> Option<std::io::Result<super::Pipe>> {
+        self.take_stdin().map(|p| p.into_owned_handle())
+    }
+
+    fn stdout_pipe(&mut self) -> Option<std::io::Result<super::Pipe>> {
+        match &mut self.run {
+            Running::Job { child, .. } => child.stdout.take().map(|p| p.into_owned_handle()),
+            Running::NotExecuted(_) => None,
+        }
+    }
+
+    fn stderr_pipe(&mut self) -> Option<std::io::Result<super::Pipe>> {
+        match &mut self.run {
+            Running::Job { child, .. } => child.stderr.take().map(|p| p.into_owned_handle()),
+            Running::NotExecuted(_) => None,
+        }
+    }
+
+    fn kill_tree(&mut self) {
+        if let Running::Job { job, .. } = &self.run {
+            terminate(job);
+        }
+    }
+
+    /// The timeout and a stop both kill the tree at once: Windows has no
+    /// signal to forward, and `TerminateJobObject` needs no grace.
+    fn supervise(
+        self: Box<Self>,
+        _kill_grace: Duration,
+        stop: super::BoxFuture<'static, super::Stop>,
+    ) -> super::BoxFuture<'static, (Outcome, super::Teardown)> {
+        Box::pin(async move { (self.wait(stop).await, super::Teardown::none()) })
+    }
+}
+
+impl WindowsJob {
+    async fn wait(self, cancel: impl Future<Output = super::Stop>) -> Outcome {
+        let WindowsJob { spec, job_id, started, run, _tmp } = self;
+        let (mut child, job) = match run {
+            Running::Job { child, job } => (child, job),
+            Running::NotExecuted(o) => return *o,
+        };
+        let deadline = spec.limits.timeout_ms.map(|ms| Instant::from_std(started) + Duration::from_millis(ms));
+        let never = Instant::now() + Duration::from_secs(100 * 365 * 86400);
+        let mut ending = None;
+        let status = {
+            let exit = child.wait();
+            tokio::pin!(exit);
+            tokio::pin!(cancel);
+            loop {
+                tokio::select! {
+                    status = &mut exit => break status,
+                    _ = sleep_until(deadline.unwrap_or(never)), if deadline.is_some() && ending.is_none() => {
+                        ending = Some(Status::Timeout);
+                        terminate(&job);
+                    }
+                    _ = &mut cancel, if ending.is_none() => {
+                        ending = Some(Status::Cancelled);
+                        terminate(&job);
+                    }
                 }
             }
+        };
+        // The main process is gone: so is everything it started.
+        terminate(&job);
+        let code = status.as_ref().ok().and_then(|s| s.code());
+        let mut o = outcome(&spec, job_id, started, code, ending);
+        if let Err(e) = status {
+            o.error = Some(format!("waiting for the job failed: {e}"));
         }
-    };
-    // The main process is gone: so is everything it started.
-    terminate(&job);
-    let code = status.as_ref().ok().and_then(|s| s.code());
-    let mut o = outcome(spec, job_id, started, code, ending);
-    if let Err(e) = status {
-        o.error = Some(format!("waiting for the job failed: {e}"));
+        account(&job, &spec, &mut o);
+        o
     }
-    account(&job, spec, &mut o);
-    Ok(o)
 }
 
 /// Usage from the job's accounting, and a CPU-time or memory ending the

@@ -8,7 +8,6 @@
 //! This module decides; it never touches the kernel itself (the sandbox
 //! backend does) and never prints (the CLI and MCP adapters do).
 
-use super::one_shot::Prestarted;
 use super::plan::{self, Placed};
 use super::{Prestart, Supervisor};
 use crate::job::{Network, Outcome, Status};
@@ -19,8 +18,7 @@ use crate::output::OutputConfig;
 use crate::policy::input::PolicyInput;
 use crate::policy::Decision;
 use crate::runtimes;
-use crate::sandbox::linux::supervise::Teardown;
-use crate::sandbox::{Backend, BackendKind};
+use crate::sandbox::{Backend, BackendKind, Job, Launch, Stop, Teardown, DEFAULT_KILL_GRACE};
 use crate::store::artifacts::{JobInfo, StreamName};
 use crate::store::audit::{AuditEntry, AuditError, AuditSink};
 use crate::store::StoreError;
@@ -422,42 +420,22 @@ impl Supervisor {
     }
 
     /// Start the job on the supervisor's backend.
-    async fn start(&self, job_id: &str, job: Placed, prestart: Prestart) -> Result<Started, NotStarted> {
-        let stdio = prestart.stdio();
-        match self.backend {
-            BackendKind::Linux => {
-                let seccomp = self.seccomp.as_ref().map(|p| (p.name.as_str(), &p.fd));
-                // What a one-shot supervisor started early: the sandbox
-                // of this very job (built before the decision, from the
-                // spec the pipeline has now worked out again), or a stage
-                // with this job's streams. Anything else is dropped here,
-                // which kills it unreleased.
-                let early = self.prestarted.lock().ok().and_then(|mut p| p.take());
-                let spawn = || crate::sandbox::linux::spawn(&job.spec, stdio, seccomp);
-                let started = match early {
-                    Some(Prestarted::Held(held, p)) if p == prestart => match held.adopt(&job.spec) {
-                        Some(held) => Ok(held),
-                        None => spawn().await,
-                    },
-                    Some(Prestarted::Stage(stage, p)) if p == prestart => {
-                        stage.configure(&job.spec, seccomp.map(|(name, _)| name), |_| {}).await
-                    }
-                    other => {
-                        // Killed before the job's own sandbox is built.
-                        drop(other);
-                        spawn().await
-                    }
-                };
-                let mut started = started.map_err(|e| NotStarted::Sandbox(crate::sandbox::describe_start_error(&e)))?;
-                started.job_id = job_id.to_string();
-                Ok(Started::Linux(Box::new(started)))
-            }
-            BackendKind::UnixFallback => crate::sandbox::unix_fallback::spawn(&job.spec, stdio, job.fallback_tmp)
-                .map(|j| Started::Fallback(Box::new(j)))
-                .map_err(|e| NotStarted::Sandbox(crate::sandbox::describe_start_error(&e))),
-            // Refused when the supervisor was opened; an error here, never a panic.
-            other => Err(NotStarted::Backend(other.name())),
+    async fn start(&self, job_id: &str, job: Placed, prestart: Prestart) -> Result<Box<dyn Job>, NotStarted> {
+        // Refused when the supervisor was opened; an error here, never a panic.
+        if !matches!(self.backend, BackendKind::Linux | BackendKind::UnixFallback) {
+            return Err(NotStarted::Backend(self.backend.name()));
         }
+        // What a one-shot supervisor started early: the sandbox of this
+        // very job (built before the decision, from the spec the pipeline
+        // has now worked out again), or a stage with this job's streams.
+        // Anything else is dropped here, which kills it unreleased.
+        let early = self.prestarted.lock().ok().and_then(|mut p| p.take()).and_then(|p| p.matching(prestart));
+        let launch =
+            Launch { job_id: Some(job_id), seccomp: self.seccomp.as_ref(), early, private_tmp: job.fallback_tmp };
+        self.backend
+            .spawn(&job.spec, prestart.stdio(), launch)
+            .await
+            .map_err(|e| NotStarted::Sandbox(crate::sandbox::describe_start_error(&e)))
     }
 
     /// Start the sandbox, capture both streams, enforce the limits.
@@ -502,8 +480,8 @@ impl Supervisor {
         let started = Instant::now();
         let count = Arc::new(AtomicU64::new(0));
         let r = redactor.as_ref();
-        let out = job.stdout().map(|p| (p, Tap::new(&count, StreamName::Stdout, ctl, r)));
-        let err = job.stderr().map(|p| (p, Tap::new(&count, StreamName::Stderr, ctl, r)));
+        let out = job.stdout_pipe().map(|p| (p, Tap::new(&count, StreamName::Stdout, ctl, r)));
+        let err = job.stderr_pipe().map(|p| (p, Tap::new(&count, StreamName::Stderr, ctl, r)));
         if let (Some(text), Some(mut stdin)) = (req.stdin.clone(), job.take_stdin()) {
             tokio::spawn(async move {
                 // A job that does not read its stdin must not block us.
@@ -540,14 +518,16 @@ impl Supervisor {
             })
         });
         let cancel = ctl.cancel.take();
-        let (outcome, teardown) = job
-            .supervise(async move {
-                match cancel {
-                    Some(c) => c.await,
-                    None => std::future::pending::<()>().await,
-                }
-            })
-            .await;
+        // Cancelling kills the whole tree at once, with the default grace
+        // for a stage that does not die.
+        let stop = Box::pin(async move {
+            match cancel {
+                Some(c) => c.await,
+                None => std::future::pending::<()>().await,
+            }
+            Stop::Kill
+        });
+        let (outcome, teardown) = job.supervise(DEFAULT_KILL_GRACE, stop).await;
         if let Some(p) = progress {
             p.abort();
         }
@@ -654,77 +634,4 @@ enum NotAudited {
     Full { free: u64 },
     #[error(transparent)]
     Audit(AuditError),
-}
-
-/// A job started on one of the backends the supervisor can drive.
-enum Started {
-    Linux(Box<crate::sandbox::linux::RunningJob>),
-    Fallback(Box<crate::sandbox::unix_fallback::FallbackJob>),
-}
-
-impl Started {
-    /// The read end of the job's stdout pipe, blocking.
-    fn stdout(&mut self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
-        match self {
-            Started::Linux(j) => j.stdout_fd().map(Ok),
-            Started::Fallback(j) => j.stdout().map(|p| p.into_owned_fd()),
-        }
-    }
-
-    /// The read end of the job's stderr pipe, blocking.
-    fn stderr(&mut self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
-        match self {
-            Started::Linux(j) => j.stderr_fd().map(Ok),
-            Started::Fallback(j) => j.stderr().map(|p| p.into_owned_fd()),
-        }
-    }
-
-    /// Whether the job waits for [`Started::release`] before its execve
-    /// (only the Linux backend holds jobs).
-    fn held(&self) -> bool {
-        match self {
-            Started::Linux(j) => j.held(),
-            Started::Fallback(_) => false,
-        }
-    }
-
-    /// Let a job spawned held execve (only the Linux backend holds jobs).
-    async fn release(&mut self) -> Result<(), crate::sandbox::SandboxError> {
-        match self {
-            Started::Linux(j) => j.release().await,
-            Started::Fallback(_) => Ok(()),
-        }
-    }
-
-    fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin> {
-        match self {
-            Started::Linux(j) => j.take_stdin(),
-            Started::Fallback(j) => j.take_stdin(),
-        }
-    }
-
-    /// To the end, with the timeout and the default grace; `cancel`
-    /// resolving kills the whole tree at once. Returns once the tree is
-    /// dead; the cgroups' removal may still be under way.
-    async fn supervise(self, cancel: impl Future<Output = ()>) -> (Outcome, Teardown) {
-        use crate::sandbox::linux::supervise::DEFAULT_KILL_GRACE;
-        match self {
-            Started::Linux(job) => {
-                let cancel = async move {
-                    cancel.await;
-                    nix::sys::signal::Signal::SIGKILL
-                };
-                (*job).supervise_until_dead(DEFAULT_KILL_GRACE, cancel).await
-            }
-            // The stage's "kill the tree now", not SIGKILL: a killed stage
-            // could not kill the job's escapees or report.
-            Started::Fallback(job) => {
-                let cancel = async move {
-                    cancel.await;
-                    crate::sandbox::unix_fallback::KILL_TREE_SIGNAL
-                };
-                ((*job).supervise(DEFAULT_KILL_GRACE, cancel).await, Teardown::none())
-            }
-        }
-    }
 }

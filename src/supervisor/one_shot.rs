@@ -24,17 +24,23 @@ use super::plan::{self, Planner};
 use super::stores::StoreSlot;
 use super::{Prestart, Supervisor, SupervisorError};
 use crate::config::Config;
-use crate::sandbox::linux::{InitStage, RunningJob};
-use crate::sandbox::BackendKind;
+use crate::sandbox::{Early, SeccompProfile};
 use std::time::Duration;
 
-/// What a one-shot supervisor started before its request was decided.
-pub(crate) enum Prestarted {
-    /// The init stage, waiting for a spec, with the job's streams.
-    Stage(InitStage, Prestart),
-    /// The job of the first request, its sandbox built from the spec
-    /// worked out before the decision, held before its execve.
-    Held(Box<RunningJob>, Prestart),
+/// What a one-shot supervisor started before its request was decided:
+/// the init stage waiting for a spec, or the job of the first request, its
+/// sandbox built from the spec worked out before the decision, held before
+/// its execve; either with the job's streams.
+pub(crate) struct Prestarted {
+    early: Early,
+    streams: Prestart,
+}
+
+impl Prestarted {
+    /// What was started, for a job with `streams`; None drops it (killed).
+    pub(crate) fn matching(self, streams: Prestart) -> Option<Early> {
+        (self.streams == streams).then_some(self.early)
+    }
 }
 
 impl Supervisor {
@@ -57,10 +63,10 @@ impl Supervisor {
         )?;
         let (backend, seccomp) = Supervisor::backend(&config)?;
         let stage = match (first, backend, &seccomp) {
-            (Some(req), BackendKind::Linux, Some(profile)) if config.runtime.enabled => {
+            (Some(req), backend, Some(profile)) if config.runtime.enabled => {
                 let streams = Prestart { stdin_piped: req.stdin.is_some() };
-                match InitStage::start(streams.stdio(), Some(&profile.fd)) {
-                    Ok(stage) => Some((stage, streams)),
+                match Early::start(backend, streams.stdio(), Some(profile)) {
+                    Ok(stage) => stage.map(|stage| (stage, streams)),
                     // Not fatal: the job then starts its own stage, as usual.
                     Err(e) => {
                         tracing::debug!(error = %e, "init stage not prestarted");
@@ -74,8 +80,7 @@ impl Supervisor {
         let prestarted = match (stage, first) {
             (Some((stage, streams)), Some(req)) => {
                 let planner = Planner { config: &config, host: &host, backend };
-                let profile = seccomp.as_ref().map(|p| p.name.as_str());
-                speculate(&planner, req, stage, streams, profile).await
+                speculate(&planner, req, stage, streams, seccomp.as_ref()).await
             }
             _ => None,
         };
@@ -105,9 +110,9 @@ impl Supervisor {
 async fn speculate(
     planner: &Planner<'_>,
     req: &JobRequest,
-    stage: InitStage,
+    stage: Early,
     streams: Prestart,
-    seccomp: Option<&str>,
+    seccomp: Option<&SeccompProfile>,
 ) -> Option<Prestarted> {
     let policy_req = plan::policy_request(req, &planner.config.network);
     let limits = planner.config.resolve_limits(&policy_req.limits);
@@ -118,13 +123,13 @@ async fn speculate(
         .and_then(|admitted| planner.prepare(req, &admitted).ok())
         .and_then(|prepared| planner.place(req, &prepared, &limits, timeout).ok());
     let Some(mut placed) = placed else {
-        return Some(Prestarted::Stage(stage, streams));
+        return Some(Prestarted { early: stage, streams });
     };
     placed.spec.hold = true;
-    match stage.configure(&placed.spec, seccomp, |_| {}).await {
-        Ok(job) => {
+    match stage.build(&placed.spec, seccomp).await {
+        Ok(held) => {
             tracing::debug!("sandbox of the first request started, held");
-            Some(Prestarted::Held(Box::new(job), streams))
+            Some(Prestarted { early: held, streams })
         }
         Err(e) => {
             tracing::debug!(error = %e, "sandbox not started before the decision");

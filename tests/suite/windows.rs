@@ -206,7 +206,12 @@ fn dropped_job_kills_the_grandchild() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let ws_path = ws.path().to_path_buf();
     rt.block_on(async {
-        let run = confine::sandbox::windows::run(&spec, stdio, std::future::pending::<()>());
+        use confine::sandbox::{BackendKind, Launch, DEFAULT_KILL_GRACE};
+        let run = async {
+            let job = BackendKind::Windows.spawn(&spec, stdio, Launch::default()).await?;
+            let (outcome, _) = job.supervise(DEFAULT_KILL_GRACE, Box::pin(std::future::pending())).await;
+            Ok::<_, confine::sandbox::SandboxError>(outcome)
+        };
         let beating = async {
             while beats(&ws_path) == 0 {
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -314,6 +314,32 @@ pub async fn spawn_adjusted(
     stage.configure(spec, seccomp.map(|(name, _)| name), adjust).await
 }
 
+/// Start `spec` through the backend-neutral lifecycle: in the sandbox
+/// `launch.early` already built for it if it was built from this spec, in
+/// the init stage started early if that is what there is, else afresh.
+pub(crate) async fn spawn_job(
+    spec: &JobSpec,
+    stdio: StdioSpec,
+    launch: crate::sandbox::Launch<'_>,
+) -> Result<Box<dyn crate::sandbox::Job>, SandboxError> {
+    use crate::sandbox::Early;
+    let seccomp = launch.seccomp.map(|p| (p.name.as_str(), &p.fd));
+    let fresh = || spawn(spec, stdio, seccomp);
+    let mut job = match launch.early {
+        // Killed by `adopt` before the job's own sandbox is built.
+        Some(Early::Held(held)) => match held.adopt(spec) {
+            Some(held) => held,
+            None => fresh().await?,
+        },
+        Some(Early::Stage(stage)) => stage.configure(spec, seccomp.map(|(name, _)| name), |_| {}).await?,
+        None => fresh().await?,
+    };
+    if let Some(id) = launch.job_id {
+        job.job_id = id.to_string();
+    }
+    Ok(Box::new(job))
+}
+
 /// An `__init` stage started and waiting for its spec: nothing is built
 /// yet, and it runs nothing. A one-shot supervisor starts it before it has
 /// decided on the request (`Supervisor::open_one_shot`), so that the stage
@@ -802,6 +828,53 @@ impl RunningJob {
 /// Host paths a job's sandbox reads (for doctor and tests).
 pub fn system_paths() -> Vec<PathBuf> {
     mounts::SYSTEM_PATHS.iter().map(PathBuf::from).collect()
+}
+
+impl crate::sandbox::Job for RunningJob {
+    fn held(&self) -> bool {
+        RunningJob::held(self)
+    }
+
+    fn release(&mut self) -> crate::sandbox::BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(RunningJob::release(self))
+    }
+
+    fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin> {
+        RunningJob::take_stdin(self)
+    }
+
+    fn stdin_pipe(&mut self) -> Option<std::io::Result<OwnedFd>> {
+        self.stdin_fd().map(Ok)
+    }
+
+    fn stdout_pipe(&mut self) -> Option<std::io::Result<OwnedFd>> {
+        self.stdout_fd().map(Ok)
+    }
+
+    fn stderr_pipe(&mut self) -> Option<std::io::Result<OwnedFd>> {
+        self.stderr_fd().map(Ok)
+    }
+
+    fn kill_tree(&mut self) {
+        RunningJob::kill_tree(self)
+    }
+
+    fn supervise(
+        self: Box<Self>,
+        kill_grace: std::time::Duration,
+        stop: crate::sandbox::BoxFuture<'static, crate::sandbox::Stop>,
+    ) -> crate::sandbox::BoxFuture<'static, (Outcome, crate::sandbox::Teardown)> {
+        use nix::sys::signal::Signal;
+        let signal = async move {
+            match stop.await {
+                crate::sandbox::Stop::Kill => Signal::SIGKILL,
+                // The stop requests forwarded are real signals; anything
+                // else ends the job at once.
+                crate::sandbox::Stop::Forward(sig) => Signal::try_from(sig).unwrap_or(Signal::SIGKILL),
+            }
+        };
+        Box::pin((*self).supervise_until_dead(kill_grace, signal))
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 
 use super::RunningJob;
 use crate::job::{Outcome, Status, Usage};
+use crate::sandbox::{Teardown, DEFAULT_KILL_GRACE};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::future::Future;
@@ -15,9 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::time::{sleep_until, Instant};
-
-/// Time between SIGTERM and the tree kill, unless the caller says otherwise.
-pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// How often the CPU-time limit (and, on kernels without `pids.peak`, the
 /// pids count) is checked.
@@ -171,7 +169,7 @@ impl RunningJob {
                 tracing::debug!("job cgroup removed");
             })
         });
-        (outcome, Teardown { removal })
+        (outcome, removal.map_or_else(Teardown::none, Teardown::running))
     }
 
     /// Usage from the cgroup's counters, and the status the supervisor
@@ -199,27 +197,6 @@ impl RunningJob {
             None if cpu_hit && outcome.status != Status::Success => Status::Timeout,
             None => outcome.status,
         };
-    }
-}
-
-/// The job's cgroups being removed, its tree already dead. Dropped
-/// unfinished, the removal still runs to its end on its thread.
-#[must_use = "finish() waits for the job's cgroups to be removed"]
-pub struct Teardown {
-    removal: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Teardown {
-    /// Nothing to tear down (a backend without cgroups).
-    pub fn none() -> Teardown {
-        Teardown { removal: None }
-    }
-
-    /// Wait until the job's cgroups are gone (or reported left behind).
-    pub async fn finish(self) {
-        if let Some(r) = self.removal {
-            let _ = r.await;
-        }
     }
 }
 

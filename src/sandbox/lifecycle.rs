@@ -1,0 +1,274 @@
+//! One job's lifecycle, the same on every backend: spawned through the
+//! chosen [`BackendKind`] into a [`Job`] whose streams the caller takes,
+//! held and released (where the backend holds jobs), then supervised to
+//! its end, which returns the [`Outcome`] and a [`Teardown`] still under
+//! way. Callers (the supervisor, `confine run`) see only this; what each
+//! backend does at each step is its own module's business.
+
+use super::{Backend, BackendKind, SandboxError, StdioSpec};
+use crate::job::{JobSpec, Outcome};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// Time between the polite stop (SIGTERM, a forwarded signal) and the
+/// tree kill, unless the caller says otherwise.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// One end of a job's standard stream, in blocking mode.
+#[cfg(unix)]
+pub type Pipe = std::os::fd::OwnedFd;
+/// One end of a job's standard stream, in blocking mode.
+#[cfg(windows)]
+pub type Pipe = std::os::windows::io::OwnedHandle;
+
+/// A boxed future, for the trait's methods to stay dyn-compatible.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the caller wants done to a running job it stops. Either way the
+/// job ends with status `cancelled`, and its tree is killed a grace period
+/// later if it is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// End the job at once, the backend's own way: SIGKILL to Linux's init
+    /// stage, the fallback stage's tree-kill request (a killed stage could
+    /// not kill the job's escapees or report), the Job Object's termination.
+    Kill,
+    /// Pass this signal on to the job (`confine run` forwarding the stop
+    /// request it got); a backend without signals kills the tree.
+    Forward(i32),
+}
+
+/// The compiled seccomp profile a Linux job is filtered with.
+#[cfg(target_os = "linux")]
+pub type SeccompProfile = super::linux::seccomp::CompiledProfile;
+/// No backend of this platform filters syscalls: there is never a profile.
+#[cfg(not(target_os = "linux"))]
+pub enum SeccompProfile {}
+
+/// What the caller hands a backend's spawn besides the spec and streams.
+/// Each backend uses what it has a use for and ignores the rest.
+#[derive(Default)]
+pub struct Launch<'a> {
+    /// The job id its outcome carries (else one of the backend's own).
+    pub job_id: Option<&'a str>,
+    /// The seccomp profile (Linux).
+    pub seccomp: Option<&'a SeccompProfile>,
+    /// What was started for this job before it was decided, with the same
+    /// streams (a one-shot supervisor's init stage or held sandbox). Not
+    /// used, it is dropped, which kills it.
+    pub early: Option<Early>,
+    /// The job's private /tmp, made beforehand by a caller that needed its
+    /// host path (unix-fallback).
+    #[cfg(unix)]
+    pub private_tmp: Option<super::unix_fallback::PrivateTmp>,
+}
+
+/// Work started for a job before it was decided: dropped, it is killed.
+pub enum Early {
+    /// A Linux init stage waiting for its spec.
+    #[cfg(target_os = "linux")]
+    Stage(super::linux::InitStage),
+    /// A Linux sandbox built from the spec worked out before the decision,
+    /// its job held before its execve.
+    #[cfg(target_os = "linux")]
+    Held(Box<super::linux::RunningJob>),
+}
+
+impl Early {
+    /// Start, with the job's streams, what `backend` can start before it
+    /// knows its job (Linux's init stage, which so loads while the request
+    /// is decided); None where there is no such thing.
+    #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+    pub fn start(
+        backend: BackendKind,
+        stdio: StdioSpec,
+        seccomp: Option<&SeccompProfile>,
+    ) -> Result<Option<Early>, SandboxError> {
+        match backend {
+            #[cfg(target_os = "linux")]
+            BackendKind::Linux => {
+                let stage = super::linux::InitStage::start(stdio, seccomp.map(|p| &p.fd))?;
+                Ok(Some(Early::Stage(stage)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Build `spec`'s sandbox, its job held before its execve (`spec.hold`
+    /// must be set), in a stage that waits for its spec; what is already
+    /// built is returned as it is. On an error nothing is left running.
+    #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+    pub async fn build(self, spec: &JobSpec, seccomp: Option<&SeccompProfile>) -> Result<Early, SandboxError> {
+        match self {
+            #[cfg(target_os = "linux")]
+            Early::Stage(stage) => {
+                let job = stage.configure(spec, seccomp.map(|p| p.name.as_str()), |_| {}).await?;
+                Ok(Early::Held(Box::new(job)))
+            }
+            #[cfg(target_os = "linux")]
+            held @ Early::Held(_) => Ok(held),
+        }
+    }
+}
+
+/// A started job, on whichever backend.
+pub trait Job: Send {
+    /// Whether the job waits for [`Job::release`] before its execve (only
+    /// the Linux backend holds jobs).
+    fn held(&self) -> bool {
+        false
+    }
+
+    /// Let a job spawned held execve. Dropping a held job unreleased kills it.
+    fn release(&mut self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// The job's stdin, when it was piped, for async writes.
+    fn take_stdin(&mut self) -> Option<tokio::process::ChildStdin>;
+
+    /// The write end of the job's stdin pipe, when it was piped.
+    fn stdin_pipe(&mut self) -> Option<std::io::Result<Pipe>>;
+
+    /// The read end of the job's stdout pipe, when it was piped.
+    fn stdout_pipe(&mut self) -> Option<std::io::Result<Pipe>>;
+
+    /// The read end of the job's stderr pipe, when it was piped.
+    fn stderr_pipe(&mut self) -> Option<std::io::Result<Pipe>>;
+
+    /// Kill the whole tree now, without waiting for it (a caller that
+    /// gives up on a job it will not supervise).
+    fn kill_tree(&mut self);
+
+    /// Wait for the job to end, enforcing its timeout and limits. When
+    /// `stop` resolves, the job is stopped as it says (status
+    /// `cancelled`); the tree is killed `kill_grace` later if it is still
+    /// there. Returns once the tree is dead and counted; what is left to
+    /// remove is the [`Teardown`]'s.
+    fn supervise(
+        self: Box<Self>,
+        kill_grace: Duration,
+        stop: BoxFuture<'static, Stop>,
+    ) -> BoxFuture<'static, (Outcome, Teardown)>;
+}
+
+impl BackendKind {
+    /// Start `spec` on this backend. Must be called from a tokio worker
+    /// thread that outlives the job.
+    pub async fn spawn(
+        self,
+        spec: &JobSpec,
+        stdio: StdioSpec,
+        launch: Launch<'_>,
+    ) -> Result<Box<dyn Job>, SandboxError> {
+        match self {
+            #[cfg(target_os = "linux")]
+            BackendKind::Linux => super::linux::spawn_job(spec, stdio, launch).await,
+            #[cfg(unix)]
+            BackendKind::UnixFallback => super::unix_fallback::spawn_job(spec, stdio, launch),
+            #[cfg(windows)]
+            BackendKind::Windows => super::windows::spawn_job(spec, stdio, launch),
+            #[allow(unreachable_patterns)]
+            other => Err(SandboxError::BackendUnavailable {
+                backend: other.name(),
+                reason: "not built for this platform".into(),
+            }),
+        }
+    }
+
+    /// What this backend needs set up once per process before its jobs:
+    /// Linux places its jobs' cgroups under `cgroup_parent` (when this
+    /// process has not chosen already) and compiles the seccomp profile
+    /// (`seccomp_file`, else the default) once. Other backends have
+    /// neither and return no profile.
+    pub fn prepare(
+        self,
+        seccomp_file: Option<&std::path::Path>,
+        cgroup_parent: Option<&std::path::PathBuf>,
+    ) -> Result<Option<SeccompProfile>, SandboxError> {
+        match self {
+            #[cfg(target_os = "linux")]
+            BackendKind::Linux => {
+                use super::linux::{cgroup, seccomp};
+                if let Some(parent) = cgroup_parent {
+                    let _ = cgroup::configure(cgroup::CgroupConfig { parent: Some(parent.clone()) });
+                }
+                // A profile that does not compile exactly as written stops
+                // the run rather than weakening the filter.
+                let profile = match seccomp_file {
+                    Some(path) => seccomp::compile_file(path),
+                    None => seccomp::compile_default(),
+                }?;
+                Ok(Some(profile))
+            }
+            _ => {
+                let _ = (seccomp_file, cgroup_parent);
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// What is left of a job whose tree is dead: its cgroups being removed.
+/// Dropped unfinished, the removal still runs to its end on its thread.
+#[must_use = "finish() waits for the job's cgroups to be removed"]
+pub struct Teardown {
+    removal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Teardown {
+    /// Nothing to tear down (a backend without cgroups).
+    pub fn none() -> Teardown {
+        Teardown { removal: None }
+    }
+
+    /// The removal running as `task`.
+    pub fn running(task: tokio::task::JoinHandle<()>) -> Teardown {
+        Teardown { removal: Some(task) }
+    }
+
+    /// Wait until the job's cgroups are gone (or reported left behind).
+    pub async fn finish(self) {
+        if let Some(r) = self.removal {
+            let _ = r.await;
+        }
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_backend_not_built_in_is_refused_at_spawn() {
+        let spec = JobSpec::new(vec!["true".into()]);
+        let err = BackendKind::Windows.spawn(&spec, StdioSpec::null(), Launch::default()).await.err();
+        assert!(matches!(err, Some(SandboxError::BackendUnavailable { backend: "windows", .. })), "{err:?}");
+    }
+
+    #[test]
+    fn only_linux_prepares_a_profile() {
+        assert!(matches!(BackendKind::UnixFallback.prepare(None, None), Ok(None)));
+    }
+
+    #[tokio::test]
+    async fn the_fallback_runs_through_the_trait() {
+        let spec = JobSpec::new(vec!["/bin/sh".into(), "-c".into(), "exit 3".into()]);
+        let job = BackendKind::UnixFallback.spawn(&spec, StdioSpec::piped(), Launch::default()).await;
+        // The stage is this test binary, which has no `__fallback-init`:
+        // the spawn itself is what is checked here, and that the job is
+        // the fallback's (never held) with both pipes.
+        let mut job = match job {
+            Ok(job) => job,
+            Err(e) => panic!("spawn: {e}"),
+        };
+        assert!(!job.held());
+        assert!(job.stdout_pipe().is_some_and(|p| p.is_ok()));
+        assert!(job.stderr_pipe().is_some_and(|p| p.is_ok()));
+        assert!(job.take_stdin().is_none(), "stdin was /dev/null");
+        let (outcome, teardown) = job.supervise(Duration::from_millis(100), Box::pin(std::future::pending())).await;
+        teardown.finish().await;
+        assert_eq!(outcome.backend, "unix-fallback");
+    }
+}
