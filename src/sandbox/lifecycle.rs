@@ -247,6 +247,19 @@ mod tests {
         assert!(matches!(err, Some(SandboxError::BackendUnavailable { backend: "windows", .. })), "{err:?}");
     }
 
+    /// Before any process is started: the refusal is the spawn's first step.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_linux_job_without_a_seccomp_profile_is_refused() {
+        let spec = JobSpec::new(vec!["true".into()]);
+        let err = BackendKind::Linux.spawn(&spec, StdioSpec::null(), Launch::default()).await.err();
+        assert!(
+            matches!(&err, Some(SandboxError::Unavailable(m)) if m.contains("without a seccomp profile")),
+            "{:?}",
+            err.map(|e| e.to_string())
+        );
+    }
+
     #[test]
     fn only_linux_prepares_a_profile() {
         assert!(matches!(BackendKind::UnixFallback.prepare(None, None), Ok(None)));

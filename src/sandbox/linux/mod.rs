@@ -323,7 +323,14 @@ pub(crate) async fn spawn_job(
     launch: crate::sandbox::Launch<'_>,
 ) -> Result<Box<dyn crate::sandbox::Job>, SandboxError> {
     use crate::sandbox::Early;
-    let seccomp = launch.seccomp.map(|p| (p.name.as_str(), &p.fd));
+    // Fail closed: a caller that forgot the profile must not get a job
+    // without a syscall filter (only the outcome's layers would say so).
+    let Some(profile) = launch.seccomp else {
+        return Err(SandboxError::Unavailable(
+            "the linux backend was asked to start a job without a seccomp profile; this is a bug in confine".into(),
+        ));
+    };
+    let seccomp = Some((profile.name.as_str(), &profile.fd));
     let fresh = || spawn(spec, stdio, seccomp);
     let mut job = match launch.early {
         // Killed by `adopt` before the job's own sandbox is built.
