@@ -79,10 +79,10 @@ pub struct ExecArgs {
 }
 
 /// A positive duration in the grammar of every duration flag
-/// ([`super::run::parse_duration`]: `30s`, `500ms`, `1.5s`, `2m`, `1h`, a
+/// ([`super::args::parse_duration`]: `30s`, `500ms`, `1.5s`, `2m`, `1h`, a
 /// bare number is seconds), in whole milliseconds, rounded up.
-pub fn parse_duration_ms(s: &str) -> Result<u64, super::run::ArgError> {
-    let d = super::run::parse_positive_duration(s)?;
+pub fn parse_duration_ms(s: &str) -> Result<u64, super::args::ArgError> {
+    let d = super::args::parse_positive_duration(s)?;
     Ok(d.as_nanos().div_ceil(1_000_000).try_into().unwrap_or(u64::MAX))
 }
 

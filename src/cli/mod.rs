@@ -11,6 +11,7 @@ macro_rules! outln {
     }};
 }
 
+pub mod args;
 pub mod artifacts;
 pub mod audit;
 pub mod doctor;
