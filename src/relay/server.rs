@@ -39,7 +39,7 @@ pub struct Context {
     pub supervisor: Arc<Supervisor>,
     /// The MCP server's memory service, when it has one: a second one on
     /// the same store would keep its own sequence and indexes.
-    memory: OnceLock<Result<Arc<MemoryService>, String>>,
+    memory: OnceLock<Result<Arc<MemoryService>, Arc<MemoryUnavailable>>>,
     /// Cancelled when the server shuts down: relayed jobs are killed.
     shutdown: CancellationToken,
 }
@@ -59,15 +59,28 @@ impl Context {
         Context { config, absolute, supervisor, memory: slot, shutdown }
     }
 
-    fn memory(&self) -> Result<&Arc<MemoryService>, String> {
+    /// The memory service, opened at the first use; a failure is kept, so
+    /// every later use reports the same one.
+    fn memory(&self) -> Result<&Arc<MemoryService>, Arc<MemoryUnavailable>> {
         self.memory
             .get_or_init(|| {
-                let store = &self.supervisor.stores().map_err(|e| e.to_string())?.store;
-                MemoryService::open(store, &self.config.repos).map(Arc::new).map_err(|e| e.to_string())
+                let store = &self.supervisor.stores().map_err(|e| Arc::new(MemoryUnavailable::Store(e)))?.store;
+                MemoryService::open(store, &self.config.repos)
+                    .map(Arc::new)
+                    .map_err(|e| Arc::new(MemoryUnavailable::Open(e)))
             })
             .as_ref()
-            .map_err(Clone::clone)
+            .map_err(Arc::clone)
     }
+}
+
+/// Why a relayed `confine memory` has no memory service.
+#[derive(Debug, thiserror::Error)]
+enum MemoryUnavailable {
+    #[error(transparent)]
+    Store(crate::supervisor::SupervisorError),
+    #[error(transparent)]
+    Open(crate::store::memory::MemoryError),
 }
 
 /// The store's socket, listening; removed when dropped.

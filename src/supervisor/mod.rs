@@ -44,6 +44,9 @@ pub enum SupervisorError {
     /// The store is not there for this request (it failed to open).
     #[error("the store is unavailable: {0}")]
     StoreUnavailable(String),
+    /// The store failed to open for an earlier request: the same failure.
+    #[error("the store is unavailable: {0}")]
+    NotOpened(std::sync::Arc<SupervisorError>),
     /// The seccomp profile failed to compile.
     #[error("{0}")]
     Seccomp(String),

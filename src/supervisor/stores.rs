@@ -99,9 +99,9 @@ impl Stores {
 
 /// The stores, now or soon.
 pub(crate) struct StoreSlot {
-    /// Set once, by whoever opened the store; an error is kept as text
-    /// (every later request reports the same failure).
-    ready: Arc<OnceLock<Result<Stores, String>>>,
+    /// Set once, by whoever opened the store; an error is kept (every
+    /// later request reports the same failure).
+    ready: Arc<OnceLock<Result<Stores, Arc<SupervisorError>>>>,
     /// The opener thread, until someone joined it.
     opener: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Turns true when `ready` is set: async waiters need no thread.
@@ -128,7 +128,7 @@ impl StoreSlot {
         gc_interval_secs: u64,
         min_free_bytes: u64,
     ) -> Result<StoreSlot, SupervisorError> {
-        let ready: Arc<OnceLock<Result<Stores, String>>> = Arc::new(OnceLock::new());
+        let ready: Arc<OnceLock<Result<Stores, Arc<SupervisorError>>>> = Arc::new(OnceLock::new());
         let (tx, done) = tokio::sync::watch::channel(false);
         let slot = ready.clone();
         let opener = std::thread::Builder::new()
@@ -139,7 +139,7 @@ impl StoreSlot {
                 let opened = Store::open_flushed_by_caller(&path)
                     .map_err(SupervisorError::from)
                     .and_then(|s| Stores::open(s, gc_interval_secs, min_free_bytes))
-                    .map_err(|e| e.to_string());
+                    .map_err(Arc::new);
                 tracing::debug!(ok = opened.is_ok(), "store opened");
                 let _ = slot.set(opened);
                 let _ = tx.send(true);
@@ -182,7 +182,7 @@ impl StoreSlot {
     fn result(&self) -> Result<&Stores, SupervisorError> {
         match self.ready.get() {
             Some(Ok(stores)) => Ok(stores),
-            Some(Err(e)) => Err(SupervisorError::StoreUnavailable(e.clone())),
+            Some(Err(e)) => Err(SupervisorError::NotOpened(e.clone())),
             None => Err(SupervisorError::StoreUnavailable("the thread opening it failed".into())),
         }
     }
