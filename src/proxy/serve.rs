@@ -783,6 +783,31 @@ mod splice {
     }
 }
 
+/// Why a tunnel was cut before its first byte reached the host.
+#[derive(Debug, thiserror::Error)]
+enum TunnelRefusal {
+    #[error(
+        "not TLS ({0}): a tunnel carries TLS to the host it was opened for (add +raw to the entry for another protocol)"
+    )]
+    NotTls(String),
+    #[error("no ClientHello in the first 64 KiB")]
+    NoHello,
+    #[error("{0}")]
+    Read(std::io::Error),
+    #[error("the client closed the tunnel before its TLS ClientHello")]
+    Closed,
+    #[error("no TLS ClientHello within {0}s")]
+    Slow(u64),
+    #[error(
+        "the TLS ClientHello is encrypted (ECH), which hides its server name; add +ech to the entry {0} to allow it"
+    )]
+    Ech(String),
+    #[error("the TLS ClientHello names no server (SNI); add +nosni to the entry {0} to allow it")]
+    NoSni(String),
+    #[error("the TLS server name '{sni}' is not the tunnel's host '{host}'")]
+    OtherHost { sni: String, host: String },
+}
+
 /// Read the client's first flight on a tunnel (`buf`: what was read
 /// already) and check that its TLS server name is the tunnel's host.
 /// Returns the bytes read, for the upstream.
@@ -791,7 +816,7 @@ async fn first_flight(
     mut buf: Vec<u8>,
     host: &str,
     grant: &Grant,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, TunnelRefusal> {
     let hello = tokio::time::timeout(STEP_TIMEOUT, async {
         // Parsed when the first record header is in, then only when a
         // record completes: the work is bounded by the records (at most
@@ -804,41 +829,28 @@ async fn first_flight(
                 match tls::parse(&buf) {
                     tls::Parse::Incomplete => {}
                     tls::Parse::Hello(h) => return Ok(h),
-                    tls::Parse::NotTls(why) => {
-                        return Err(format!(
-                            "not TLS ({why}): a tunnel carries TLS to the host it was opened for \
-                             (add +raw to the entry for another protocol)"
-                        ))
-                    }
+                    tls::Parse::NotTls(why) => return Err(TunnelRefusal::NotTls(why.to_string())),
                 }
             }
             if buf.len() >= tls::MAX_HELLO {
-                return Err("no ClientHello in the first 64 KiB".to_string());
+                return Err(TunnelRefusal::NoHello);
             }
             let mut chunk = [0u8; 4096];
-            let n = client.read(&mut chunk).await.map_err(|e| e.to_string())?;
+            let n = client.read(&mut chunk).await.map_err(TunnelRefusal::Read)?;
             if n == 0 {
-                return Err("the client closed the tunnel before its TLS ClientHello".to_string());
+                return Err(TunnelRefusal::Closed);
             }
             buf.extend_from_slice(&chunk[..n]);
         }
     })
     .await
-    .map_err(|_| format!("no TLS ClientHello within {}s", STEP_TIMEOUT.as_secs()))??;
+    .map_err(|_| TunnelRefusal::Slow(STEP_TIMEOUT.as_secs()))??;
     if hello.ech && !grant.allow_ech {
-        return Err(format!(
-            "the TLS ClientHello is encrypted (ECH), which hides its server name; add +ech to the entry {} to allow it",
-            grant.entry
-        ));
+        return Err(TunnelRefusal::Ech(grant.entry.to_string()));
     }
     match hello.sni {
         None if grant.allow_no_sni => {}
-        None => {
-            return Err(format!(
-                "the TLS ClientHello names no server (SNI); add +nosni to the entry {} to allow it",
-                grant.entry
-            ))
-        }
+        None => return Err(TunnelRefusal::NoSni(grant.entry.to_string())),
         // Its outer name is the ECH provider's, which the entry accepted.
         Some(_) if hello.ech => {}
         Some(sni) => {
@@ -847,7 +859,7 @@ async fn first_flight(
                 _ => false,
             };
             if !same {
-                return Err(format!("the TLS server name '{}' is not the tunnel's host '{host}'", clip(&sni)));
+                return Err(TunnelRefusal::OtherHost { sni: clip(&sni).to_string(), host: host.to_string() });
             }
         }
     }

@@ -245,14 +245,28 @@ pub(crate) fn remove(dir: &Dir, id: &str) -> Result<bool, MemoryError> {
 /// A mirror's bytes and modification time (ms since the epoch), read
 /// from `dir` without following a symlink or blocking on a FIFO, at most
 /// [`MAX_FILE_BYTES`]. `Ok(None)` when there is no such file.
-pub(crate) fn read(dir: &Dir, name: &str) -> Result<Option<(Vec<u8>, i64)>, String> {
+pub(crate) fn read(dir: &Dir, name: &str) -> Result<Option<(Vec<u8>, i64)>, Unreadable> {
     match dir.read_regular(Path::new(name), MAX_FILE_BYTES) {
         Ok(got) => Ok(got.map(|r| (r.bytes, r.stat.mtime_ms))),
-        Err(e) if dirfd::is_symlink_error(&e) => Err("a symlink (symlinks are not followed)".into()),
-        Err(e) if dirfd::is_not_regular(&e) => Err("not a regular file".into()),
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(e.to_string()),
-        Err(e) => Err(e.kind().to_string()),
+        Err(e) if dirfd::is_symlink_error(&e) => Err(Unreadable::Symlink),
+        Err(e) if dirfd::is_not_regular(&e) => Err(Unreadable::NotRegular),
+        // Too large: its message names the limit.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(Unreadable::Invalid(e)),
+        Err(e) => Err(Unreadable::Io(e.kind())),
     }
+}
+
+/// Why a mirror file was not read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unreadable {
+    #[error("a symlink (symlinks are not followed)")]
+    Symlink,
+    #[error("not a regular file")]
+    NotRegular,
+    #[error("{0}")]
+    Invalid(std::io::Error),
+    #[error("{0}")]
+    Io(std::io::ErrorKind),
 }
 
 /// A `memoryId` from a file name `<id>.md` (hidden and other files: `None`).

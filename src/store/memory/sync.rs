@@ -74,7 +74,7 @@ impl MemoryDb {
                 match self.examine(repo, &dir, &name, id, &mut hasher, &mut claimed) {
                     Ok(None) => report.unchanged += 1,
                     Ok(Some(change)) => changes.push(change),
-                    Err(message) => report.problems.push(SyncProblem { file, message }),
+                    Err(problem) => report.problems.push(SyncProblem { file, message: problem.to_string() }),
                 }
             }
             self.apply(&dir, changes, &mut report)?;
@@ -96,7 +96,7 @@ impl MemoryDb {
         id: &str,
         hasher: &mut FileHasher<'_>,
         claimed: &mut HashMap<String, String>,
-    ) -> Result<Option<Change>, String> {
+    ) -> Result<Option<Change>, FileProblem> {
         // The bytes and their mtime come from one fstat'ed fd. Times in the
         // future (the file's to set, as its updatedAt is) count as now: a
         // file must not stay newer than every later edit.
@@ -104,7 +104,7 @@ impl MemoryDb {
         let now = crate::ids::now_ms() as i64;
         let mtime = mtime.min(now);
         let md_sha256 = sha256_hex(&bytes);
-        let existing = self.get(&repo.id, id).map_err(|e| e.to_string())?;
+        let existing = self.get(&repo.id, id)?;
         if existing.as_ref().is_some_and(|r| r.md_sha256.as_deref() == Some(md_sha256.as_str())) {
             return Ok(None);
         }
@@ -113,11 +113,11 @@ impl MemoryDb {
         if let Some(old) = existing.as_ref().filter(|r| r.updated_ms <= now && mtime <= r.updated_ms) {
             return Ok(Some(Change::Rewrite(old.clone())));
         }
-        let text = std::str::from_utf8(&bytes).map_err(|_| "not UTF-8 text".to_string())?;
-        let parsed = markdown::parse(text).map_err(|e| e.to_string())?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| FileProblem::NotUtf8)?;
+        let parsed = markdown::parse(text)?;
         let fm = parsed.front;
         if let Some(other) = fm.memory_id.as_deref().filter(|m| *m != id) {
-            return Err(format!("memoryId '{}' does not match the file name; rename one", validate::clip(other)));
+            return Err(FileProblem::OtherId(validate::clip(other).to_string()));
         }
         let f = validate::fields(
             fm.memory_type,
@@ -127,14 +127,13 @@ impl MemoryDb {
             fm.confidence,
             &fm.symbol_ids,
             &fm.file_rel_paths,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         let content_sha256 = sha256_hex(f.content.as_bytes());
         let addr = address(&repo.id, f.memory_type, &f.title, &content_sha256);
         if !fm.deleted {
-            let owner = self.live_owner(&repo.id, &addr).map_err(|e| e.to_string())?;
+            let owner = self.live_owner(&repo.id, &addr)?;
             if let Some(other) = owner.or_else(|| claimed.get(&addr).cloned()).filter(|o| o != id) {
-                return Err(format!("same type, title and content as memory '{other}'; delete one of the files"));
+                return Err(FileProblem::Duplicate(other));
             }
             claimed.insert(addr, id.to_string());
         }
@@ -217,4 +216,21 @@ impl MemoryDb {
         }
         Ok(())
     }
+}
+
+/// Why a mirror file was left out of a sync (reported, never fatal).
+#[derive(Debug, thiserror::Error)]
+enum FileProblem {
+    #[error(transparent)]
+    Unreadable(#[from] markdown::Unreadable),
+    #[error(transparent)]
+    Store(#[from] MemoryError),
+    #[error("not UTF-8 text")]
+    NotUtf8,
+    #[error(transparent)]
+    Parse(#[from] markdown::ParseError),
+    #[error("memoryId '{0}' does not match the file name; rename one")]
+    OtherId(String),
+    #[error("same type, title and content as memory '{0}'; delete one of the files")]
+    Duplicate(String),
 }
