@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use confine::store::memory::{
-    MemoryDb, MemoryStore, MemoryType, QueryRequest, RepoRef, SortBy, StoreRequest, SurfaceRequest,
+    MemoryDb, MemoryQuery, MemoryStore, MemoryType, RepoRef, SortBy, StoreRequest, SurfaceRequest,
 };
 use confine::store::Store;
 use std::time::{Duration, Instant};
@@ -110,13 +110,13 @@ fn main() {
     drop(db);
     let db = MemoryDb::open(&store).unwrap();
     let t = Instant::now();
-    let first = QueryRequest { repo_id: "bench".into(), query: Some(vocab[10].clone()), ..Default::default() };
+    let first = MemoryQuery { repo_id: "bench".into(), query: Some(vocab[10].clone()), ..Default::default() };
     db.query(&repo, &first).unwrap();
     println!("{:<44} {:>8.1} ms", "first query after a restart (index build)", ms(t.elapsed()));
 
     let queries: Vec<String> =
         (0..500).map(|_| format!("{} {}", vocab[rng.below(300)], vocab[20 + rng.below(2000)])).collect();
-    let run = |name: &str, make: &dyn Fn(&str) -> QueryRequest| -> Duration {
+    let run = |name: &str, make: &dyn Fn(&str) -> MemoryQuery| -> Duration {
         let mut samples = Vec::with_capacity(queries.len());
         let mut total = 0usize;
         for q in &queries {
@@ -130,12 +130,12 @@ fn main() {
         println!("{:<44} mean matches {}", "", total / queries.len());
         p50
     };
-    let text_p50 = run("query: 2 words, limit 20 (BM25)", &|q| QueryRequest {
+    let text_p50 = run("query: 2 words, limit 20 (BM25)", &|q| MemoryQuery {
         repo_id: "bench".into(),
         query: Some(q.to_string()),
         ..Default::default()
     });
-    run("query: 2 words + type + tag filters", &|q| QueryRequest {
+    run("query: 2 words + type + tag filters", &|q| MemoryQuery {
         repo_id: "bench".into(),
         query: Some(q.to_string()),
         types: vec![MemoryType::Bugfix],
@@ -143,7 +143,7 @@ fn main() {
         limit: Some(100),
         ..Default::default()
     });
-    run("query: no text, sortBy confidence, limit 100", &|_| QueryRequest {
+    run("query: no text, sortBy confidence, limit 100", &|_| MemoryQuery {
         repo_id: "bench".into(),
         sort_by: Some(SortBy::Confidence),
         limit: Some(100),

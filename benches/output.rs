@@ -18,7 +18,7 @@
 //! `MALLOC_MMAP_THRESHOLD_` wins over it, here as there.)
 
 use confine::output::query::query_output;
-use confine::output::{capture, capture_pipe, Capture, OutputConfig, QueryRequest};
+use confine::output::{capture, capture_pipe, ArtifactQuery, Capture, OutputConfig};
 use confine::store::artifacts::{ArtifactBackend, ArtifactError, ArtifactMeta, Artifacts, JobInfo, StreamName};
 use confine::store::Store;
 use std::process::Stdio;
@@ -213,10 +213,10 @@ async fn stored_log(a: &Artifacts, bytes: usize) -> String {
 }
 
 fn time_query(a: &Artifacts, handle: &str) -> (Duration, Duration, u64) {
-    let req = QueryRequest {
+    let req = ArtifactQuery {
         artifact_handle: handle.into(),
         query_terms: vec!["error[E0308]".into(), "FAILED".into(), "timeout".into()],
-        ..QueryRequest::default()
+        ..ArtifactQuery::default()
     };
     let mut times = Vec::new();
     let mut matched = 0;

@@ -29,10 +29,10 @@ fn scratch(what: &str) -> PathBuf {
 }
 
 /// A target: the fuzzer's bytes in, a panic when an invariant fails.
-pub type Target = fn(&[u8]);
+pub type FuzzTarget = fn(&[u8]);
 
 /// The targets, by name (the file names under `fuzz/fuzz_targets/`).
-pub const TARGETS: &[(&str, Target)] = &[
+pub const TARGETS: &[(&str, FuzzTarget)] = &[
     ("init_spec", init_spec),
     ("seccomp", seccomp),
     ("config", config),
@@ -48,7 +48,7 @@ pub const TARGETS: &[(&str, Target)] = &[
 /// stage (`protocol::read_spec`), and the reports it reads back: whatever
 /// decodes must encode to the same thing.
 pub fn init_spec(data: &[u8]) {
-    use crate::sandbox::linux::protocol::{encode_report, read_spec, write_spec, Report};
+    use crate::sandbox::linux::protocol::{encode_report, read_spec, write_spec, InitReport};
     if let Ok(spec) = read_spec(&mut &data[..]) {
         let mut again = Vec::new();
         write_spec(&mut again, &spec).unwrap();
@@ -56,9 +56,9 @@ pub fn init_spec(data: &[u8]) {
         assert_eq!(serde_json::to_value(&back).unwrap(), serde_json::to_value(&spec).unwrap());
     }
     for line in data.split(|&b| b == b'\n') {
-        if let Ok(report) = serde_json::from_slice::<Report>(line) {
+        if let Ok(report) = serde_json::from_slice::<InitReport>(line) {
             let again = encode_report(&report);
-            assert_eq!(serde_json::from_slice::<Report>(&again).unwrap(), report);
+            assert_eq!(serde_json::from_slice::<InitReport>(&again).unwrap(), report);
         }
     }
 }
@@ -209,7 +209,7 @@ fn line_count(text: &[u8]) -> u64 {
 /// numbers (0: none); the terms, one per line, up to a 0xFF byte; then
 /// stdout, up to a 0xFE byte, then stderr.
 pub fn artifact_query(data: &[u8]) {
-    use crate::output::query::{query_output, QueryRequest, QueryStreams, MAX_RANGE_LINES};
+    use crate::output::query::{query_output, ArtifactQuery, QueryStreams, MAX_RANGE_LINES};
     static STORE: OnceLock<ArtifactStore> = OnceLock::new();
     if data.len() < 7 {
         return;
@@ -230,7 +230,7 @@ pub fn artifact_query(data: &[u8]) {
         None => (texts, &[][..]),
     };
     let meta = store_texts(&store.artifacts, stdout, stderr);
-    let req = QueryRequest {
+    let req = ArtifactQuery {
         artifact_handle: meta.handle.clone(),
         query_terms: String::from_utf8_lossy(terms).split('\n').map(str::to_string).collect(),
         context_lines: Some(u32::from(data[0])),

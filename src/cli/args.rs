@@ -232,7 +232,6 @@ mod tests {
         assert!(parse_cpus("100000").is_err());
         assert!(parse_cpus("nan").is_err());
     }
-    use super::*;
 
     const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\nci:x:1001:1500::/home/ci:/bin/sh\n";
     const GROUP: &str = "root:x:0:\nnogroup:x:65534:\nbuilders:x:1500:ci\n";

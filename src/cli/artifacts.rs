@@ -9,8 +9,8 @@ use super::Io;
 use crate::config::Config;
 use crate::output::modes::render_stored;
 use crate::output::query::query_output;
-use crate::output::{OutputError, OutputMode, QueryRequest, QueryStreams, RenderOptions};
-use crate::relay::Command as Relayed;
+use crate::output::{ArtifactQuery, OutputError, OutputMode, QueryStreams, RenderOptions};
+use crate::relay::RelayedCommand as Relayed;
 use crate::store::artifacts::{now_ms, ArtifactError, ArtifactMeta, Artifacts, StreamName};
 use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
@@ -47,13 +47,13 @@ pub enum ArtifactsCommand {
         after_help = "Examples:\n  confine artifacts query run-x-1774356909696-fc5a --terms error,FAIL --context 5\n  \
 confine artifacts query run-x-1774356909696-fc5a --stream stderr --lines 100:200"
     )]
-    Query(QueryArgs),
+    Query(ArtifactQueryArgs),
     /// Show a stored artifact as a response mode would (minimal, summary, intent, digest).
     View(ViewArgs),
 }
 
 #[derive(Debug, Args, Serialize, Deserialize)]
-pub struct QueryArgs {
+pub struct ArtifactQueryArgs {
     pub handle: String,
     /// Comma-separated search terms.
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
@@ -304,14 +304,14 @@ fn rm(a: &Artifacts, handles: &[String]) -> Result<(), Failure> {
     }
 }
 
-fn query(a: &Artifacts, args: QueryArgs, io: &mut Io) -> Result<(), Failure> {
-    let mut req = QueryRequest {
+fn query(a: &Artifacts, args: ArtifactQueryArgs, io: &mut Io) -> Result<(), Failure> {
+    let mut req = ArtifactQuery {
         artifact_handle: args.handle,
         query_terms: args.terms,
         context_lines: args.context,
         max_excerpts: args.max_excerpts,
         stream: args.stream.parse::<QueryStreams>()?,
-        ..QueryRequest::default()
+        ..ArtifactQuery::default()
     };
     if let Some(spec) = &args.lines {
         req.set_range(spec)?;

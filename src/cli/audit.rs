@@ -7,7 +7,7 @@
 
 use super::Io;
 use crate::config::Config;
-use crate::relay::Command as Relayed;
+use crate::relay::RelayedCommand as Relayed;
 use crate::store::audit::{AuditError, AuditLog, AuditRecord};
 use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};

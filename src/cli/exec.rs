@@ -230,7 +230,7 @@ fn relay(
              runs: set allow_degraded = true under [runtime] there, or stop the server"
         ));
     }
-    let command = crate::relay::Command::Exec(crate::relay::ExecRelay { request, live });
+    let command = crate::relay::RelayedCommand::Exec(crate::relay::ExecRelay { request, live });
     match conn.call(loaded, &command) {
         Ok(reply) => match reply.exec {
             Some(resp) => report(&resp, args),

@@ -9,9 +9,9 @@
 
 use super::Io;
 use crate::config::Config;
-use crate::relay::Command as Relayed;
+use crate::relay::RelayedCommand as Relayed;
 use crate::store::memory::{
-    Memory, MemoryError, MemoryService, MemoryType, QueryRequest, RemoveRequest, SortBy, StoreRequest, SurfaceRequest,
+    Memory, MemoryError, MemoryQuery, MemoryService, MemoryType, RemoveRequest, SortBy, StoreRequest, SurfaceRequest,
 };
 use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
@@ -33,7 +33,7 @@ git log -1 --format=%B | confine memory store --type decision --title 'Why sled'
     /// Search memories: words ranked by relevance, and filters.
     #[command(after_help = "Examples:\n  confine memory query 'token refresh'\n  \
 confine memory query --type bugfix --tag auth --sort-by confidence\n  confine memory query --stale-only")]
-    Query(QueryArgs),
+    Query(MemoryQueryArgs),
     /// Remove a memory (soft delete: the log keeps it); --delete-file also removes its .md.
     Rm(RmArgs),
     /// The memories that matter for some symbols and files, best first.
@@ -95,7 +95,7 @@ pub struct StoreArgs {
 }
 
 #[derive(Debug, Args, Serialize, Deserialize)]
-pub struct QueryArgs {
+pub struct MemoryQueryArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
     /// Words to search for in titles and content.
@@ -423,9 +423,9 @@ fn store_cmd(cfg: &Config, svc: &MemoryService, a: StoreArgs, io: &mut Io) -> Re
     })
 }
 
-fn query_cmd(cfg: &Config, svc: &MemoryService, a: QueryArgs, io: &mut Io) -> Result<i32, Failure> {
+fn query_cmd(cfg: &Config, svc: &MemoryService, a: MemoryQueryArgs, io: &mut Io) -> Result<i32, Failure> {
     let types = a.types.iter().map(|t| memory_type(t)).collect::<Result<Vec<_>, _>>()?;
-    let req = QueryRequest {
+    let req = MemoryQuery {
         repo_id: repo_id(cfg, &a.repo)?,
         query: a.text,
         types,

@@ -105,8 +105,8 @@ impl Io {
 /// store ([`crate::relay`]), else here, on the store opened for it.
 pub(crate) fn with_store(
     cfg: &crate::config::Config,
-    command: crate::relay::Command,
-    local: impl FnOnce(crate::store::Store, crate::relay::Command, &mut Io) -> i32,
+    command: crate::relay::RelayedCommand,
+    local: impl FnOnce(crate::store::Store, crate::relay::RelayedCommand, &mut Io) -> i32,
 ) -> i32 {
     let path = cfg.store_path();
     #[cfg(target_os = "linux")]

@@ -1,5 +1,5 @@
 //! Who is calling, and what they may touch: the [`Caller`] of one MCP
-//! request, its repositories ([`RepoScope`]) and the [`Owner`] its jobs
+//! request, its repositories ([`RepoScope`]) and the [`JobOwner`] its jobs
 //! get.
 //!
 //! The HTTP guard ([`super::http_guard`]) works out the caller from the
@@ -52,7 +52,7 @@ impl RepoScope {
 /// its MCP session (`None`: stdio, or a stateless HTTP request, whose jobs
 /// belong to every stateless request of the same principal).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Owner {
+pub struct JobOwner {
     pub principal: String,
     pub session: Option<String>,
 }
@@ -94,12 +94,12 @@ impl Caller {
     }
 
     /// The owner of the jobs this caller starts.
-    pub fn owner(&self) -> Owner {
-        Owner { principal: self.principal.clone(), session: self.session.clone() }
+    pub fn owner(&self) -> JobOwner {
+        JobOwner { principal: self.principal.clone(), session: self.session.clone() }
     }
 
     /// Whether this caller may see a job of `owner`.
-    pub fn owns(&self, owner: &Owner) -> bool {
+    pub fn owns(&self, owner: &JobOwner) -> bool {
         *owner == self.owner()
     }
 

@@ -32,7 +32,7 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
 
 /// A refused request: status and one line of explanation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub struct GateRefusal {
     pub status: StatusCode,
     pub reason: String,
 }
@@ -105,8 +105,8 @@ impl Guard {
 
     /// Check one request's headers (and its authority, for HTTP/2); the
     /// caller it is served as.
-    pub fn check(&self, headers: &HeaderMap, authority: Option<&str>) -> Result<Caller, Refusal> {
-        let refuse = |status, reason: String| Err(Refusal { status, reason });
+    pub fn check(&self, headers: &HeaderMap, authority: Option<&str>) -> Result<Caller, GateRefusal> {
+        let refuse = |status, reason: String| Err(GateRefusal { status, reason });
         if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
             if len > MAX_BODY_BYTES as u64 {
                 return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {MAX_BODY_BYTES} bytes"));

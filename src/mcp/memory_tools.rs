@@ -10,7 +10,7 @@ use super::server::{parse_args, CallOutcome, ConfineServer};
 use super::service::ServiceError;
 use crate::store::feedback::{FeedbackQuery, FeedbackQueryResult, FeedbackRequest, FeedbackResult};
 use crate::store::memory::{
-    MemoryError, MemoryService, QueryRequest, QueryResult, RemoveRequest, RemoveResult, StoreRequest, StoreResult,
+    MemoryError, MemoryQuery, MemoryService, QueryResult, RemoveRequest, RemoveResult, StoreRequest, StoreResult,
     SurfaceRequest, SurfaceResult,
 };
 use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input};
@@ -85,7 +85,7 @@ macro_rules! repo_scoped {
     )*};
 }
 
-repo_scoped!(StoreRequest, QueryRequest, RemoveRequest, SurfaceRequest, FeedbackRequest, FeedbackQuery);
+repo_scoped!(StoreRequest, MemoryQuery, RemoveRequest, SurfaceRequest, FeedbackRequest, FeedbackQuery);
 
 impl ConfineServer {
     /// Parse `args`, run `call` on the memory service off the async
@@ -159,12 +159,12 @@ impl ConfineServer {
     #[tool(
         name = "memory_query",
         description = "Search repoId's memories by words, types, tags or symbolIds; staleOnly: those whose files changed.",
-        input_schema = input::<QueryRequest>(),
+        input_schema = input::<MemoryQuery>(),
         output_schema = schema_for_output::<QueryResult>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn memory_query(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> CallToolResult {
-        self.memory_call("memory_query", args, ctx, |m, r: &QueryRequest| m.query(r)).await
+        self.memory_call("memory_query", args, ctx, |m, r: &MemoryQuery| m.query(r)).await
     }
 
     #[tool(

@@ -4,7 +4,7 @@
 //! types, keeps track of jobs and whose they are, and shows a caller only
 //! its own jobs and the artifacts of its repositories.
 
-use super::access::{Caller, Owner};
+use super::access::{Caller, JobOwner};
 use super::service::{ExecControl, Progress, RuntimeService, ServiceError};
 use super::types::{
     Excerpt, ExecStatus, ExecuteRequest, ExecuteResponse, Finding, Info, InfoLimits, JobOutput, JobSummary,
@@ -29,7 +29,7 @@ const KEEP_FINISHED: usize = 100;
 struct BackgroundJob {
     summary: JobSummary,
     /// Whose it is: only they list, follow or kill it.
-    owner: Owner,
+    owner: JobOwner,
     cancel: CancellationToken,
     mirror: Mirror,
     /// The final response, once the job ended.
@@ -274,7 +274,7 @@ impl RuntimeService for SupervisorService {
         caller: &Caller,
     ) -> Result<QueryOutputResponse, ServiceError> {
         req.validate()?;
-        let q = crate::output::query::QueryRequest {
+        let q = crate::output::query::ArtifactQuery {
             artifact_handle: req.artifact_handle.clone(),
             query_terms: req.query_terms.clone(),
             context_lines: req.context_lines,

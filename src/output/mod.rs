@@ -24,7 +24,7 @@ pub use crate::store::artifacts::{ArtifactError, JobInfo, StreamMeta, StreamName
 pub use capture::capture_pipe;
 pub use capture::{capture, Capture, Captured, StreamSink, StreamSummary};
 pub use modes::{render, OutputView, RenderOptions};
-pub use query::{query_output, Excerpt, QueryRequest, QueryResponse, QueryStreams};
+pub use query::{query_output, ArtifactQuery, OutputExcerpt, QueryResponse, QueryStreams};
 pub use redact::Redactor;
 
 use serde::{Deserialize, Serialize};

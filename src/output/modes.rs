@@ -14,7 +14,7 @@ use super::capture::Captured;
 use super::chunked::ArtifactLines;
 use super::digest::{digest, Digest};
 use super::lines::{InlineLines, LineSource, Terms};
-use super::query::{query_sources, Excerpt, QueryRequest};
+use super::query::{query_sources, ArtifactQuery, OutputExcerpt};
 use super::sections::{rank, Section};
 use super::{cap_line, OutputError, OutputMode};
 use crate::job::Status;
@@ -53,7 +53,7 @@ pub struct RenderOptions {
 /// Whether a stream was cut at its stored cap, and its real size.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Truncation {
+pub struct OutputTruncation {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub total_stdout_bytes: u64,
@@ -74,7 +74,7 @@ pub struct OutputView {
     /// Bytes of stdout and stderr together, as the job wrote them.
     pub output_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub truncation: Option<Truncation>,
+    pub truncation: Option<OutputTruncation>,
     /// The whole stdout, when the output fits in the inline cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdout: Option<String>,
@@ -86,7 +86,7 @@ pub struct OutputView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr_summary: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub excerpts: Option<Vec<Excerpt>>,
+    pub excerpts: Option<Vec<OutputExcerpt>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sections: Option<Vec<Section>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -144,7 +144,7 @@ pub fn render_stored(
 pub fn render_input(input: &RenderInput, opts: &RenderOptions) -> Result<OutputView, OutputError> {
     let [out, err] = input.full;
     let (om, em) = (out.meta(), err.meta());
-    let truncation = Truncation {
+    let truncation = OutputTruncation {
         stdout_truncated: om.truncated,
         stderr_truncated: em.truncated,
         total_stdout_bytes: om.total_bytes,
@@ -231,15 +231,15 @@ fn excerpts(
     input: &RenderInput,
     terms: &[String],
     notes: &mut Vec<String>,
-) -> Result<Option<Vec<Excerpt>>, OutputError> {
+) -> Result<Option<Vec<OutputExcerpt>>, OutputError> {
     if Terms::new(terms).is_empty() {
         return Ok(None);
     }
-    let req = QueryRequest {
+    let req = ArtifactQuery {
         artifact_handle: input.handle.unwrap_or_default().to_string(),
         query_terms: terms.to_vec(),
         context_lines: Some(SUMMARY_CONTEXT),
-        ..QueryRequest::default()
+        ..ArtifactQuery::default()
     };
     let r = query_sources(&req.artifact_handle, &input.full, &req)?;
     for n in r.notes {

@@ -54,7 +54,7 @@ impl std::str::FromStr for QueryStreams {
 /// A query, as MCP's `runtime_query_output` takes it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct QueryRequest {
+pub struct ArtifactQuery {
     pub artifact_handle: String,
     #[serde(default)]
     pub query_terms: Vec<String>,
@@ -70,7 +70,7 @@ pub struct QueryRequest {
     pub line_end: Option<u64>,
 }
 
-impl QueryRequest {
+impl ArtifactQuery {
     /// Parse `START:END`, `START:` or `:END` into the range fields.
     pub fn set_range(&mut self, spec: &str) -> Result<(), OutputError> {
         let bad = || OutputError::BadRange(spec.to_string());
@@ -86,7 +86,7 @@ impl QueryRequest {
 /// One excerpt window.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Excerpt {
+pub struct OutputExcerpt {
     pub line_start: u64,
     pub line_end: u64,
     /// The lines, joined by `\n`, each capped at 500 characters.
@@ -99,7 +99,7 @@ pub struct Excerpt {
 #[serde(rename_all = "camelCase")]
 pub struct QueryResponse {
     pub artifact_handle: String,
-    pub excerpts: Vec<Excerpt>,
+    pub excerpts: Vec<OutputExcerpt>,
     /// Lines stored in the searched streams.
     pub total_lines: u64,
     /// Bytes the job wrote to the searched streams.
@@ -116,7 +116,7 @@ pub struct QueryResponse {
 }
 
 /// Query a stored artifact.
-pub fn query_output(artifacts: &Artifacts, req: &QueryRequest) -> Result<QueryResponse, OutputError> {
+pub fn query_output(artifacts: &Artifacts, req: &ArtifactQuery) -> Result<QueryResponse, OutputError> {
     if req.query_terms.iter().all(|t| t.trim().is_empty()) && req.line_start.is_none() && req.line_end.is_none() {
         return Err(OutputError::NoTerms);
     }
@@ -131,7 +131,7 @@ pub fn query_output(artifacts: &Artifacts, req: &QueryRequest) -> Result<QueryRe
 pub fn query_sources(
     handle: &str,
     sources: &[&dyn LineSource],
-    req: &QueryRequest,
+    req: &ArtifactQuery,
 ) -> Result<QueryResponse, OutputError> {
     let terms = Terms::new(&req.query_terms);
     let ranged = req.line_start.is_some() || req.line_end.is_some();
@@ -199,7 +199,12 @@ pub fn query_sources(
             let lines = src.lines(a, b)?;
             let content: Vec<String> = lines.iter().map(|l| cap_line(&l.text, l.cut)).collect();
             let (s, e) = (lines.first().map_or(a, |l| l.no), lines.last().map_or(b, |l| l.no));
-            excerpts.push(Excerpt { line_start: s, line_end: e, content: content.join("\n"), source: src.stream() });
+            excerpts.push(OutputExcerpt {
+                line_start: s,
+                line_end: e,
+                content: content.join("\n"),
+                source: src.stream(),
+            });
         }
     }
     Ok(QueryResponse {

@@ -1,7 +1,7 @@
 //! The client side: find a running server at the store's socket, check
 //! that it is the store's holder, and relay one command to it.
 
-use super::{Command, RelayError, Reply, PROTOCOL, SOCKET_NAME};
+use super::{RelayError, RelayedCommand, Reply, PROTOCOL, SOCKET_NAME};
 use crate::config::Config;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
@@ -17,7 +17,7 @@ pub struct Connection {
 
 /// Relay `command` to the `confine serve` holding the store at `store`.
 /// `None`: no server answers there, and the caller opens the store itself.
-pub fn call(store: &Path, config: &Config, command: &Command) -> Option<Result<Reply, RelayError>> {
+pub fn call(store: &Path, config: &Config, command: &RelayedCommand) -> Option<Result<Reply, RelayError>> {
     connect(store).map(|c| c.and_then(|c| c.call(config, command)))
 }
 
@@ -74,7 +74,7 @@ impl Connection {
 
     /// Send `command`, with our standard output and error, and wait for
     /// the reply. The command's output is written there by the server.
-    pub fn call(self, config: &Config, command: &Command) -> Result<Reply, RelayError> {
+    pub fn call(self, config: &Config, command: &RelayedCommand) -> Result<Reply, RelayError> {
         let io = |source| RelayError::Io { path: self.path.clone(), source };
         let cwd = std::env::current_dir().map_err(io)?;
         let request = RequestRef { protocol: PROTOCOL, cwd: &cwd, config, command };
@@ -94,7 +94,7 @@ struct RequestRef<'a> {
     protocol: u32,
     cwd: &'a Path,
     config: &'a Config,
-    command: &'a Command,
+    command: &'a RelayedCommand,
 }
 
 /// Send `bytes`, passing our standard output and error with the first part.

@@ -46,7 +46,7 @@ pub const PROTOCOL: u32 = 1;
 
 /// A command a client relays.
 #[derive(Debug, Serialize, Deserialize)]
-pub enum Command {
+pub enum RelayedCommand {
     Audit(AuditCommand),
     Artifacts(ArtifactsCommand),
     Gc(GcArgs),
@@ -77,7 +77,7 @@ pub struct Request {
     /// The client's configuration: the server runs the command only if it
     /// is the one the server runs with.
     pub config: Config,
-    pub command: Command,
+    pub command: RelayedCommand,
 }
 
 /// What the server answers.
@@ -132,18 +132,20 @@ pub(crate) fn absolute(mut config: Config, cwd: &std::path::Path) -> Config {
 /// one does before sending: a server never reads its own standard input
 /// or a file a client named for it to read, and never takes a path
 /// relative to its own working directory.
-pub(crate) fn resolved(command: &Command) -> Result<(), Unresolved> {
+pub(crate) fn resolved(command: &RelayedCommand) -> Result<(), Unresolved> {
     use crate::cli::memory::MemoryCommand as M;
     let unresolved = |what: &'static str| Err(Unresolved(what));
     let repo = |r: &crate::cli::memory::RepoArgs| if r.repo.is_some() { unresolved("--repo") } else { Ok(()) };
     match command {
-        Command::Memory(M::Store(a)) if a.content_file.is_some() || a.content.is_none() => unresolved("--content-file"),
-        Command::Memory(M::Store(a)) => repo(&a.repo),
-        Command::Memory(M::Query(a)) => repo(&a.repo),
-        Command::Memory(M::Rm(a)) => repo(&a.repo),
-        Command::Memory(M::Surface(a)) => repo(&a.repo),
-        Command::Memory(M::Log(a)) => repo(&a.repo),
-        Command::Audit(AuditCommand::Export(a)) if a.output.as_ref().is_some_and(|p| p.is_relative()) => {
+        RelayedCommand::Memory(M::Store(a)) if a.content_file.is_some() || a.content.is_none() => {
+            unresolved("--content-file")
+        }
+        RelayedCommand::Memory(M::Store(a)) => repo(&a.repo),
+        RelayedCommand::Memory(M::Query(a)) => repo(&a.repo),
+        RelayedCommand::Memory(M::Rm(a)) => repo(&a.repo),
+        RelayedCommand::Memory(M::Surface(a)) => repo(&a.repo),
+        RelayedCommand::Memory(M::Log(a)) => repo(&a.repo),
+        RelayedCommand::Audit(AuditCommand::Export(a)) if a.output.as_ref().is_some_and(|p| p.is_relative()) => {
             unresolved("--output")
         }
         _ => Ok(()),

@@ -3,7 +3,7 @@
 //! store (its supervisor for `exec`, its audit log, artifacts and memory
 //! service for the rest).
 
-use super::{Command, ExecRelay, RelayError, Reply, Request, PROTOCOL, SOCKET_NAME};
+use super::{ExecRelay, RelayError, RelayedCommand, Reply, Request, PROTOCOL, SOCKET_NAME};
 use crate::cli::Io;
 use crate::config::Config;
 use crate::store::memory::MemoryService;
@@ -370,7 +370,7 @@ async fn answer(request: Request, stdio: Stdio, stream: &Arc<tokio::net::UnixStr
         return refused(e.to_string());
     }
     match request.command {
-        Command::Exec(e) => exec(e, stdio, stream, ctx).await,
+        RelayedCommand::Exec(e) => exec(e, stdio, stream, ctx).await,
         command => {
             let ctx = ctx.clone();
             let ran = tokio::task::spawn_blocking(move || {
@@ -391,7 +391,7 @@ async fn answer(request: Request, stdio: Stdio, stream: &Arc<tokio::net::UnixStr
 }
 
 /// A store command on the server's handles.
-fn run(ctx: &Context, command: Command, io: &mut Io) -> i32 {
+fn run(ctx: &Context, command: RelayedCommand, io: &mut Io) -> i32 {
     use std::io::Write;
     let stores = match ctx.supervisor.stores() {
         Ok(s) => s,
@@ -401,17 +401,17 @@ fn run(ctx: &Context, command: Command, io: &mut Io) -> i32 {
         }
     };
     match command {
-        Command::Audit(c) => crate::cli::audit::run(&stores.audit, c, io),
-        Command::Artifacts(c) => crate::cli::artifacts::run(&stores.artifacts, c, io),
-        Command::Gc(a) => crate::cli::artifacts::gc(&stores.artifacts, &ctx.config, a, io),
-        Command::Memory(c) => match ctx.memory() {
+        RelayedCommand::Audit(c) => crate::cli::audit::run(&stores.audit, c, io),
+        RelayedCommand::Artifacts(c) => crate::cli::artifacts::run(&stores.artifacts, c, io),
+        RelayedCommand::Gc(a) => crate::cli::artifacts::gc(&stores.artifacts, &ctx.config, a, io),
+        RelayedCommand::Memory(c) => match ctx.memory() {
             Ok(m) => crate::cli::memory::run(&ctx.config, m, c, io),
             Err(e) => {
                 let _ = writeln!(io.err, "confine memory: {e}");
                 crate::cli::EXIT_CONFINE_FAILED
             }
         },
-        Command::Exec(_) => crate::cli::EXIT_CONFINE_FAILED,
+        RelayedCommand::Exec(_) => crate::cli::EXIT_CONFINE_FAILED,
     }
 }
 

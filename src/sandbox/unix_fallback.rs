@@ -59,7 +59,7 @@ impl Resource {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rlimit {
+pub struct FallbackRlimit {
     pub resource: Resource,
     pub soft: u64,
     pub hard: u64,
@@ -72,7 +72,7 @@ pub struct StageSpec {
     pub env: Vec<(String, String)>,
     /// A host path.
     pub cwd: PathBuf,
-    pub rlimits: Vec<Rlimit>,
+    pub rlimits: Vec<FallbackRlimit>,
     /// Switch to these ids before exec (when confine runs as root).
     pub ids: Option<(u32, u32)>,
     pub no_new_privs: bool,
@@ -97,21 +97,21 @@ const MAX_NOFILE: u64 = 1024;
 /// The job's rlimits. RLIMIT_AS stands in for a memory cgroup (macOS does
 /// not enforce it); RLIMIT_NPROC counts every process of the job's uid,
 /// not only the job's; RLIMIT_FSIZE caps each file the job writes.
-pub fn rlimits(spec: &JobSpec) -> Vec<Rlimit> {
+pub fn rlimits(spec: &JobSpec) -> Vec<FallbackRlimit> {
     let l = &spec.limits;
-    let mut out = vec![Rlimit { resource: Resource::Core, soft: 0, hard: 0 }];
+    let mut out = vec![FallbackRlimit { resource: Resource::Core, soft: 0, hard: 0 }];
     if let Some(ms) = l.cpu_time_ms {
         let secs = ms.div_ceil(1000).max(1);
-        out.push(Rlimit { resource: Resource::Cpu, soft: secs, hard: secs + 1 });
+        out.push(FallbackRlimit { resource: Resource::Cpu, soft: secs, hard: secs + 1 });
     }
     if let Some(bytes) = l.memory_bytes.filter(|_| cfg!(not(target_os = "macos"))) {
-        out.push(Rlimit { resource: Resource::As, soft: bytes, hard: bytes });
+        out.push(FallbackRlimit { resource: Resource::As, soft: bytes, hard: bytes });
     }
     if let Some(n) = l.pids {
-        out.push(Rlimit { resource: Resource::Nproc, soft: n, hard: n });
+        out.push(FallbackRlimit { resource: Resource::Nproc, soft: n, hard: n });
     }
     if l.memory_bytes.is_some() || l.pids.is_some() || l.cpu_time_ms.is_some() {
-        out.push(Rlimit { resource: Resource::Fsize, soft: l.tmp_size_bytes, hard: l.tmp_size_bytes });
+        out.push(FallbackRlimit { resource: Resource::Fsize, soft: l.tmp_size_bytes, hard: l.tmp_size_bytes });
     }
     let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit fills the struct we own.
@@ -120,7 +120,7 @@ pub fn rlimits(spec: &JobSpec) -> Vec<Rlimit> {
     } else {
         MAX_NOFILE
     };
-    out.push(Rlimit { resource: Resource::Nofile, soft: hard, hard });
+    out.push(FallbackRlimit { resource: Resource::Nofile, soft: hard, hard });
     out
 }
 

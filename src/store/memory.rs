@@ -82,7 +82,7 @@ pub trait MemoryStore: Send + Sync {
     /// Create, deduplicate, or (with `memoryId`) update a memory.
     fn store(&self, repo: &RepoRef, req: &StoreRequest) -> Result<StoreResult, MemoryError>;
     /// Full text and filters over the live memories.
-    fn query(&self, repo: &RepoRef, req: &QueryRequest) -> Result<QueryResult, MemoryError>;
+    fn query(&self, repo: &RepoRef, req: &MemoryQuery) -> Result<QueryResult, MemoryError>;
     /// Soft-delete a memory; `deleteFile` also removes its `.md`.
     fn remove(&self, repo: &RepoRef, req: &RemoveRequest) -> Result<RemoveResult, MemoryError>;
     /// The memories linked to the symbols and files of a task, best first.

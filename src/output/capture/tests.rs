@@ -261,7 +261,7 @@ async fn past_the_cap_the_head_and_the_tail_are_kept_with_a_marker_between() {
         String::from_utf8_lossy(&tail_first[..tail_first.iter().position(|b| *b == b'\n').unwrap()]).into_owned();
     assert_eq!(tail_first, format!("filler line {}", d.resume_line));
     // A query finds the end, at its real line number, and says what was dropped.
-    let req: crate::output::QueryRequest = serde_json::from_value(
+    let req: crate::output::ArtifactQuery = serde_json::from_value(
         serde_json::json!({"artifactHandle": meta.handle, "queryTerms": ["FATAL"], "contextLines": 1}),
     )
     .unwrap();
@@ -272,14 +272,14 @@ async fn past_the_cap_the_head_and_the_tail_are_kept_with_a_marker_between() {
     assert!(ex.content.contains("FATAL: the end") && ex.content.contains(&format!("filler line {lines}")), "{ex:?}");
     assert!(r.notes.iter().any(|n| n.contains("were dropped to fit its stored cap")), "{:?}", r.notes);
     // A range inside the dropped part returns nothing, not a line after it.
-    let req: crate::output::QueryRequest = serde_json::from_value(
+    let req: crate::output::ArtifactQuery = serde_json::from_value(
         serde_json::json!({"artifactHandle": meta.handle, "lineStart": d.after_line + 3, "lineEnd": d.after_line + 3}),
     )
     .unwrap();
     let r = crate::output::query::query_output(&artifacts, &req).unwrap();
     assert!(r.excerpts.iter().all(|e| e.line_start <= d.after_line + 3), "{:?}", r.excerpts);
     // A line range across the tail reads the lines by their real numbers.
-    let req: crate::output::QueryRequest = serde_json::from_value(
+    let req: crate::output::ArtifactQuery = serde_json::from_value(
         serde_json::json!({"artifactHandle": meta.handle, "lineStart": lines - 2, "lineEnd": lines + 1}),
     )
     .unwrap();
@@ -328,7 +328,7 @@ async fn a_marker_after_a_cut_line_keeps_the_next_lines_number() {
     let (m, d) = (&meta.stdout, meta.stdout.dropped.clone().unwrap());
     assert_eq!((d.after_line, d.lines, d.resume_line), (0, 1, 2), "{d:?}");
     assert_eq!((m.total_lines, m.last_line()), (3, 3));
-    let req: crate::output::QueryRequest =
+    let req: crate::output::ArtifactQuery =
         serde_json::from_value(serde_json::json!({"artifactHandle": meta.handle, "lineStart": 1, "lineEnd": 3}))
             .unwrap();
     let r = crate::output::query::query_output(&artifacts, &req).unwrap();

@@ -54,7 +54,7 @@ async fn minimal_is_small_and_says_truncation_only_when_there_is_some() {
     let v = render(&c, Some(&a), &job(), &opts(OutputMode::Minimal, &[])).unwrap();
     assert_eq!(
         v.truncation,
-        Some(Truncation {
+        Some(OutputTruncation {
             stdout_truncated: true,
             stderr_truncated: false,
             total_stdout_bytes: 4,

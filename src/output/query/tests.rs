@@ -20,8 +20,8 @@ fn setup() -> (tempfile::TempDir, Artifacts, String) {
     (dir, a, h)
 }
 
-fn req(h: &str, terms: &[&str]) -> QueryRequest {
-    QueryRequest {
+fn req(h: &str, terms: &[&str]) -> ArtifactQuery {
+    ArtifactQuery {
         artifact_handle: h.into(),
         query_terms: terms.iter().map(|t| t.to_string()).collect(),
         ..Default::default()
@@ -39,7 +39,7 @@ fn windows_merge_when_they_overlap_or_touch() {
 #[test]
 fn terms_match_case_insensitively_with_context() {
     let (_d, a, h) = setup();
-    let r = query_output(&a, &QueryRequest { context_lines: Some(2), ..req(&h, &["error"]) }).unwrap();
+    let r = query_output(&a, &ArtifactQuery { context_lines: Some(2), ..req(&h, &["error"]) }).unwrap();
     assert_eq!(r.searched_streams, vec![StreamName::Stdout, StreamName::Stderr]);
     assert_eq!(r.matched_lines, 3);
     let got: Vec<(StreamName, u64, u64)> = r.excerpts.iter().map(|e| (e.source, e.line_start, e.line_end)).collect();
@@ -55,7 +55,7 @@ fn terms_match_case_insensitively_with_context() {
 fn out_of_range_knobs_are_clamped_and_said() {
     let (_d, a, h) = setup();
     let r =
-        query_output(&a, &QueryRequest { context_lines: Some(50), max_excerpts: Some(500), ..req(&h, &["warning"]) })
+        query_output(&a, &ArtifactQuery { context_lines: Some(50), max_excerpts: Some(500), ..req(&h, &["warning"]) })
             .unwrap();
     assert_eq!(
         r.notes,
@@ -63,7 +63,7 @@ fn out_of_range_knobs_are_clamped_and_said() {
     );
     assert_eq!(r.excerpts[0].line_start, 80);
     assert_eq!(r.excerpts[0].line_end, 120);
-    let r = query_output(&a, &QueryRequest { max_excerpts: Some(0), ..req(&h, &["ok"]) }).unwrap();
+    let r = query_output(&a, &ArtifactQuery { max_excerpts: Some(0), ..req(&h, &["ok"]) }).unwrap();
     assert_eq!(r.excerpts.len(), 1);
     assert!(r.more_excerpts);
 }
@@ -71,7 +71,7 @@ fn out_of_range_knobs_are_clamped_and_said() {
 #[test]
 fn one_stream_can_be_searched_alone() {
     let (_d, a, h) = setup();
-    let r = query_output(&a, &QueryRequest { stream: QueryStreams::Stderr, ..req(&h, &["ERROR"]) }).unwrap();
+    let r = query_output(&a, &ArtifactQuery { stream: QueryStreams::Stderr, ..req(&h, &["ERROR"]) }).unwrap();
     assert_eq!(r.searched_streams, vec![StreamName::Stderr]);
     assert_eq!(r.excerpts.len(), 1);
     assert_eq!(r.total_lines, 20);
@@ -120,7 +120,7 @@ fn long_lines_are_capped_in_excerpts() {
     let a = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
     let long = format!("needle {}\nshort\n", "z".repeat(20_000));
     let h = store_texts(&a, long.as_bytes(), b"").handle;
-    let r = query_output(&a, &QueryRequest { context_lines: Some(1), ..req(&h, &["needle"]) }).unwrap();
+    let r = query_output(&a, &ArtifactQuery { context_lines: Some(1), ..req(&h, &["needle"]) }).unwrap();
     let lines: Vec<&str> = r.excerpts[0].content.lines().collect();
     assert_eq!(lines[0].chars().count(), 500 + "[truncated]".len());
     assert!(lines[0].ends_with("zz[truncated]"));

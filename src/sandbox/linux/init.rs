@@ -18,7 +18,7 @@
 //! No tokio here, ever: this code forks.
 
 use super::protocol::{
-    encode_report, read_spec, InitSpec, MountOp, Report, CONTROL_FD, PROXY_READY, PROXY_SOCKET, RELEASE, SECCOMP_FD,
+    encode_report, read_spec, InitReport, InitSpec, MountOp, CONTROL_FD, PROXY_READY, PROXY_SOCKET, RELEASE, SECCOMP_FD,
 };
 use super::sys::{self, SysError};
 use super::{caps, exec, inherit, landlock, mounts, namespaces, rlimits, seccomp};
@@ -52,13 +52,13 @@ fn run() -> i32 {
     // for us; nothing else in this process owns that fd.
     let mut ctl = unsafe { File::from_raw_fd(CONTROL_FD) };
     if let Err(e) = cloexec {
-        report(&ctl, &Report::SetupFailed { step: "close inherited fds".into(), error: e.to_string() });
+        report(&ctl, &InitReport::SetupFailed { step: "close inherited fds".into(), error: e.to_string() });
         return 125;
     }
     let spec = match read_spec(&mut ctl) {
         Ok(spec) => spec,
         Err(e) => {
-            report(&ctl, &Report::SetupFailed { step: "read spec".into(), error: e.to_string() });
+            report(&ctl, &InitReport::SetupFailed { step: "read spec".into(), error: e.to_string() });
             return 125;
         }
     };
@@ -66,20 +66,20 @@ fn run() -> i32 {
     let proxy = match spec.proxy_port.map(|_| receive_proxy_socket(&ctl)).transpose() {
         Ok(p) => p,
         Err(e) => {
-            report(&ctl, &Report::SetupFailed { step: "network proxy".into(), error: e.to_string() });
+            report(&ctl, &InitReport::SetupFailed { step: "network proxy".into(), error: e.to_string() });
             return 125;
         }
     };
     match outer(&spec, &ctl, proxy) {
         Ok(code) => code,
         Err(e) => {
-            report(&ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
+            report(&ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
             125
         }
     }
 }
 
-fn report(ctl: &File, r: &Report) {
+fn report(ctl: &File, r: &InitReport) {
     // A lost report can't be reported; the supervisor sees the exit code.
     let _ = (&*ctl).write_all(&encode_report(r));
 }
@@ -191,7 +191,7 @@ fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, Sys
         let code = match pid1(spec, ctl, go_rd, fds_in, proxy) {
             Ok(code) => code,
             Err(e) => {
-                report(ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
+                report(ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
                 125
             }
         };
@@ -250,7 +250,7 @@ fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, Sys
         let _ = write(&go_wr, b"2");
     }
     drop(go_wr);
-    report(ctl, &Report::Started { pid1: pid });
+    report(ctl, &InitReport::Started { pid1: pid });
 
     loop {
         let sig = signals.wait().map_err(|e| SysError::call("sigwait", e))?;
@@ -335,11 +335,11 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
         loop {
             match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(pid, code)) if pid == job => {
-                    report(ctl, &Report::Exited { code: Some(code), signal: None });
+                    report(ctl, &InitReport::Exited { code: Some(code), signal: None });
                     return Ok(code);
                 }
                 Ok(WaitStatus::Signaled(pid, sig, _)) if pid == job => {
-                    report(ctl, &Report::Exited { code: None, signal: Some(sig as i32) });
+                    report(ctl, &InitReport::Exited { code: None, signal: Some(sig as i32) });
                     return Ok(128 + sig as i32);
                 }
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
@@ -461,12 +461,15 @@ fn job(spec: &InitSpec, ctl: &File, built: mounts::Built, not_idmapped: Vec<Stri
             let errno = exec::execvpe(&spec.argv, &spec.env);
             report(
                 ctl,
-                &Report::ExecFailed { errno: errno as i32, command: spec.argv.first().cloned().unwrap_or_default() },
+                &InitReport::ExecFailed {
+                    errno: errno as i32,
+                    command: spec.argv.first().cloned().unwrap_or_default(),
+                },
             );
             std::process::exit(exec::exit_code_for(errno as i32))
         }
         Err(e) => {
-            report(ctl, &Report::SetupFailed { step: e.step().into(), error: e.to_string() });
+            report(ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
             std::process::exit(125)
         }
     }
@@ -503,7 +506,7 @@ fn released(ctl: &File) -> bool {
 
 /// The job's own confinement, in the order docs/design.md gives: seccomp last,
 /// since it may forbid what the earlier steps need.
-fn confine_self(spec: &InitSpec, built: mounts::Built, not_idmapped: Vec<String>) -> Result<Report, SysError> {
+fn confine_self(spec: &InitSpec, built: mounts::Built, not_idmapped: Vec<String>) -> Result<InitReport, SysError> {
     let mut missing = Vec::new();
     // A session of its own: no controlling terminal, so no TIOCSPGRP or
     // TIOCSTI on its caller's (even where legacy_tiocsti allows the
@@ -531,7 +534,7 @@ fn confine_self(spec: &InitSpec, built: mounts::Built, not_idmapped: Vec<String>
     if spec.seccomp.is_some() {
         seccomp::load_from_fd(SECCOMP_FD)?;
     }
-    Ok(Report::Confined {
+    Ok(InitReport::Confined {
         landlock,
         seccomp: spec.seccomp.clone(),
         missing,

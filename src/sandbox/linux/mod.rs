@@ -25,7 +25,7 @@ pub mod sys;
 
 use crate::job::{JobSpec, Layers, Network, Outcome, Status, Usage};
 use crate::sandbox::{SandboxError, StdioSpec};
-use protocol::{IdMap, InitSpec, LandlockPlan, MountOp, Report, CONTROL_FD, SECCOMP_FD};
+use protocol::{IdMap, InitReport, InitSpec, LandlockPlan, MountOp, CONTROL_FD, SECCOMP_FD};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -729,7 +729,7 @@ impl RunningJob {
     /// report is no failure of the sandbox.
     fn outcome(&self, status: std::io::Result<std::process::ExitStatus>, buf: &[u8], killed: bool) -> Outcome {
         let duration_ms = self.started.elapsed().as_millis() as u64;
-        let reports: Vec<Report> = buf
+        let reports: Vec<InitReport> = buf
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
             .filter_map(|l| serde_json::from_slice(l).ok())
@@ -754,8 +754,8 @@ impl RunningJob {
         let mut exited = false;
         for r in reports {
             match r {
-                Report::Started { .. } => {}
-                Report::Confined { landlock, seccomp, missing, protected, idmapped, not_idmapped } => {
+                InitReport::Started { .. } => {}
+                InitReport::Confined { landlock, seccomp, missing, protected, idmapped, not_idmapped } => {
                     layers.protected = protected;
                     layers.idmapped = idmapped;
                     layers.not_idmapped = not_idmapped;
@@ -765,7 +765,7 @@ impl RunningJob {
                     layers.caps_dropped = true;
                     layers.no_new_privs = true;
                 }
-                Report::ExecFailed { errno, command } => {
+                InitReport::ExecFailed { errno, command } => {
                     let reason = nix::errno::Errno::from_raw(errno).desc();
                     let relative = command.contains('/') && !command.starts_with('/');
                     outcome.error =
@@ -780,13 +780,13 @@ impl RunningJob {
                             format!("{command}: cannot execute ({reason})")
                         });
                 }
-                Report::SetupFailed { step, error } => {
+                InitReport::SetupFailed { step, error } => {
                     // The error names its step too: once is enough.
                     let error = error.strip_prefix(&format!("{step}: ")).unwrap_or(&error);
                     outcome.error.get_or_insert(format!("sandbox setup failed at '{step}': {error}"));
                     outcome.setup_step.get_or_insert(step);
                 }
-                Report::Exited { code, signal } => {
+                InitReport::Exited { code, signal } => {
                     exited = true;
                     outcome.exit_code = code;
                     outcome.signal = signal;

@@ -243,7 +243,7 @@ pub fn open_sources(
     ops: &[MountOp],
     job: (u32, u32),
     rootless: bool,
-    sweep: Option<&super::sweep::Record>,
+    sweep: Option<&super::sweep::SweepRecord>,
 ) -> Result<Opened, SysError> {
     let proc_root = PathBuf::from(format!("/proc/{pid1}/root"));
     let root = open(proc_root.as_path(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())

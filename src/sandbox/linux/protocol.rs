@@ -2,7 +2,7 @@
 //!
 //! The supervisor sends one [`InitSpec`] (length-prefixed JSON) over the
 //! control socket at fd 3; the init stages answer with newline-delimited
-//! [`Report`]s on the same socket. Everything the init stage does is decided
+//! [`InitReport`]s on the same socket. Everything the init stage does is decided
 //! here, by the supervisor, as data: the init stage only carries it out.
 
 use crate::job::LandlockLayer;
@@ -159,7 +159,7 @@ pub struct InitSpec {
     /// path was swapped in between); the outer stage writes the record of
     /// those it idmapped before the job can run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sweep_record: Option<(String, super::sweep::Record)>,
+    pub sweep_record: Option<(String, super::sweep::SweepRecord)>,
     pub mounts: Vec<MountOp>,
     /// Files pid 1 writes into the new root (under /tmp) before the job starts.
     #[serde(default)]
@@ -194,7 +194,7 @@ pub const RELEASE: u8 = b'g';
 /// What the init stages tell the supervisor.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", tag = "type")]
-pub enum Report {
+pub enum InitReport {
     /// Sandbox is built; pid 1 of the new pid namespace has this host pid.
     Started { pid1: i32 },
     /// Sent by the job process right before execve. `protected`: the paths
@@ -247,7 +247,7 @@ pub fn read_spec(r: &mut impl Read) -> io::Result<InitSpec> {
 }
 
 /// Encode one report as a single line (one `write`, so lines never interleave).
-pub fn encode_report(report: &Report) -> Vec<u8> {
+pub fn encode_report(report: &InitReport) -> Vec<u8> {
     let mut line = serde_json::to_vec(report).unwrap_or_default();
     line.push(b'\n');
     line
@@ -291,9 +291,9 @@ mod tests {
 
     #[test]
     fn report_is_one_line() {
-        let line = encode_report(&Report::Exited { code: Some(3), signal: None });
+        let line = encode_report(&InitReport::Exited { code: Some(3), signal: None });
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
-        let r: Report = serde_json::from_slice(&line).unwrap();
-        assert_eq!(r, Report::Exited { code: Some(3), signal: None });
+        let r: InitReport = serde_json::from_slice(&line).unwrap();
+        assert_eq!(r, InitReport::Exited { code: Some(3), signal: None });
     }
 }

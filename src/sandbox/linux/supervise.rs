@@ -210,7 +210,7 @@ struct Seen {
 
 /// Read reports into `buf` until pid 1's `Exited` (or EOF, or an error).
 async fn read_until_exited(ctl: &mut tokio::net::UnixStream, buf: &mut Vec<u8>, outer: Option<Pid>) -> Seen {
-    use super::protocol::Report;
+    use super::protocol::InitReport;
     let mut seen = Seen { exited: false, pid1: None };
     let mut scanned = 0;
     let mut chunk = [0u8; 4096];
@@ -220,9 +220,9 @@ async fn read_until_exited(ctl: &mut tokio::net::UnixStream, buf: &mut Vec<u8>, 
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
         while let Some(end) = buf[scanned..].iter().position(|b| *b == b'\n') {
-            match serde_json::from_slice::<Report>(&buf[scanned..scanned + end]) {
-                Ok(Report::Started { pid1 }) => seen.pid1 = pid1_fd(pid1, outer),
-                Ok(Report::Exited { .. }) => seen.exited = true,
+            match serde_json::from_slice::<InitReport>(&buf[scanned..scanned + end]) {
+                Ok(InitReport::Started { pid1 }) => seen.pid1 = pid1_fd(pid1, outer),
+                Ok(InitReport::Exited { .. }) => seen.exited = true,
                 _ => {}
             }
             scanned += end + 1;
@@ -235,11 +235,11 @@ async fn read_until_exited(ctl: &mut tokio::net::UnixStream, buf: &mut Vec<u8>, 
 /// before its exec, from a descriptor the job does not inherit): the
 /// trees the job could write through an idmap.
 fn idmapped_in(buf: &[u8]) -> Vec<String> {
-    use super::protocol::Report;
+    use super::protocol::InitReport;
     buf.split(|b| *b == b'\n')
-        .filter_map(|l| serde_json::from_slice::<Report>(l).ok())
+        .filter_map(|l| serde_json::from_slice::<InitReport>(l).ok())
         .find_map(|r| match r {
-            Report::Confined { idmapped, .. } => Some(idmapped),
+            InitReport::Confined { idmapped, .. } => Some(idmapped),
             _ => None,
         })
         .unwrap_or_default()

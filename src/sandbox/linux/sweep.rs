@@ -301,7 +301,7 @@ pub struct Tree {
 
 /// A sweep still owed, as written before the job ran.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Record {
+pub struct SweepRecord {
     /// The supervisor, and the job's init stage (the job dies with it).
     owner: Proc,
     stage: Proc,
@@ -372,7 +372,7 @@ fn record_name(job_id: &str) -> OsString {
 /// it idmaps ([`write_record`]). `stage`: the init stage's pid; `cgroups`:
 /// the job's cgroup directories. Refused when a later sweep could not read
 /// it back.
-pub fn plan(sweeps: &[Sweep], job: (u32, u32), stage: u32, cgroups: &[PathBuf]) -> Result<Record, RecordError> {
+pub fn plan(sweeps: &[Sweep], job: (u32, u32), stage: u32, cgroups: &[PathBuf]) -> Result<SweepRecord, RecordError> {
     let mut trees = Vec::new();
     for s in sweeps {
         let st = fstat(s.dir.as_fd()).map_err(|source| RecordError::Tree { path: s.src.clone(), source })?;
@@ -388,7 +388,7 @@ pub fn plan(sweeps: &[Sweep], job: (u32, u32), stage: u32, cgroups: &[PathBuf]) 
     }
     let me = Owner::current();
     let stage = Owner::of(stage);
-    let rec = Record {
+    let rec = SweepRecord {
         owner: Proc { pid: me.pid, start: me.start },
         stage: Proc { pid: stage.pid, start: stage.start },
         cgroups: cgroups.iter().map(|p| p.as_os_str().as_bytes().to_vec()).collect(),
@@ -403,7 +403,7 @@ pub fn plan(sweeps: &[Sweep], job: (u32, u32), stage: u32, cgroups: &[PathBuf]) 
     Ok(rec)
 }
 
-impl Record {
+impl SweepRecord {
     /// The (device, inode) of the tree bound at `dst`, if it is one.
     pub fn inode_of(&self, dst: &Path) -> Option<(u64, u64)> {
         self.trees.iter().find(|t| Path::new(OsStr::from_bytes(&t.dst)) == dst).map(|t| (t.dev, t.ino))
@@ -413,7 +413,7 @@ impl Record {
 /// Write the record of job `job_id` (durably: synced file and directory),
 /// keeping the trees bound at `idmapped` only; none: nothing is written.
 /// The outer stage calls this before the job can run.
-pub fn write_record(job_id: &str, rec: &Record, idmapped: &[PathBuf]) -> Result<(), RecordError> {
+pub fn write_record(job_id: &str, rec: &SweepRecord, idmapped: &[PathBuf]) -> Result<(), RecordError> {
     let mut rec = rec.clone();
     rec.trees.retain(|t| idmapped.iter().any(|d| d.as_os_str().as_bytes() == t.dst.as_slice()));
     if rec.trees.is_empty() {
@@ -497,7 +497,7 @@ pub fn sweep_stale(names: Vec<OsString>) -> usize {
     for name in names {
         let shown = Path::new(&name).display();
         let rec = match dir.read_regular(Path::new(&name), MAX_RECORD) {
-            Ok(Some(read)) => match serde_json::from_slice::<Record>(&read.bytes) {
+            Ok(Some(read)) => match serde_json::from_slice::<SweepRecord>(&read.bytes) {
                 Ok(rec) => rec,
                 Err(e) => {
                     tracing::warn!(record = %shown, error = %e, "a sweep record can't be read: its tree is not swept");

@@ -365,7 +365,7 @@ impl MemoryStore for MemoryDb {
         Ok(StoreResult { ok: true, memory_id: stored.memory.memory_id, created, deduplicated: false })
     }
 
-    fn query(&self, repo: &RepoRef, req: &QueryRequest) -> Result<QueryResult, MemoryError> {
+    fn query(&self, repo: &RepoRef, req: &MemoryQuery) -> Result<QueryResult, MemoryError> {
         self.query_repo(repo, req)
     }
 

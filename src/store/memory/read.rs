@@ -11,7 +11,7 @@ use super::validate;
 use super::{invalid, MemoryError, MemoryStore};
 
 impl MemoryDb {
-    pub(crate) fn query_repo(&self, repo: &RepoRef, req: &QueryRequest) -> Result<QueryResult, MemoryError> {
+    pub(crate) fn query_repo(&self, repo: &RepoRef, req: &MemoryQuery) -> Result<QueryResult, MemoryError> {
         if let Some(q) = &req.query {
             let n = q.chars().count();
             if n > MAX_QUERY_CHARS {

@@ -60,7 +60,7 @@ impl MemoryService {
         self.memories.store(&self.repo(&req.repo_id)?, req)
     }
 
-    pub fn query(&self, req: &QueryRequest) -> Result<QueryResult, MemoryError> {
+    pub fn query(&self, req: &MemoryQuery) -> Result<QueryResult, MemoryError> {
         self.memories.query(&self.repo(&req.repo_id)?, req)
     }
 

@@ -75,7 +75,7 @@ pub(super) fn req(title: &str, content: &str) -> StoreRequest {
 }
 
 pub(super) fn query(f: &Fixture, text: Option<&str>) -> QueryResult {
-    let q = QueryRequest { repo_id: "demo".into(), query: text.map(str::to_string), ..QueryRequest::default() };
+    let q = MemoryQuery { repo_id: "demo".into(), query: text.map(str::to_string), ..MemoryQuery::default() };
     f.db.query(&f.repo, &q).unwrap()
 }
 
@@ -236,22 +236,22 @@ fn query_filters_sorts_and_counts() {
     let a = mk("alpha", MemoryType::Decision, &["x"], 0.2, &["S1"]);
     let b = mk("beta", MemoryType::Bugfix, &["y"], 0.9, &["S2"]);
     let c = mk("gamma", MemoryType::Bugfix, &["x", "y"], 0.5, &[]);
-    let run = |q: QueryRequest| -> (Vec<String>, usize) {
-        let r = f.db.query(&f.repo, &QueryRequest { repo_id: "demo".into(), ..q }).unwrap();
+    let run = |q: MemoryQuery| -> (Vec<String>, usize) {
+        let r = f.db.query(&f.repo, &MemoryQuery { repo_id: "demo".into(), ..q }).unwrap();
         (r.memories.into_iter().map(|m| m.memory_id).collect(), r.total)
     };
-    assert_eq!(run(QueryRequest::default()), (vec![c.clone(), b.clone(), a.clone()], 3), "recency");
-    let by_conf = QueryRequest { sort_by: Some(SortBy::Confidence), ..Default::default() };
+    assert_eq!(run(MemoryQuery::default()), (vec![c.clone(), b.clone(), a.clone()], 3), "recency");
+    let by_conf = MemoryQuery { sort_by: Some(SortBy::Confidence), ..Default::default() };
     assert_eq!(run(by_conf).0, [b.clone(), c.clone(), a.clone()]);
-    let limited = QueryRequest { limit: Some(1), ..Default::default() };
+    let limited = MemoryQuery { limit: Some(1), ..Default::default() };
     assert_eq!(run(limited), (vec![c.clone()], 3));
-    assert_eq!(run(QueryRequest { types: vec![MemoryType::Decision], ..Default::default() }).0, vec![a.clone()]);
-    assert_eq!(run(QueryRequest { tags: vec!["y".into()], ..Default::default() }).1, 2);
-    assert_eq!(run(QueryRequest { symbol_ids: vec!["S2".into()], ..Default::default() }).0, vec![b.clone()]);
-    let text = QueryRequest { query: Some("gamma parser".into()), ..Default::default() };
+    assert_eq!(run(MemoryQuery { types: vec![MemoryType::Decision], ..Default::default() }).0, vec![a.clone()]);
+    assert_eq!(run(MemoryQuery { tags: vec!["y".into()], ..Default::default() }).1, 2);
+    assert_eq!(run(MemoryQuery { symbol_ids: vec!["S2".into()], ..Default::default() }).0, vec![b.clone()]);
+    let text = MemoryQuery { query: Some("gamma parser".into()), ..Default::default() };
     assert_eq!(run(text), (vec![c, b, a], 3), "the title match ranks first; all mention the parser");
-    let bad = QueryRequest { limit: Some(101), ..Default::default() };
-    let e = f.db.query(&f.repo, &QueryRequest { repo_id: "demo".into(), ..bad }).unwrap_err();
+    let bad = MemoryQuery { limit: Some(101), ..Default::default() };
+    let e = f.db.query(&f.repo, &MemoryQuery { repo_id: "demo".into(), ..bad }).unwrap_err();
     assert_eq!(e.to_string(), "limit must be 1–100 (got 101)");
 }
 
@@ -304,7 +304,7 @@ fn the_index_is_rebuilt_from_sled_after_a_restart() {
     let f = fixture();
     let a = f.db.store(&f.repo, &req("Index rebuild", "postings come back")).unwrap();
     let db2 = MemoryDb::open(&f.store).unwrap();
-    let q = QueryRequest { repo_id: "demo".into(), query: Some("postings".into()), ..Default::default() };
+    let q = MemoryQuery { repo_id: "demo".into(), query: Some("postings".into()), ..Default::default() };
     assert_eq!(db2.query(&f.repo, &q).unwrap().memories[0].memory_id, a.memory_id);
     // The log sequence continues after the last entry.
     let last = f.db.log("demo", None, 1).unwrap()[0].seq;

@@ -29,7 +29,7 @@ fn linked(f: &Fixture, title: &str, files: &[&str]) -> String {
 }
 
 fn stale_only(f: &Fixture) -> Vec<Memory> {
-    let q = QueryRequest { repo_id: "demo".into(), stale_only: Some(true), ..Default::default() };
+    let q = MemoryQuery { repo_id: "demo".into(), stale_only: Some(true), ..Default::default() };
     f.db.query(&f.repo, &q).unwrap().memories
 }
 

@@ -152,7 +152,9 @@ pub enum SortBy {
 /// Arguments of `memory_query`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct QueryRequest {
+// The tool's published input schema keeps its title.
+#[schemars(rename = "QueryRequest")]
+pub struct MemoryQuery {
     pub repo_id: String,
     /// Words to find in title and content (ranked; not substrings).
     #[serde(default)]

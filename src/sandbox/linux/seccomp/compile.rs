@@ -16,7 +16,7 @@ use std::os::fd::AsFd;
 
 /// How a syscall name resolves on this architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resolved {
+pub enum SyscallNumber {
     /// The syscall number on this architecture.
     Native(i32),
     /// A real syscall, but of other architectures only: rules for it are moot.
@@ -25,12 +25,12 @@ pub enum Resolved {
 
 /// Resolve a name with libseccomp, then with [`newer_syscall`] for calls
 /// newer than the libseccomp we were built with. `None`: no such syscall.
-pub fn resolve(name: &str) -> Option<Resolved> {
+pub fn resolve(name: &str) -> Option<SyscallNumber> {
     match ScmpSyscall::from_name(name) {
         // libseccomp gives names of other architectures negative numbers.
-        Ok(nr) if nr.as_raw_syscall() < 0 => Some(Resolved::Elsewhere),
-        Ok(nr) => Some(Resolved::Native(nr.as_raw_syscall())),
-        Err(_) => newer_syscall(name).map(|nr| nr.map_or(Resolved::Elsewhere, Resolved::Native)),
+        Ok(nr) if nr.as_raw_syscall() < 0 => Some(SyscallNumber::Elsewhere),
+        Ok(nr) => Some(SyscallNumber::Native(nr.as_raw_syscall())),
+        Err(_) => newer_syscall(name).map(|nr| nr.map_or(SyscallNumber::Elsewhere, SyscallNumber::Native)),
     }
 }
 
@@ -123,8 +123,8 @@ pub(super) fn group<'a>(file: &str, plan: &'a Plan) -> Result<BTreeMap<i32, PerS
     let mut by_nr: BTreeMap<i32, PerSyscall<'a>> = BTreeMap::new();
     for rule in &plan.rules {
         let nr = match resolve(&rule.name) {
-            Some(Resolved::Native(nr)) => nr,
-            Some(Resolved::Elsewhere) => continue,
+            Some(SyscallNumber::Native(nr)) => nr,
+            Some(SyscallNumber::Elsewhere) => continue,
             None => {
                 return Err(SeccompError::Rule {
                     file: file.into(),
@@ -248,16 +248,16 @@ mod tests {
 
     #[test]
     fn names_resolve_natively_elsewhere_or_not_at_all() {
-        assert!(matches!(resolve("read"), Some(Resolved::Native(_))));
+        assert!(matches!(resolve("read"), Some(SyscallNumber::Native(_))));
         assert_eq!(resolve("no_such_call"), None);
         assert_eq!(resolve("ptrcae"), None);
         #[cfg(target_arch = "x86_64")]
         {
-            assert_eq!(resolve("read"), Some(Resolved::Native(0)));
-            assert_eq!(resolve("_llseek"), Some(Resolved::Elsewhere));
-            assert_eq!(resolve("mseal"), Some(Resolved::Native(462)));
-            assert_eq!(resolve("uretprobe"), Some(Resolved::Native(335)));
-            assert_eq!(resolve("riscv_hwprobe"), Some(Resolved::Elsewhere));
+            assert_eq!(resolve("read"), Some(SyscallNumber::Native(0)));
+            assert_eq!(resolve("_llseek"), Some(SyscallNumber::Elsewhere));
+            assert_eq!(resolve("mseal"), Some(SyscallNumber::Native(462)));
+            assert_eq!(resolve("uretprobe"), Some(SyscallNumber::Native(335)));
+            assert_eq!(resolve("riscv_hwprobe"), Some(SyscallNumber::Elsewhere));
         }
     }
 

@@ -185,7 +185,7 @@ pub fn compare(
             checked += 1;
         }
         let rule = plan.rules.iter().find(|r| {
-            matches!(compile::resolve(&r.name), Some(compile::Resolved::Native(n)) if n as u32 == nr)
+            matches!(compile::resolve(&r.name), Some(compile::SyscallNumber::Native(n)) if n as u32 == nr)
                 && !r.conds.is_empty()
         });
         let Some(rule) = rule else { continue };
