@@ -12,6 +12,8 @@ pub mod doctor;
 pub mod env;
 #[cfg(all(target_os = "linux", any(test, fuzzing)))]
 pub mod fuzz;
+#[cfg(test)]
+mod golden;
 pub mod ids;
 pub mod job;
 pub mod mcp;

@@ -31,6 +31,13 @@ pub fn as_root(workspace: Option<&Path>) -> (u32, u32) {
         let _ = workspace;
         None
     };
+    as_root_for(owner)
+}
+
+/// [`as_root`] for a workspace whose owner (symlinks followed) is
+/// `owner`, None when there is no workspace or it can't be read: the
+/// decision alone, for callers that look the owner up themselves.
+pub fn as_root_for(owner: Option<u32>) -> (u32, u32) {
     match owner {
         Some(uid) if ordinary_user(uid) => (uid, NOBODY),
         _ => (NOBODY, NOBODY),
@@ -62,5 +69,7 @@ mod tests {
         let me = unsafe { libc::geteuid() };
         assert_eq!(uid, if ordinary_user(me) { me } else { NOBODY });
         assert_eq!(as_root(None), (NOBODY, NOBODY));
+        assert_eq!(as_root_for(Some(1000)), (1000, NOBODY));
+        assert_eq!(as_root_for(Some(0)), (NOBODY, NOBODY));
     }
 }

@@ -241,3 +241,6 @@ impl Planner<'_> {
         Ok((placed.argv(), Some(tmp)))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -49,6 +49,35 @@ pub struct RunningJob {
     proxy: Option<crate::proxy::serve::Attached>,
 }
 
+/// What [`init_spec_on`] learns from the host rather than from the spec:
+/// a parameter, so that the plan is testable without root and without
+/// the host's files. [`mounts::RealHost`] asks the kernel.
+pub trait Host: mounts::HostFs {
+    /// Our effective uid and gid.
+    fn effective_ids(&self) -> (u32, u32);
+    /// The owner (uid, gid) of `path`, symlinks followed (`stat`, not
+    /// `lstat`); None when it can't be read.
+    fn owner(&self, path: &std::path::Path) -> Option<(u32, u32)>;
+    /// A dedicated owner uid for a job's user namespace
+    /// ([`namespaces::USERNS_OWNER_BASE`]'s range).
+    fn userns_owner(&self) -> u32;
+}
+
+impl Host for mounts::RealHost {
+    fn effective_ids(&self) -> (u32, u32) {
+        (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw())
+    }
+
+    fn owner(&self, path: &std::path::Path) -> Option<(u32, u32)> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| (m.uid(), m.gid()))
+    }
+
+    fn userns_owner(&self) -> u32 {
+        userns_owner()
+    }
+}
+
 /// Which ids the job has, inside and on the host: as root, those of
 /// [`crate::sandbox::identity`] (never the workspace's group, never a
 /// system account); rootless, our own, the only ones we may map. Inside,
@@ -56,13 +85,13 @@ pub struct RunningJob {
 ///
 /// `--user` changes the ids inside only (`spec.user`): any number, 0
 /// included, is the job's own namespace's, mapped onto the same host ids.
-pub fn sandbox_ids(spec: &JobSpec) -> (IdMap, IdMap, bool) {
-    let euid = nix::unistd::geteuid().as_raw();
-    let egid = nix::unistd::getegid().as_raw();
+pub fn sandbox_ids(spec: &JobSpec, host: &impl Host) -> (IdMap, IdMap, bool) {
+    let (euid, egid) = host.effective_ids();
     let (uid, gid, rootless) = if euid != 0 {
         (euid, egid, true)
     } else {
-        let (uid, gid) = crate::sandbox::identity::as_root(spec.workspace.as_deref());
+        let owner = spec.workspace.as_deref().and_then(|w| host.owner(w)).map(|(uid, _)| uid);
+        let (uid, gid) = crate::sandbox::identity::as_root_for(owner);
         (uid, gid, false)
     };
     let (in_uid, in_gid) = spec.user.unwrap_or((uid, gid));
@@ -114,11 +143,16 @@ fn check_workspace(spec: &JobSpec) -> Result<(), SandboxError> {
     Ok(())
 }
 
-/// The [`InitSpec`] for `spec`: every decision made here, as data.
+/// The [`InitSpec`] for `spec` on this host: every decision made here, as data.
 pub fn init_spec(spec: &JobSpec) -> InitSpec {
-    let (uid, gid, rootless) = sandbox_ids(spec);
-    let mut mounts = mounts::plan(spec, &mounts::RealHost);
-    let idmap_refused = mark_idmaps(&mut mounts, spec, (uid.outside, gid.outside));
+    init_spec_on(spec, &mounts::RealHost)
+}
+
+/// [`init_spec`] with the host's facts taken from `host`.
+pub fn init_spec_on(spec: &JobSpec, host: &impl Host) -> InitSpec {
+    let (uid, gid, rootless) = sandbox_ids(spec, host);
+    let mut mounts = mounts::plan(spec, host);
+    let idmap_refused = mark_idmaps(&mut mounts, spec, (uid.outside, gid.outside), host);
     let landlock = Some(landlock_plan(&mounts, spec));
     let proxy_port = matches!(spec.network, Network::Allow(_)).then_some(crate::proxy::serve::PROXY_PORT);
     let mut env = spec.env.clone();
@@ -146,7 +180,7 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
         allow_degraded: spec.allow_degraded,
         hold: spec.hold,
         tty: spec.tty,
-        userns_owner: (!rootless).then(userns_owner),
+        userns_owner: (!rootless).then(|| host.userns_owner()),
         idmap_refused,
         sweep_record: None,
     }
@@ -157,9 +191,8 @@ pub fn init_spec(spec: &JobSpec) -> InitSpec {
 /// CI runner has; a user's, whose group the job never gets elsewhere):
 /// the outer stage maps that owner onto the job, or says why not. Returns
 /// `dst: why` for those refused here (reached through a symlink).
-fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) -> Vec<String> {
+fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32), host: &impl Host) -> Vec<String> {
     let mut refused = Vec::new();
-    use std::os::unix::fs::MetadataExt;
     let wanted = |src: &std::path::Path, dst: &std::path::Path| {
         (dst == std::path::Path::new("/workspace") && spec.workspace.as_deref() == Some(src))
             || spec.binds.iter().any(|b| b.idmap && b.source == src && b.dest == dst)
@@ -170,8 +203,8 @@ fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) -> Vec<Stri
                 continue;
             }
             // Not there: the outer stage says so when it opens it.
-            if let Ok(meta) = std::fs::metadata(&*src) {
-                if (meta.uid(), meta.gid()) == job {
+            if let Some(owner) = host.owner(src) {
+                if owner == job {
                     continue;
                 }
                 if spec.through_symlink.iter().any(|p| p == src) {
@@ -180,11 +213,11 @@ fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32)) -> Vec<Stri
                          its owner is uid {})",
                         dst.display(),
                         src.display(),
-                        meta.uid()
+                        owner.0
                     ));
                     continue;
                 }
-                *idmap = Some((meta.uid(), meta.gid()));
+                *idmap = Some(owner);
             }
         }
     }
@@ -885,95 +918,4 @@ impl crate::sandbox::Job for RunningJob {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_stage_environment_sets_the_marker() {
-        assert_eq!(INIT_MARKER_ENV.to_str().unwrap(), format!("{INIT_MARKER}=1"));
-    }
-
-    /// A program that embeds the library and re-executes itself as the
-    /// init stage without dispatching `__init` must fail, not recurse.
-    #[test]
-    fn an_undispatched_init_stage_refuses_to_spawn() {
-        const NAME: &str = "sandbox::linux::tests::an_undispatched_init_stage_refuses_to_spawn";
-        if std::env::var_os(INIT_MARKER).is_some() {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            let spec = JobSpec::new(vec!["true".into()]);
-            let err = rt.block_on(spawn(&spec, StdioSpec::piped(), None)).err().expect("spawn must refuse");
-            assert!(err.to_string().contains("__init"), "{err}");
-            return;
-        }
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--test-threads=1"])
-            .env(INIT_MARKER, "1")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && text.contains("1 passed"), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    #[test]
-    fn landlock_follows_the_mount_plan() {
-        let mut spec = JobSpec::new(vec!["true".into()]);
-        spec.workspace = Some("/w".into());
-        spec.workspace_rw = true;
-        let ops = vec![
-            MountOp::Bind {
-                src: "/usr".into(),
-                dst: "/usr".into(),
-                rw: false,
-                dev: false,
-                optional: true,
-                exact: false,
-                idmap: None,
-            },
-            MountOp::Bind {
-                src: "/w".into(),
-                dst: "/workspace".into(),
-                rw: true,
-                dev: false,
-                optional: false,
-                exact: true,
-                idmap: None,
-            },
-            MountOp::Bind {
-                src: "/dev/null".into(),
-                dst: "/dev/null".into(),
-                rw: true,
-                dev: true,
-                optional: false,
-                exact: false,
-                idmap: None,
-            },
-        ];
-        let plan = landlock_plan(&ops, &spec);
-        assert!(plan.read.contains(&"/usr".into()));
-        assert!(plan.write.contains(&"/workspace".into()));
-        assert!(!plan.write.contains(&"/dev/null".into()), "devices get their own narrow rule");
-        assert!(plan.deny_tcp);
-        spec.network = Network::Host;
-        assert!(!landlock_plan(&ops, &spec).deny_tcp);
-    }
-
-    #[test]
-    fn rlimits_back_the_cgroup_or_stand_in_for_it() {
-        let limits = crate::job::Limits {
-            memory_bytes: Some(64 << 20),
-            pids: Some(10),
-            cpu_time_ms: Some(1500),
-            tmp_size_bytes: 1 << 20,
-            ..crate::job::Limits::default()
-        };
-        let with = limit_rlimits(&limits, true);
-        assert_eq!(with, vec![protocol::Rlimit { resource: libc::RLIMIT_CPU as i32, soft: 3, hard: 4 }]);
-        let without = limit_rlimits(&limits, false);
-        let get = |r: i32| without.iter().find(|l| l.resource == r).map(|l| (l.soft, l.hard));
-        assert_eq!(get(libc::RLIMIT_CPU as i32), Some((2, 3)));
-        assert_eq!(get(libc::RLIMIT_AS as i32), Some((64 << 20, 64 << 20)));
-        assert_eq!(get(libc::RLIMIT_NPROC as i32), Some((10, 10)));
-        assert_eq!(get(libc::RLIMIT_FSIZE as i32), Some((1 << 20, 1 << 20)));
-        assert!(limit_rlimits(&crate::job::Limits::default(), false).is_empty());
-    }
-}
+mod tests;

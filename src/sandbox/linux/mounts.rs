@@ -87,7 +87,8 @@ pub trait HostFs {
     fn symlink_target(&self, path: &Path) -> std::io::Result<Option<PathBuf>>;
 }
 
-/// The real host filesystem.
+/// The real host: its file system here, and our ids and fresh user
+/// namespace owners for [`super::Host`].
 pub struct RealHost;
 
 impl HostFs for RealHost {
