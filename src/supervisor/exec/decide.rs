@@ -184,3 +184,84 @@ enum NotAudited {
     #[error(transparent)]
     Audit(AuditError),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::sandbox::BackendChoice;
+    use crate::store::Store;
+    use crate::supervisor::exec::JobControl;
+
+    /// A supervisor on a store in `dir`; its backend is the fallback, so
+    /// that opening it needs neither root nor a seccomp profile.
+    fn supervisor(dir: &std::path::Path, enabled: bool) -> Supervisor {
+        let mut config = Config::default();
+        config.runtime.enabled = enabled;
+        config.runtime.backend = BackendChoice::UnixFallback;
+        config.runtime.allow_degraded = true;
+        Supervisor::with_store(config, Store::open(dir).unwrap()).unwrap()
+    }
+
+    fn request(runtime: &str) -> JobRequest {
+        JobRequest {
+            repo_id: Some("r".into()),
+            runtime: runtime.into(),
+            code: Some("true".into()),
+            ..Default::default()
+        }
+    }
+
+    /// The one record of the trail.
+    fn recorded(sup: &Supervisor) -> AuditEntry {
+        let records = sup.stores().unwrap().audit.list(10).unwrap();
+        assert_eq!(records.len(), 1, "{records:?}");
+        records[0].entry.clone()
+    }
+
+    #[tokio::test]
+    async fn a_disabled_runtime_is_denied_and_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let sup = supervisor(dir.path(), false);
+        let resp = sup.execute(request("shell"), JobControl::default()).await;
+        assert_eq!(resp.status, Status::Denied);
+        assert_eq!(resp.error.as_deref(), Some(crate::policy::DISABLED_REASON));
+        assert_eq!(resp.rejection, None);
+        assert!(!resp.policy_decision.allowed);
+        assert_eq!(resp.policy_decision.denied_reasons, [crate::policy::DISABLED_REASON]);
+        assert!(resp.outcome.is_none() && resp.output.is_none() && resp.artifact_handle.is_none());
+        let entry = recorded(&sup);
+        assert_eq!((entry.id.as_str(), entry.status, entry.allowed), (resp.job_id.as_str(), Status::Denied, false));
+        assert_eq!(entry.audit_hash, resp.policy_decision.audit_hash);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_runtime_is_rejected_as_invalid_and_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let sup = supervisor(dir.path(), true);
+        let resp = sup.execute(request("cobol"), JobControl::default()).await;
+        assert_eq!(resp.status, Status::Failure);
+        assert_eq!(resp.rejection, Some(Rejection::Invalid));
+        let error = resp.error.clone().unwrap();
+        assert!(error.starts_with("unknown runtime 'cobol'"), "{error}");
+        assert_eq!(resp.policy_decision.denied_reasons, [error]);
+        let json = serde_json::to_value(&resp).unwrap();
+        assert_eq!(json["rejection"], "invalid");
+        assert!(json.get("outcome").is_none() && json.get("unrecorded").is_none(), "{json}");
+        assert_eq!(recorded(&sup).status, Status::Failure);
+    }
+
+    #[test]
+    fn a_refusal_whose_record_failed_says_so_once() {
+        let full = "no room for it on the store's disk (0 bytes free; see store.min_free_bytes)";
+        assert_eq!(
+            unaudited("denied by policy: no".into(), full),
+            format!("denied by policy: no (and the audit record was not written: {full})")
+        );
+        // The error already names the store's failure: not repeated.
+        assert_eq!(
+            unaudited(format!("cannot start the job: {full}"), full),
+            format!("cannot start the job: {full} (no audit record was written)")
+        );
+    }
+}

@@ -154,3 +154,85 @@ fn answer(
         output,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::capture::capture;
+    use crate::output::OutputConfig;
+    use crate::store::artifacts::StreamName;
+    use crate::store::Store;
+
+    fn outcome(status: Status, exit_code: Option<i32>, error: Option<&str>) -> Outcome {
+        let mut o = Outcome::setup_failed("none", String::new(), "linux", Default::default());
+        (o.status, o.exit_code, o.error, o.setup_step, o.queued_ms) =
+            (status, exit_code, error.map(str::to_string), None, 7);
+        o
+    }
+
+    fn allowed() -> Decision {
+        Decision {
+            allowed: true,
+            deny_reasons: Vec::new(),
+            limits: Default::default(),
+            policy_digest: "d".into(),
+            audit_hash: "h".into(),
+            gate: false,
+        }
+    }
+
+    fn respond(outcome: Outcome, audit_error: Option<&str>) -> JobResponse {
+        let clamped = vec!["memory".to_string()];
+        answer("j".into(), &allowed(), clamped, outcome, Some("a".into()), None, audit_error.map(str::to_string))
+    }
+
+    #[test]
+    fn a_job_that_ran_is_answered_with_its_outcome() {
+        let resp = respond(outcome(Status::Success, Some(0), None), None);
+        assert_eq!((resp.status, resp.exit_code, resp.queued_ms), (Status::Success, Some(0), 7));
+        assert_eq!((resp.error, resp.rejection, resp.unrecorded), (None, None, false));
+        assert_eq!(
+            (resp.artifact_handle.as_deref(), resp.clamped.as_slice()),
+            (Some("a"), &["memory".to_string()][..])
+        );
+        assert!(resp.policy_decision.allowed && resp.policy_decision.denied_reasons.is_empty());
+        assert_eq!(resp.policy_decision.audit_hash, "h");
+        let resp = respond(outcome(Status::Timeout, None, Some("timed out")), None);
+        assert_eq!((resp.status, resp.error.as_deref()), (Status::Timeout, Some("timed out")));
+    }
+
+    #[test]
+    fn a_record_not_written_fails_the_job_and_says_why() {
+        let resp = respond(outcome(Status::Success, Some(0), None), Some("not recorded"));
+        assert_eq!(
+            (resp.status, resp.error.as_deref(), resp.unrecorded),
+            (Status::Failure, Some("not recorded"), true)
+        );
+        assert_eq!(resp.outcome.map(|o| o.status), Some(Status::Success), "the outcome keeps what the job did");
+        let resp = respond(outcome(Status::Oom, None, Some("out of memory")), Some("not recorded"));
+        assert_eq!((resp.status, resp.error.as_deref()), (Status::Failure, Some("out of memory; not recorded")));
+        let json = serde_json::to_value(respond(outcome(Status::Success, Some(0), None), Some("x"))).unwrap();
+        assert_eq!(json["unrecorded"], true);
+    }
+
+    #[tokio::test]
+    async fn output_past_the_stored_cap_is_sealed_truncated_and_the_view_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let artifacts = Artifacts::open(&Store::open(dir.path()).unwrap()).unwrap();
+        let output = OutputConfig::default().with_stored_cap(4);
+        let cap = Capture::start(Some(&artifacts), "r", &output, None, true);
+        let stdout = capture(&b"hello world\n"[..], cap.sink(StreamName::Stdout)).await;
+        let stderr = capture(&b""[..], cap.sink(StreamName::Stderr)).await;
+        let req = JobRequest { runtime: "shell".into(), ..Default::default() };
+        let ran = outcome(Status::Failure, Some(3), None);
+        let (captured, view) = seal(cap, stdout, stderr, &ran, &req, Some(&artifacts));
+        let meta = captured.artifact.clone().unwrap();
+        assert_eq!((meta.job.status, meta.job.exit_code), (Some(Status::Failure), Some(3)));
+        let view = view.unwrap();
+        assert_eq!((view.status, view.exit_code), (Some(Status::Failure), Some(3)));
+        assert_eq!(view.artifact_handle.as_deref(), captured.handle());
+        let t = view.truncation.unwrap();
+        assert!(t.stdout_truncated && !t.stderr_truncated, "{t:?}");
+        assert_eq!((t.total_stdout_bytes, view.output_bytes), (12, 12));
+    }
+}

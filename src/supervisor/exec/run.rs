@@ -275,3 +275,24 @@ pub(super) enum NotStarted {
     #[error("cannot start the job: {0}")]
     Release(crate::sandbox::SandboxError),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tap_counts_both_streams_and_the_mirror_stops_at_its_cap() {
+        let mirror = Mirror::default();
+        let ctl = JobControl { mirror: Some(mirror.clone()), ..Default::default() };
+        let count = Arc::new(AtomicU64::new(0));
+        let mut out = Tap::new(&count, StreamName::Stdout, &ctl, None);
+        let mut err = Tap::new(&count, StreamName::Stderr, &ctl, None);
+        out.observe(&vec![b'o'; MIRROR_CAP - 2], false);
+        err.observe(b"errs", false);
+        out.observe(b"more", true);
+        assert_eq!(count.load(Ordering::Relaxed), MIRROR_CAP as u64 + 6);
+        let m = mirror.lock().unwrap();
+        assert_eq!(m.len(), MIRROR_CAP);
+        assert_eq!(&m[MIRROR_CAP - 3..], b"oer");
+    }
+}
