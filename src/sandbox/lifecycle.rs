@@ -265,13 +265,27 @@ mod tests {
         assert!(matches!(BackendKind::UnixFallback.prepare(None, None), Ok(None)));
     }
 
+    #[cfg(unix)]
     #[tokio::test]
     async fn the_fallback_runs_through_the_trait() {
+        // This test binary has no `__fallback-init`: the stage is a script
+        // that reads its spec to the end, as the real one does, so that the
+        // spec's write never meets a stage that is already gone. Another
+        // process writes it: no fd of ours ever holds it open for writing,
+        // which a fork beside us could carry into an exec (ETXTBSY).
+        let dir = tempfile::tempdir().unwrap();
+        let stage = dir.path().join("stage");
+        let wrote = std::process::Command::new("/bin/sh")
+            .args(["-c", "printf '#!/bin/sh\\n/bin/cat <&3 >/dev/null\\nexit 3\\n' > \"$1\" && chmod 755 \"$1\"", "sh"])
+            .arg(&stage)
+            .status()
+            .unwrap();
+        assert!(wrote.success());
+        crate::sandbox::unix_fallback::set_stage_executable(stage);
         let spec = JobSpec::new(vec!["/bin/sh".into(), "-c".into(), "exit 3".into()]);
         let job = BackendKind::UnixFallback.spawn(&spec, StdioSpec::piped(), Launch::default()).await;
-        // The stage is this test binary, which has no `__fallback-init`:
-        // the spawn itself is what is checked here, and that the job is
-        // the fallback's (never held) with both pipes.
+        // The spawn itself is what is checked here, and that the job is the
+        // fallback's (never held) with both pipes.
         let mut job = match job {
             Ok(job) => job,
             Err(e) => panic!("spawn: {e}"),
