@@ -86,6 +86,9 @@ async fn run(config: Option<&Path>, args: ServeArgs) -> Result<(), McpError> {
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone());
     let relay = start_relay(&services, memory, shutdown.clone());
+    // What bursts of jobs leave free in the allocator goes back to the host.
+    #[cfg(target_os = "linux")]
+    tokio::spawn(crate::supervisor::trim_when_idle(services.supervisor.clone(), shutdown.clone()));
     let served = match args.http {
         Some(addr) => {
             let env = std::env::var(TOKEN_ENV).ok();

@@ -11,6 +11,14 @@
 //! returned to the kernel when freed: 22–51 MiB for the same floods.
 //! `M_ARENA_MAX = 2` was measured too and did not help reliably.
 //!
+//! A long-lived server also hands the allocator's free memory back to the
+//! kernel once it has gone idle after work ([`trim_when_idle`]). glibc
+//! returns a free region only from the top of a heap on its own; a burst of
+//! concurrent jobs leaves free regions below live ones, in each arena its
+//! threads used, and the idle server kept them: its RSS rose by steps from
+//! one burst to the next while its live allocations did not.
+//! `malloc_trim(0)` releases every free page of every arena.
+//!
 //! This only tunes the allocator; it must never change what the program
 //! computes. Off glibc (musl, macOS, Windows) it does nothing: those
 //! allocators have no such threshold to set.
@@ -43,8 +51,102 @@ pub fn tune_allocator() -> bool {
     }
 }
 
+/// How often [`trim_when_idle`] looks: a trim comes one to two periods
+/// after the last job was let run.
+#[cfg(target_os = "linux")]
+pub const IDLE_TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Hand every free page the allocator holds back to the kernel. Returns
+/// whether any was. Off glibc: nothing to do.
+#[cfg(target_os = "linux")]
+pub fn release_free_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim takes the arena locks itself and only
+        // releases pages of free chunks; no allocation changes.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+/// What the idle watcher knows between two looks.
+#[cfg(target_os = "linux")]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IdleWatch {
+    /// The count of jobs let run at the last look.
+    seen: u64,
+    /// The count at the last trim.
+    trimmed: u64,
+}
+
+#[cfg(target_os = "linux")]
+impl IdleWatch {
+    /// One look: `admitted` jobs let run so far, `busy` whether any runs or
+    /// waits now. True when it is time to trim: work happened since the
+    /// last trim, and none started since the last look.
+    pub fn look(&mut self, admitted: u64, busy: bool) -> bool {
+        let quiet = !busy && admitted == self.seen;
+        self.seen = admitted;
+        if quiet && admitted != self.trimmed {
+            self.trimmed = admitted;
+            return true;
+        }
+        false
+    }
+}
+
+/// Trim ([`release_free_memory`]) each time the supervisor goes idle after
+/// jobs, until `stop`. The trim runs on a blocking thread, never while a
+/// job runs or waits, so no request pays for it.
+#[cfg(target_os = "linux")]
+pub async fn trim_when_idle(sup: std::sync::Arc<super::Supervisor>, stop: tokio_util::sync::CancellationToken) {
+    let mut watch = IdleWatch::default();
+    let mut tick = tokio::time::interval(IDLE_TRIM_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let (running, queued) = sup.load();
+        if watch.look(sup.jobs_admitted(), running + queued > 0) {
+            let started = std::time::Instant::now();
+            let released = tokio::task::spawn_blocking(release_free_memory).await.unwrap_or(false);
+            tracing::debug!(released, took_us = started.elapsed().as_micros() as u64, "idle: free memory trimmed");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[cfg(target_os = "linux")]
+    use super::IdleWatch;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_trim_comes_once_per_quiet_spell_after_work() {
+        let mut w = IdleWatch::default();
+        assert!(!w.look(0, false), "nothing ran yet");
+        assert!(!w.look(3, false), "jobs were let run since the last look");
+        assert!(w.look(3, false), "quiet for a whole period after work");
+        assert!(!w.look(3, false), "already trimmed for that work");
+        assert!(!w.look(3, true), "a job waits");
+        assert!(!w.look(4, true), "a job runs");
+        assert!(!w.look(4, false), "it was let run since the last look");
+        assert!(w.look(4, false));
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn releasing_free_memory_is_harmless() {
+        let v: Vec<Vec<u8>> = (0..64).map(|_| vec![1u8; 64 << 10]).collect();
+        drop(v);
+        super::release_free_memory();
+    }
+
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn glibc_accepts_the_threshold() {

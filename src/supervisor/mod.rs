@@ -16,6 +16,8 @@ pub(crate) mod plan;
 pub mod queue;
 mod stores;
 
+#[cfg(target_os = "linux")]
+pub use malloc::trim_when_idle;
 pub use malloc::tune_allocator;
 pub use stores::Stores;
 

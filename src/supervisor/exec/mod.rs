@@ -181,4 +181,9 @@ impl Supervisor {
     pub fn load(&self) -> (usize, usize) {
         (self.queue.running(), self.queue.queued())
     }
+
+    /// Jobs let run since this supervisor started.
+    pub fn jobs_admitted(&self) -> u64 {
+        self.queue.admitted()
+    }
 }
