@@ -135,8 +135,9 @@ mod tests {
         assert!(!w.look(3, false), "already trimmed for that work");
         assert!(!w.look(3, true), "a job waits");
         assert!(!w.look(4, true), "a job runs");
-        assert!(!w.look(4, false), "it was let run since the last look");
-        assert!(w.look(4, false));
+        assert!(w.look(4, false), "it ended, and none started since the last look");
+        assert!(!w.look(6, false), "two were let run and ended between two looks");
+        assert!(w.look(6, false));
     }
 
     #[test]
