@@ -170,7 +170,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         // One request: the store opens while it is admitted and sandboxed,
         // and its sandbox is built while the policy compiles and decides
         // (held before the job's execve until both are done).
-        let sup = Supervisor::open_one_shot(config, Some(&req)).await.map_err(|e| e.to_string())?;
+        let sup = Supervisor::open_one_shot(config, Some(&req)).await?;
         let cancel = Box::pin(async {
             use tokio::signal::unix::{signal, SignalKind};
             match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
@@ -181,11 +181,11 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
             }
         });
         let ctl = JobControl { live: live.then_some(Live::Own), cancel: Some(cancel), ..JobControl::default() };
-        Ok::<_, String>((sup.execute(req, ctl).await, sup))
+        Ok::<_, crate::supervisor::SupervisorError>((sup.execute(req, ctl).await, sup))
     });
     let (resp, sup) = match resp {
         Ok(r) => r,
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.to_string()),
     };
     // A stage or held sandbox left unused (the request was denied) is killed now.
     sup.discard_prestarted();

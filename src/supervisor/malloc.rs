@@ -52,7 +52,7 @@ pub fn tune_allocator() -> bool {
 }
 
 /// How often [`trim_when_idle`] looks: a trim comes one to two periods
-/// after the last job was let run.
+/// after the last request answered.
 #[cfg(target_os = "linux")]
 pub const IDLE_TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -84,9 +84,9 @@ pub struct IdleWatch {
 
 #[cfg(target_os = "linux")]
 impl IdleWatch {
-    /// One look: `admitted` jobs let run so far, `busy` whether any runs or
-    /// waits now. True when it is time to trim: work happened since the
-    /// last trim, and none started since the last look.
+    /// One look: `admitted` requests started so far, `busy` whether any is
+    /// in the pipeline now. True when it is time to trim: work happened
+    /// since the last trim, and none started since the last look.
     pub fn look(&mut self, admitted: u64, busy: bool) -> bool {
         let quiet = !busy && admitted == self.seen;
         self.seen = admitted;
@@ -98,9 +98,49 @@ impl IdleWatch {
     }
 }
 
+/// Requests in the governed pipeline, from `execute`'s first step to its
+/// answer: what [`trim_when_idle`] watches.
+// Off Linux there is no governed execution yet: nothing enters or looks.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+#[derive(Debug, Default)]
+pub(crate) struct Activity {
+    started: std::sync::atomic::AtomicU64,
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+impl Activity {
+    /// Count a request in until the guard is dropped.
+    pub(crate) fn enter(&self) -> Active<'_> {
+        use std::sync::atomic::Ordering;
+        self.started.fetch_add(1, Ordering::SeqCst);
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Active(self)
+    }
+
+    /// Requests started so far, and how many have not answered yet.
+    pub(crate) fn now(&self) -> (u64, usize) {
+        use std::sync::atomic::Ordering;
+        (self.started.load(Ordering::SeqCst), self.in_flight.load(Ordering::SeqCst))
+    }
+}
+
+/// A request counted in by [`Activity::enter`].
+pub(crate) struct Active<'a>(&'a Activity);
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Trim ([`release_free_memory`]) each time the supervisor goes idle after
-/// jobs, until `stop`. The trim runs on a blocking thread, never while a
-/// job runs or waits, so no request pays for it.
+/// requests, until `stop`: when no request started since the last look and
+/// none is in the pipeline (from its first check to its answer, audit and
+/// cgroup teardown included). Best effort: a request that arrives while
+/// the trim runs may wait on an arena's lock for as long as the trim takes
+/// there, and MCP and relayed commands that run no job (queries, memory,
+/// audit) are not watched.
 #[cfg(target_os = "linux")]
 pub async fn trim_when_idle(sup: std::sync::Arc<super::Supervisor>, stop: tokio_util::sync::CancellationToken) {
     let mut watch = IdleWatch::default();
@@ -111,11 +151,11 @@ pub async fn trim_when_idle(sup: std::sync::Arc<super::Supervisor>, stop: tokio_
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let (running, queued) = sup.load();
-        if watch.look(sup.jobs_admitted(), running + queued > 0) {
-            let started = std::time::Instant::now();
+        let (started, in_flight) = sup.activity.now();
+        if watch.look(started, in_flight > 0) {
+            let took = std::time::Instant::now();
             let released = tokio::task::spawn_blocking(release_free_memory).await.unwrap_or(false);
-            tracing::debug!(released, took_us = started.elapsed().as_micros() as u64, "idle: free memory trimmed");
+            tracing::debug!(released, took_us = took.elapsed().as_micros() as u64, "idle: free memory trimmed");
         }
     }
 }
@@ -138,6 +178,18 @@ mod tests {
         assert!(w.look(4, false), "it ended, and none started since the last look");
         assert!(!w.look(6, false), "two were let run and ended between two looks");
         assert!(w.look(6, false));
+    }
+
+    #[test]
+    fn a_request_counts_as_in_flight_until_its_guard_drops() {
+        let a = super::Activity::default();
+        let first = a.enter();
+        let second = a.enter();
+        assert_eq!(a.now(), (2, 2));
+        drop(first);
+        assert_eq!(a.now(), (2, 1));
+        drop(second);
+        assert_eq!(a.now(), (2, 0));
     }
 
     #[test]

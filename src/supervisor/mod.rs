@@ -69,6 +69,8 @@ pub struct Supervisor {
     stores: StoreSlot,
     pub(crate) policy: Arc<PolicyChain>,
     pub(crate) queue: queue::JobQueue,
+    /// Requests in the pipeline, for the idle trim.
+    pub(crate) activity: malloc::Activity,
     /// The backend every job runs on: `runtime.backend`, checked at start.
     pub backend: crate::sandbox::BackendKind,
     #[cfg(target_os = "linux")]
@@ -205,6 +207,7 @@ impl Supervisor {
         tracing::debug!("policy compiled");
         Ok(Supervisor {
             queue: queue::JobQueue::new(config.max_concurrent_jobs(), config.runtime.max_queued),
+            activity: malloc::Activity::default(),
             host,
             config,
             stores,

@@ -5,7 +5,7 @@
 //! the caller how long a job waited, because a queued job's timeout
 //! includes its wait.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -28,9 +28,6 @@ pub struct JobQueue {
     max_running: usize,
     max_queued: usize,
     waiting: Arc<AtomicUsize>,
-    /// Slots handed out since the start: how an idle watcher tells that
-    /// work happened since it last looked ([`JobQueue::admitted`]).
-    admitted: Arc<AtomicU64>,
 }
 
 /// A held slot; the slot is free again when this is dropped.
@@ -67,7 +64,6 @@ impl JobQueue {
             max_running,
             max_queued,
             waiting: Arc::new(AtomicUsize::new(0)),
-            admitted: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -81,11 +77,6 @@ impl JobQueue {
         self.waiting.load(Ordering::SeqCst)
     }
 
-    /// Slots handed out since the queue was made.
-    pub fn admitted(&self) -> u64 {
-        self.admitted.load(Ordering::Relaxed)
-    }
-
     /// Take a slot, waiting in line at most `timeout`. Refused at once when
     /// no slot is free and `max_queued` jobs already wait.
     pub async fn acquire(&self, timeout: Duration) -> Result<Slot, QueueError> {
@@ -93,7 +84,6 @@ impl JobQueue {
         // A free slot and nobody waiting: no queueing at all. (Semaphore
         // hands released permits to waiters first, so this can't jump the line.)
         if let Ok(permit) = self.slots.clone().try_acquire_owned() {
-            self.admitted.fetch_add(1, Ordering::Relaxed);
             return Ok(Slot { _permit: permit, queued: started.elapsed() });
         }
         let max = self.max_queued;
@@ -102,10 +92,7 @@ impl JobQueue {
         }
         let _waiting = Waiting(&self.waiting);
         match tokio::time::timeout(timeout, self.slots.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => {
-                self.admitted.fetch_add(1, Ordering::Relaxed);
-                Ok(Slot { _permit: permit, queued: started.elapsed() })
-            }
+            Ok(Ok(permit)) => Ok(Slot { _permit: permit, queued: started.elapsed() }),
             // The semaphore is never closed; treat it like a full queue if it were.
             Ok(Err(_)) => Err(QueueError::Busy { running: self.running(), queued: self.queued() }),
             Err(_) => Err(QueueError::TimedOut { waited: started.elapsed(), running: self.running() }),

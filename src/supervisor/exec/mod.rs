@@ -153,6 +153,8 @@ pub const MIRROR_CAP: usize = 1 << 20;
 impl Supervisor {
     /// Run one request through every governance step.
     pub async fn execute(&self, req: JobRequest, mut ctl: JobControl) -> JobResponse {
+        // In the pipeline until answered: the idle trim waits for it.
+        let _active = self.activity.enter();
         let job_id = req.job_id.clone().unwrap_or_else(crate::ids::job_id);
         // 1–7: refused requests are recorded and answered there.
         let decided = match self.decide(&job_id, &req).await {
@@ -180,10 +182,5 @@ impl Supervisor {
     /// Jobs running and waiting right now.
     pub fn load(&self) -> (usize, usize) {
         (self.queue.running(), self.queue.queued())
-    }
-
-    /// Jobs let run since this supervisor started.
-    pub fn jobs_admitted(&self) -> u64 {
-        self.queue.admitted()
     }
 }
