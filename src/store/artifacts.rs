@@ -13,7 +13,7 @@
 //!
 //! This module owns the layout and never interprets output (that is
 //! [`crate::output`]). It reaches sled only through [`ArtifactBackend`], so an
-//! object store can take its place on a fleet (shared/DESIGN.md, "Beyond one machine").
+//! object store can take its place on a fleet.
 
 mod chunks;
 mod gc;
