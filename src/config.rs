@@ -280,6 +280,12 @@ pub struct SandboxConfig {
     /// Parent cgroup of the job cgroups (`<parent>/confine/<job>` in each
     /// hierarchy used); unset: the supervisor's own cgroup.
     pub cgroup_parent: Option<PathBuf>,
+    /// Sandboxes a server keeps built ahead of its requests, of the shape
+    /// of the last request (`supervisor/warm.rs`); unset: 2 for a server,
+    /// none for a one-shot command. 0 turns them off.
+    pub warm: Option<usize>,
+    /// Seconds a warm sandbox may wait before it is replaced.
+    pub warm_max_idle_secs: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -334,6 +340,8 @@ impl Default for SandboxConfig {
             env_allowlist: Vec::new(),
             workspace_rw: false,
             cgroup_parent: None,
+            warm: None,
+            warm_max_idle_secs: 600,
         }
     }
 }

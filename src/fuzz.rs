@@ -48,12 +48,26 @@ pub const TARGETS: &[(&str, FuzzTarget)] = &[
 /// stage (`protocol::read_spec`), and the reports it reads back: whatever
 /// decodes must encode to the same thing.
 pub fn init_spec(data: &[u8]) {
-    use crate::sandbox::linux::protocol::{encode_report, read_spec, write_spec, InitReport};
-    if let Ok(spec) = read_spec(&mut &data[..]) {
+    use crate::sandbox::linux::protocol::{encode_report, read_spec, write_spec, InitReport, InitSpec, RequestPart};
+    if let Ok(spec) = read_spec::<InitSpec>(&mut &data[..]) {
         let mut again = Vec::new();
         write_spec(&mut again, &spec).unwrap();
-        let back = read_spec(&mut again.as_slice()).expect("a spec we wrote must read back");
+        let back: InitSpec = read_spec(&mut again.as_slice()).expect("a spec we wrote must read back");
         assert_eq!(serde_json::to_value(&back).unwrap(), serde_json::to_value(&spec).unwrap());
+        // A warm sandbox's base and its request's part make the whole again.
+        let (mut base, part) = spec.clone().split();
+        assert!(base.mounts.iter().all(|m| !m.is_request()));
+        base.join(part);
+        let mut whole = spec.clone();
+        whole.mounts.sort_by_key(|m| m.is_request());
+        assert_eq!(serde_json::to_value(&base).unwrap(), serde_json::to_value(&whole).unwrap());
+    }
+    // The request's part, which a warm sandbox's outer stage reads.
+    if let Ok(part) = read_spec::<RequestPart>(&mut &data[..]) {
+        let mut again = Vec::new();
+        write_spec(&mut again, &part).unwrap();
+        let back: RequestPart = read_spec(&mut again.as_slice()).expect("a part we wrote must read back");
+        assert_eq!(serde_json::to_value(&back).unwrap(), serde_json::to_value(&part).unwrap());
     }
     for line in data.split(|&b| b == b'\n') {
         if let Ok(report) = serde_json::from_slice::<InitReport>(line) {

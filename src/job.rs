@@ -334,6 +334,10 @@ pub struct Layers {
     /// Layers that were requested but missing (only with `--allow-degraded`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+    /// The job ran in a sandbox built before its request arrived (a
+    /// server's warm pool), rather than one built for it.
+    #[serde(default)]
+    pub warm: bool,
 }
 
 /// Resource usage of the whole job tree. A figure nothing measured (no

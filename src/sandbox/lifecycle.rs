@@ -73,6 +73,10 @@ pub enum Early {
     /// its job held before its execve.
     #[cfg(target_os = "linux")]
     Held(Box<super::linux::RunningJob>),
+    /// A server's warm sandbox, built before the request, of its shape,
+    /// and the request's part of the spec for it.
+    #[cfg(target_os = "linux")]
+    Warm(Box<super::linux::warm::WarmSandbox>, Box<super::linux::protocol::RequestPart>),
 }
 
 impl Early {
@@ -108,6 +112,9 @@ impl Early {
             }
             #[cfg(target_os = "linux")]
             held @ Early::Held(_) => Ok(held),
+            // Only a server has warm sandboxes, and it builds none early.
+            #[cfg(target_os = "linux")]
+            warm @ Early::Warm(..) => Ok(warm),
         }
     }
 }

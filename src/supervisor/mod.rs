@@ -15,6 +15,8 @@ mod one_shot;
 pub(crate) mod plan;
 pub mod queue;
 mod stores;
+#[cfg(target_os = "linux")]
+mod warm;
 
 #[cfg(target_os = "linux")]
 pub use malloc::trim_when_idle;
@@ -85,7 +87,13 @@ pub struct Supervisor {
     /// request was decided ([`Supervisor::open_one_shot`]).
     #[cfg(target_os = "linux")]
     pub(crate) prestarted: std::sync::Mutex<Option<one_shot::Prestarted>>,
+    /// Sandboxes built ahead of requests (`[sandbox] warm`).
+    #[cfg(target_os = "linux")]
+    pub(crate) warm: Option<warm::WarmPool>,
 }
+
+/// Warm sandboxes a server keeps when `[sandbox] warm` is not set.
+pub const DEFAULT_WARM: usize = 2;
 
 /// The compiled seccomp profile, on Linux.
 #[cfg(target_os = "linux")]
@@ -205,6 +213,8 @@ impl Supervisor {
     ) -> Result<Supervisor, SupervisorError> {
         let policy = Arc::new(PolicyChain::from_config(&config.policy)?);
         tracing::debug!("policy compiled");
+        #[cfg(target_os = "linux")]
+        let warm = Supervisor::warm_pool(&config, backend, seccomp.as_ref(), one_shot);
         Ok(Supervisor {
             queue: queue::JobQueue::new(config.max_concurrent_jobs(), config.runtime.max_queued),
             activity: malloc::Activity::default(),
@@ -219,7 +229,36 @@ impl Supervisor {
             one_shot,
             #[cfg(target_os = "linux")]
             prestarted: std::sync::Mutex::new(None),
+            #[cfg(target_os = "linux")]
+            warm,
         })
+    }
+
+    /// The warm pool a server keeps: Linux's backend, as host root (a
+    /// warm sandbox's binds are detached copies of host mounts, which only
+    /// host root may make), unless `[sandbox] warm = 0`.
+    #[cfg(target_os = "linux")]
+    fn warm_pool(
+        config: &Config,
+        backend: crate::sandbox::BackendKind,
+        seccomp: Option<&crate::sandbox::linux::seccomp::CompiledProfile>,
+        one_shot: bool,
+    ) -> Option<warm::WarmPool> {
+        let size = config.sandbox.warm.unwrap_or(if one_shot { 0 } else { DEFAULT_WARM });
+        let seccomp = seccomp.filter(|_| backend == crate::sandbox::BackendKind::Linux && size > 0)?;
+        if !nix::unistd::geteuid().is_root() {
+            tracing::debug!("no warm sandboxes: rootless");
+            return None;
+        }
+        let max_idle = std::time::Duration::from_secs(config.sandbox.warm_max_idle_secs.max(1));
+        let pool = seccomp.fd.try_clone().and_then(|fd| warm::WarmPool::start(size, max_idle, fd));
+        match pool {
+            Ok(pool) => Some(pool),
+            Err(e) => {
+                tracing::warn!(error = %e, "no warm sandboxes: the pool could not start");
+                None
+            }
+        }
     }
 
     /// After a job: start artifact GC and the sealing of old audit records

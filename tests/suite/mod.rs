@@ -54,5 +54,7 @@ mod soak;
 mod store;
 #[cfg(target_os = "linux")]
 mod supervisor;
+#[cfg(target_os = "linux")]
+mod warm;
 #[cfg(windows)]
 mod windows;

@@ -18,7 +18,8 @@
 //! No tokio here, ever: this code forks.
 
 use super::protocol::{
-    encode_report, read_spec, InitReport, InitSpec, MountOp, CONTROL_FD, PROXY_READY, PROXY_SOCKET, RELEASE, SECCOMP_FD,
+    encode_report, read_spec, write_spec, InitReport, InitSpec, MountOp, RequestPart, CONTROL_FD, PROXY_READY,
+    PROXY_SOCKET, RELEASE, SECCOMP_FD,
 };
 use super::sys::{self, SysError};
 use super::{caps, exec, inherit, landlock, mounts, namespaces, rlimits, seccomp};
@@ -55,7 +56,7 @@ fn run() -> i32 {
         report(&ctl, &InitReport::SetupFailed { step: "close inherited fds".into(), error: e.to_string() });
         return 125;
     }
-    let spec = match read_spec(&mut ctl) {
+    let spec: InitSpec = match read_spec(&mut ctl) {
         Ok(spec) => spec,
         Err(e) => {
             report(&ctl, &InitReport::SetupFailed { step: "read spec".into(), error: e.to_string() });
@@ -218,6 +219,7 @@ fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, Sys
                 (spec.uid.outside, spec.gid.outside),
                 spec.rootless,
                 spec.sweep_record.as_ref().map(|(_, r)| r),
+                false,
             )
         })
         .and_then(|opened| {
@@ -233,13 +235,48 @@ fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, Sys
             return Err(e);
         }
     };
+    // A warm sandbox: pid 1 builds the base now, and both wait for the
+    // request; then its binds are opened and sent as the base's were.
+    let whole;
+    let (spec, idmapped, built_base) = if spec.warm {
+        let request = write(&go_wr, b"1")
+            .map_err(|e| SysError::call("release pid 1", e))
+            .and_then(|_| warm_request(spec, ctl, pid, &go_wr, &fds_out));
+        match request {
+            Ok(Some((joined, idmapped))) => {
+                whole = joined;
+                (&whole, idmapped, true)
+            }
+            // The supervisor let the sandbox go unused (it closed the
+            // control socket): nothing ran, nothing to report.
+            Ok(None) => {
+                let _ = kill(pid1, Signal::SIGKILL);
+                let _ = waitpid(pid1, None);
+                return Ok(125);
+            }
+            Err(e) => {
+                let _ = kill(pid1, Signal::SIGKILL);
+                let _ = waitpid(pid1, None);
+                return Err(e);
+            }
+        }
+    } else {
+        (spec, idmapped, false)
+    };
     drop(fds_out);
     // pid 1 builds the sandbox while the record of the trees the job may
     // write is made durable (`sweep`: for a sweep after the job even if
     // the supervisor dies); it starts the job only at the second byte.
     let record = spec.sweep_record.as_ref().filter(|_| !idmapped.is_empty());
-    let release: &[u8] = if record.is_some() { b"1" } else { b"12" };
-    write(&go_wr, release).map_err(|e| SysError::call("release pid 1", e))?;
+    let release: &[u8] = match (record.is_some(), built_base) {
+        (true, false) => b"1",
+        (false, false) => b"12",
+        (true, true) => b"",
+        (false, true) => b"2",
+    };
+    if !release.is_empty() {
+        write(&go_wr, release).map_err(|e| SysError::call("release pid 1", e))?;
+    }
     if let Some((job_id, record)) = record {
         if let Err(e) = super::sweep::write_record(job_id, record, &idmapped) {
             let _ = kill(pid1, Signal::SIGKILL);
@@ -267,6 +304,52 @@ fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, Sys
     }
 }
 
+/// A warm sandbox's request, in the outer stage: read its part from the
+/// supervisor, hand it to pid 1 (on the pipe that releases it), then open
+/// its binds (as detached copies: pid 1's namespace has its root built
+/// over the host's /tmp by now) and send them. None: the supervisor closed
+/// the control socket instead. Returns the whole spec and the binds that
+/// were idmapped.
+fn warm_request(
+    base: &InitSpec,
+    ctl: &File,
+    pid1: libc::pid_t,
+    go: &OwnedFd,
+    fds_out: &OwnedFd,
+) -> Result<Option<(InitSpec, Vec<std::path::PathBuf>)>, SysError> {
+    let part: RequestPart = match read_spec(&mut &*ctl) {
+        Ok(part) => part,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(SysError::other("read the request", e)),
+    };
+    // Built at a lower priority; the job runs at the request's. Not
+    // below 0, whatever the part says.
+    let nice = part.nice.max(0);
+    for who in [pid1, 0] {
+        // SAFETY: setpriority takes integers and no pointers.
+        let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, who as libc::id_t, nice) };
+        nix::errno::Errno::result(ret).map_err(|e| SysError::call("set the job's nice value", e))?;
+    }
+    let request_ops = part.mounts.clone();
+    let mut pipe = File::from(go.try_clone().map_err(|e| SysError::other("hand the request to pid 1", e))?);
+    write_spec(&mut pipe, &part).map_err(|e| SysError::other("hand the request to pid 1", e))?;
+    drop(pipe);
+    let mut whole = base.clone();
+    whole.join(part);
+    let opened = mounts::open_sources(
+        pid1,
+        &request_ops,
+        (whole.uid.outside, whole.gid.outside),
+        whole.rootless,
+        whole.sweep_record.as_ref().map(|(_, r)| r),
+        true,
+    )?;
+    let mut not_idmapped = opened.not_idmapped;
+    not_idmapped.extend(whole.idmap_refused.iter().cloned());
+    mounts::send_sources(fds_out, opened.sources, &not_idmapped)?;
+    Ok(Some((whole, opened.idmapped)))
+}
+
 /// Step 2, pid 1 of the new pid namespace.
 fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option<OwnedFd>) -> Result<i32, SysError> {
     // If the outer stage dies, so do we, and with us the whole namespace.
@@ -282,7 +365,6 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
     // Opened by the outer stage, as host root (root-owned trees such as
     // /root/.rustup included), in our mount namespace.
     let (sources, not_idmapped) = mounts::receive_sources(&fds_in, &spec.mounts)?;
-    drop(fds_in);
     namespaces::become_mapped(spec.uid, spec.gid, spec.rootless)?;
     // Changing credentials clears the parent-death signal: arm it again.
     // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.
@@ -296,8 +378,32 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
     if let (Some(port), Some(sock)) = (spec.proxy_port, &proxy) {
         proxy_listen(sock, port)?;
     }
-    let built = mounts::build(&spec.mounts, &sources)?;
+    let mut built = mounts::build(&spec.mounts, &sources)?;
     drop(sources);
+    // A warm sandbox waits here, built but for its request's binds, and
+    // before the pivot: its request comes on the pipe (the outer stage
+    // read it), its binds on the socket.
+    let whole;
+    let (spec, not_idmapped) = if spec.warm {
+        let mut pipe = File::from(go.try_clone().map_err(|e| SysError::other("wait for the request", e))?);
+        let part: RequestPart = match read_spec(&mut pipe) {
+            Ok(part) => part,
+            // The outer stage failed, or was let go unused.
+            Err(_) => return Ok(125),
+        };
+        let request_ops = part.mounts.clone();
+        let mut joined = spec.clone();
+        joined.join(part);
+        whole = joined;
+        let (sources, not_idmapped) = mounts::receive_sources(&fds_in, &request_ops)?;
+        let more = mounts::build_request(&request_ops, &sources)?;
+        built.protected.extend(more.protected);
+        built.idmapped.extend(more.idmapped);
+        (&whole, not_idmapped)
+    } else {
+        (spec, not_idmapped)
+    };
+    drop(fds_in);
     // While we still hold CAP_SYS_RESOURCE in the job's user namespace,
     // after the mounts (a detached mount tree is a mount namespace too)
     // and before the pivot (the job's /proc/sys is read-only): what the

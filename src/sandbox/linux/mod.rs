@@ -22,6 +22,7 @@ mod stage_process;
 pub mod supervise;
 pub mod sweep;
 pub mod sys;
+pub mod warm;
 
 use crate::job::{JobSpec, Layers, Network, Outcome, Status, Usage};
 use crate::sandbox::{SandboxError, StdioSpec};
@@ -183,6 +184,7 @@ pub fn init_spec_on(spec: &JobSpec, host: &impl Host) -> InitSpec {
         userns_owner: (!rootless).then(|| host.userns_owner()),
         idmap_refused,
         sweep_record: None,
+        warm: false,
     }
 }
 
@@ -372,6 +374,17 @@ pub(crate) async fn spawn_job(
             None => fresh().await?,
         },
         Some(Early::Stage(stage)) => stage.configure(spec, seccomp.map(|(name, _)| name), |_| {}).await?,
+        Some(Early::Warm(warm, part)) => {
+            check_workspace(spec)?;
+            match warm.take(spec, *part).await {
+                Ok(job) => job,
+                // Nothing ran in it; the job gets a sandbox of its own.
+                Err(e) => {
+                    tracing::warn!(error = %e, "the warm sandbox failed: the job starts cold");
+                    fresh().await?
+                }
+            }
+        }
         None => fresh().await?,
     };
     if let Some(id) = launch.job_id {
@@ -531,23 +544,29 @@ impl InitStage {
         }
         ours.set_nonblocking(true).map_err(SandboxError::Spawn)?;
         let ctl = tokio::net::UnixStream::from_std(ours).map_err(SandboxError::Spawn)?;
-        let base_layers = Layers {
-            userns: true,
-            mountns: true,
-            pidns: true,
-            netns: init.new_netns,
-            net_proxy: init.proxy_port.is_some(),
-            ipcns: true,
-            utsns: true,
-            cgroupns: true,
-            host_uid: init.uid.outside,
-            host_gid: init.gid.outside,
-            uid: (init.uid.inside != init.uid.outside).then_some(init.uid.inside),
-            cgroup: cgroup.as_ref().map(|c| c.layer().to_string()),
-            missing,
-            ..Layers::default()
-        };
+        let base_layers = base_layers(&init, cgroup.as_ref(), missing);
         Ok(RunningJob { job_id, child, ctl, started, base_layers, spec: spec.clone(), sweeps, cgroup, proxy })
+    }
+}
+
+/// The layers a job of `init` has before its own reports add landlock's,
+/// seccomp's and the mounts'.
+fn base_layers(init: &InitSpec, cgroup: Option<&cgroup::JobCgroup>, missing: Vec<String>) -> Layers {
+    Layers {
+        userns: true,
+        mountns: true,
+        pidns: true,
+        netns: init.new_netns,
+        net_proxy: init.proxy_port.is_some(),
+        ipcns: true,
+        utsns: true,
+        cgroupns: true,
+        host_uid: init.uid.outside,
+        host_gid: init.gid.outside,
+        uid: (init.uid.inside != init.uid.outside).then_some(init.uid.inside),
+        cgroup: cgroup.map(|c| c.layer().to_string()),
+        missing,
+        ..Layers::default()
     }
 }
 

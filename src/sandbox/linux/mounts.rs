@@ -218,6 +218,10 @@ pub enum Source {
     /// A detached mount tree (`open_tree`), idmapped, private and with
     /// the bind's attributes already set: pid 1 only moves it in place.
     Tree(OwnedFd),
+    /// A detached copy as [`Source::Tree`], not idmapped: a warm
+    /// sandbox's bind, opened from the host's mount namespace after pid 1
+    /// has covered its own copy of the host's /tmp.
+    Detached(OwnedFd),
     Protect(Vec<OwnedFd>),
 }
 
@@ -239,12 +243,17 @@ pub enum Source {
 /// `open_tree` copies only mounts of the caller's namespace), and the copy
 /// is idmapped: only host root may, as the file system's superblock
 /// belongs to the host. `job` is the job's host (uid, gid).
+///
+/// `detached` (a warm sandbox's request, whose pid 1 has built its root
+/// already): every bind is a detached copy from our own mount namespace,
+/// idmapped or not, since pid 1's no longer shows the host's paths.
 pub fn open_sources(
     pid1: libc::pid_t,
     ops: &[MountOp],
     job: (u32, u32),
     rootless: bool,
     sweep: Option<&super::sweep::SweepRecord>,
+    detached: bool,
 ) -> Result<Opened, SysError> {
     let proc_root = PathBuf::from(format!("/proc/{pid1}/root"));
     let root = open(proc_root.as_path(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
@@ -284,6 +293,23 @@ pub fn open_sources(
         };
         let source = match (source, op) {
             (Some(tree), _) => tree,
+            (None, MountOp::Bind { src, rw, dev, optional, exact, .. }) if detached => {
+                match idmaps.detached(src, *rw, *dev, *exact) {
+                    Ok(tree) => Source::Detached(tree),
+                    Err(nix::errno::Errno::ENOENT) if *optional => Source::None,
+                    Err(nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV) if *exact => {
+                        return Err(SysError::other(
+                            "open bind source",
+                            format!(
+                                "{}: a symbolic link appeared on its path since it was resolved (something is \
+                                 changing it); nothing was bound",
+                                src.display()
+                            ),
+                        ))
+                    }
+                    Err(e) => return Err(SysError::path("open bind source", src, e)),
+                }
+            }
             (None, MountOp::Bind { src, optional, exact, .. }) => match open_in_root(&root, &proc_root, src, *exact) {
                 Ok(fd) => Source::Bind(fd),
                 Err(nix::errno::Errno::ENOENT) if *optional => Source::None,
@@ -301,7 +327,11 @@ pub fn open_sources(
             },
             (None, MountOp::Protect { base, path }) => {
                 let base_fd = ops.iter().zip(&out).find_map(|(o, s)| match (o, s) {
-                    (MountOp::Bind { dst, .. }, Source::Bind(fd) | Source::Tree(fd)) if dst == base => Some(fd),
+                    (MountOp::Bind { dst, .. }, Source::Bind(fd) | Source::Tree(fd) | Source::Detached(fd))
+                        if dst == base =>
+                    {
+                        Some(fd)
+                    }
                     _ => None,
                 });
                 match base_fd {
@@ -347,6 +377,35 @@ struct Idmaps {
 }
 
 impl Idmaps {
+    /// Our own root, opened once.
+    fn own_root(&mut self) -> Result<&OwnedFd, nix::errno::Errno> {
+        if self.own_root.is_none() {
+            self.own_root = Some(open("/", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?);
+        }
+        self.own_root.as_ref().ok_or(nix::errno::Errno::ENOENT)
+    }
+
+    /// A detached copy of `src` (and every mount below it), private, with
+    /// the bind's attributes: what a plain bind would mount, taken from
+    /// our own mount namespace. `exact`: no symlink on the way.
+    fn detached(&mut self, src: &Path, rw: bool, dev: bool, exact: bool) -> Result<OwnedFd, nix::errno::Errno> {
+        let root = self.own_root()?;
+        let rel = src.strip_prefix("/").unwrap_or(src);
+        let mut resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+        if exact {
+            resolve |= libc::RESOLVE_NO_SYMLINKS;
+        }
+        let fd = sys::openat2(root, rel, libc::O_PATH | libc::O_CLOEXEC, resolve)?;
+        let tree = sys::open_tree_clone_recursive(&fd)?;
+        let mut attrs = sys::MOUNT_ATTR_NOSUID;
+        attrs |= if dev { sys::MOUNT_ATTR_NOEXEC } else { sys::MOUNT_ATTR_NODEV };
+        if !rw {
+            attrs |= sys::MOUNT_ATTR_RDONLY;
+        }
+        sys::set_tree_attrs(&tree, attrs)?;
+        Ok(tree)
+    }
+
     /// A detached copy of `src` (and every mount below it) that shows
     /// `owner`'s files as the job's, with the bind's attributes; or why not.
     fn tree(
@@ -359,12 +418,7 @@ impl Idmaps {
         swept: Option<(u64, u64)>,
     ) -> Result<OwnedFd, NotIdmapped> {
         let errno = |step: &'static str| move |source| NotIdmapped::Sys { step, source };
-        if self.own_root.is_none() {
-            let root = open("/", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-                .map_err(errno("opening /"))?;
-            self.own_root = Some(root);
-        }
-        let root = self.own_root.as_ref().ok_or(NotIdmapped::NoRoot)?;
+        let root = self.own_root().map_err(errno("opening /"))?;
         let rel = src.strip_prefix("/").unwrap_or(src);
         let resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
         let fd =
@@ -410,8 +464,6 @@ impl Idmaps {
 enum NotIdmapped {
     #[error("{step} failed: {source}")]
     Sys { step: &'static str, source: nix::errno::Errno },
-    #[error("no root")]
-    NoRoot,
     #[error("it is not the directory the supervisor opened a moment ago (its path was replaced)")]
     Replaced,
     #[error("the supervisor could not open it to sweep after the job")]
@@ -535,6 +587,10 @@ pub fn send_sources(sock: &OwnedFd, sources: Vec<Source>, not_idmapped: &[String
                 counts.push(TREE);
                 fds.push(fd);
             }
+            Source::Detached(fd) => {
+                counts.push(DETACHED);
+                fds.push(fd);
+            }
             Source::Protect(v) => {
                 let n = u8::try_from(v.len())
                     .map_err(|_| SysError::other("protect", "a protected path has more than 255 components"))?;
@@ -561,6 +617,8 @@ pub fn send_sources(sock: &OwnedFd, sources: Vec<Source>, not_idmapped: &[String
 /// The count [`send_sources`] gives a [`Source::Tree`] (one fd, and not a
 /// bind to make): a bind's count is otherwise 0 or 1.
 const TREE: u8 = 0x81;
+/// The count [`send_sources`] gives a [`Source::Detached`].
+const DETACHED: u8 = 0x82;
 
 /// The longest list of idmap refusals pid 1 takes.
 const MAX_NOT_IDMAPPED: usize = 64 * 1024;
@@ -582,7 +640,7 @@ pub fn receive_sources(sock: &OwnedFd, ops: &[MountOp]) -> Result<(Vec<Source>, 
         return Err(err("the outer stage sent sources for another plan"));
     }
     counts.truncate(n);
-    let want: usize = counts.iter().map(|&c| if c == TREE { 1 } else { usize::from(c) }).sum();
+    let want: usize = counts.iter().map(|&c| if c == TREE || c == DETACHED { 1 } else { usize::from(c) }).sum();
     let mut fds: Vec<OwnedFd> = Vec::with_capacity(want);
     while fds.len() < want {
         let mut byte = [0u8; 1];
@@ -610,6 +668,7 @@ pub fn receive_sources(sock: &OwnedFd, ops: &[MountOp]) -> Result<(Vec<Source>, 
             (_, 0) => Source::None,
             (MountOp::Bind { .. }, 1) => Source::Bind(take()?),
             (MountOp::Bind { .. }, TREE) => Source::Tree(take()?),
+            (MountOp::Bind { .. }, DETACHED) => Source::Detached(take()?),
             (MountOp::Protect { .. }, n) => Source::Protect((0..n).map(|_| take()).collect::<Result<_, _>>()?),
             _ => return Err(err("sources that do not match the plan")),
         });
@@ -683,11 +742,24 @@ pub struct Built {
 /// Run the plan under `root` (a fresh tmpfs at [`STAGING`]), from the
 /// `sources` the outer stage opened.
 pub fn build(ops: &[MountOp], sources: &[Source]) -> Result<Built, SysError> {
-    let root = Path::new(STAGING);
     let nil: Option<&str> = None;
     // Nothing we mount may propagate back to the host.
     mount(nil, "/", nil, MsFlags::MS_REC | MsFlags::MS_PRIVATE, nil)
         .map_err(|e| SysError::path("make / private", Path::new("/"), e))?;
+    place(ops, sources, true)
+}
+
+/// Run a warm sandbox's request part of the plan (its binds, all of them
+/// detached copies, and the paths to protect in them) into the root that
+/// [`build`] made from the base, before [`enter`].
+pub fn build_request(ops: &[MountOp], sources: &[Source]) -> Result<Built, SysError> {
+    place(ops, sources, false)
+}
+
+/// Run `ops` under the root at [`STAGING`]; `fresh`: mount that root first.
+fn place(ops: &[MountOp], sources: &[Source], fresh: bool) -> Result<Built, SysError> {
+    let root = Path::new(STAGING);
+    let nil: Option<&str> = None;
     // An idmapped copy is already detached from the source tree: paths to
     // protect in it are protected once it is in place. The others before
     // their base is bound: its recursive bind takes them along.
@@ -695,18 +767,20 @@ pub fn build(ops: &[MountOp], sources: &[Source]) -> Result<Built, SysError> {
         .iter()
         .zip(sources)
         .filter_map(|(op, s)| match (op, s) {
-            (MountOp::Bind { dst, .. }, Source::Tree(_)) => Some(dst.as_path()),
+            (MountOp::Bind { dst, .. }, Source::Tree(_) | Source::Detached(_)) => Some(dst.as_path()),
             _ => None,
         })
         .collect();
     let mut built = Built { protected: protect(ops, sources, |base| !trees.contains(&base))?, ..Built::default() };
-    mount(Some("tmpfs"), root, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=1m"))
-        .map_err(|e| SysError::path("mount root tmpfs", root, e))?;
+    if fresh {
+        mount(Some("tmpfs"), root, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=1m"))
+            .map_err(|e| SysError::path("mount root tmpfs", root, e))?;
+    }
 
     for (op, source) in ops.iter().zip(sources) {
         match op {
-            MountOp::Bind { dst, src, .. } if matches!(source, Source::Tree(_)) => {
-                let Source::Tree(tree) = source else { continue };
+            MountOp::Bind { dst, src, .. } if matches!(source, Source::Tree(_) | Source::Detached(_)) => {
+                let (Source::Tree(tree) | Source::Detached(tree)) = source else { continue };
                 let target = under(root, dst);
                 let meta = nix::sys::stat::fstat(tree).map_err(|e| SysError::path("stat bind source", src, e))?;
                 mkdir_parents(root, &target)?;
@@ -716,8 +790,10 @@ pub fn build(ops: &[MountOp], sources: &[Source]) -> Result<Built, SysError> {
                     touch(&target)?;
                 }
                 // Its attributes (read-only, nosuid, nodev) are set.
-                sys::move_mount_to(tree, &target).map_err(|e| SysError::path("move idmapped mount", src, e))?;
-                built.idmapped.push(dst.display().to_string());
+                sys::move_mount_to(tree, &target).map_err(|e| SysError::path("move detached mount", src, e))?;
+                if matches!(source, Source::Tree(_)) {
+                    built.idmapped.push(dst.display().to_string());
+                }
             }
             MountOp::Bind { dst, rw, dev, src, .. } => {
                 let Source::Bind(fd) = source else { continue };

@@ -186,6 +186,98 @@ pub struct InitSpec {
     /// and `/dev/tty` is there. Otherwise the job has no terminal at all.
     #[serde(default)]
     pub tty: bool,
+    /// A warm sandbox's spec: only its base ([`InitSpec::split`]). The
+    /// stages build it and wait, before the pivot, for the request's
+    /// [`RequestPart`] on the control socket; it never runs anything
+    /// before then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm: bool,
+}
+
+/// What a warm sandbox learns when its request arrives: everything of
+/// the [`InitSpec`] that is the request's and not the sandbox's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestPart {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    /// The workspace, the user's binds and the paths to protect in them,
+    /// mounted after the base, in this order.
+    pub mounts: Vec<MountOp>,
+    pub files: Vec<crate::job::JobFile>,
+    pub rlimits: Vec<Rlimit>,
+    pub landlock: Option<LandlockPlan>,
+    pub hold: bool,
+    pub idmap_refused: Vec<String>,
+    pub sweep_record: Option<(String, super::sweep::SweepRecord)>,
+    /// The nice value the job starts with: the sandbox was built at a
+    /// lower priority, so as not to slow the jobs running meanwhile. The
+    /// outer stage, host root, gives pid 1 this one (never below 0).
+    pub nice: i32,
+}
+
+impl MountOp {
+    /// Whether this step is the request's (the workspace, the user's and
+    /// the runtime's binds, all resolved for it, and the paths to protect
+    /// in them) rather than the sandbox's own.
+    pub fn is_request(&self) -> bool {
+        matches!(self, MountOp::Bind { exact: true, .. } | MountOp::Protect { .. })
+    }
+}
+
+impl InitSpec {
+    /// Split into the sandbox's base, which does not depend on the
+    /// request, and the request's part. The request's mounts keep their
+    /// order and come after the base's: none of them is under a mount of
+    /// the base but where the plan already puts it after that mount (a
+    /// bind under /tmp), so the root is the same as the whole spec's.
+    pub fn split(mut self) -> (InitSpec, RequestPart) {
+        let (request, base): (Vec<MountOp>, Vec<MountOp>) = self.mounts.drain(..).partition(MountOp::is_request);
+        self.mounts = base;
+        let part = RequestPart {
+            argv: std::mem::take(&mut self.argv),
+            env: std::mem::take(&mut self.env),
+            cwd: std::mem::take(&mut self.cwd),
+            mounts: request,
+            files: std::mem::take(&mut self.files),
+            rlimits: std::mem::take(&mut self.rlimits),
+            landlock: self.landlock.take(),
+            hold: std::mem::take(&mut self.hold),
+            idmap_refused: std::mem::take(&mut self.idmap_refused),
+            sweep_record: self.sweep_record.take(),
+            nice: 0,
+        };
+        (self, part)
+    }
+
+    /// The whole spec again: the base this is, with `part` in.
+    pub fn join(&mut self, part: RequestPart) {
+        self.argv = part.argv;
+        self.env = part.env;
+        self.cwd = part.cwd;
+        self.mounts.extend(part.mounts);
+        self.files = part.files;
+        self.rlimits = part.rlimits;
+        self.landlock = part.landlock;
+        self.hold = part.hold;
+        self.idmap_refused = part.idmap_refused;
+        self.sweep_record = part.sweep_record;
+    }
+
+    /// What two bases must share for one's sandbox to serve the other's
+    /// request: all of it but the cgroups it joins and the owner of its
+    /// user namespace (each sandbox has its own) and the flag that makes
+    /// it warm.
+    pub fn base_key(&self) -> Vec<u8> {
+        let mut key = self.clone();
+        key.cgroup_procs.clear();
+        key.warm = false;
+        // Each job's user namespace has a dedicated owner of its own,
+        // drawn at random (`namespaces::AsOwner`).
+        key.userns_owner = key.userns_owner.map(|_| 0);
+        serde_json::to_vec(&key).unwrap_or_default()
+    }
 }
 
 /// The byte the supervisor sends to let a held job execve.
@@ -221,7 +313,7 @@ pub enum InitReport {
     Exited { code: Option<i32>, signal: Option<i32> },
 }
 
-pub fn write_spec(w: &mut impl Write, spec: &InitSpec) -> io::Result<()> {
+pub fn write_spec(w: &mut impl Write, spec: &impl Serialize) -> io::Result<()> {
     let body = serde_json::to_vec(spec).map_err(io::Error::other)?;
     let len = u32::try_from(body.len()).map_err(io::Error::other)?;
     w.write_all(&len.to_le_bytes())?;
@@ -234,7 +326,7 @@ pub const PROXY_SOCKET: u8 = b'p';
 /// listeners; anything else is why it could not.
 pub const PROXY_READY: &[u8] = b"ready";
 
-pub fn read_spec(r: &mut impl Read) -> io::Result<InitSpec> {
+pub fn read_spec<T: serde::de::DeserializeOwned>(r: &mut impl Read) -> io::Result<T> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
@@ -281,10 +373,11 @@ mod tests {
             userns_owner: None,
             idmap_refused: Vec::new(),
             sweep_record: None,
+            warm: false,
         };
         let mut buf = Vec::new();
         write_spec(&mut buf, &spec).unwrap();
-        let back = read_spec(&mut buf.as_slice()).unwrap();
+        let back: InitSpec = read_spec(&mut buf.as_slice()).unwrap();
         assert_eq!(back.argv, spec.argv);
         assert_eq!(back.mounts, spec.mounts);
     }

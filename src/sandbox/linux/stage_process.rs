@@ -157,7 +157,7 @@ impl StageProcess {
     }
 
     /// Reap it if it has exited.
-    fn try_reap(&mut self) -> io::Result<Option<ExitStatus>> {
+    pub fn try_reap(&mut self) -> io::Result<Option<ExitStatus>> {
         if let Some(status) = self.status {
             return Ok(Some(status));
         }

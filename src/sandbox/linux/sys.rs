@@ -328,6 +328,26 @@ pub fn set_mount_attrs_fd(fd: &std::os::fd::OwnedFd, attrs: u64) -> Result<(), E
     Errno::result(ret).map(drop)
 }
 
+/// Set `attrs` on the detached tree `tree` and every mount in it, and
+/// make them private, as [`set_mount_idmap`] does without a mapping.
+pub fn set_tree_attrs(tree: &std::os::fd::OwnedFd, attrs: u64) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let attr = MountAttr { attr_set: attrs, attr_clr: 0, propagation: libc::MS_PRIVATE, userns_fd: 0 };
+    // SAFETY: an open fd, an empty NUL-terminated path and a valid struct
+    // of the size passed; the kernel only reads them.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(ret).map(drop)
+}
+
 /// `move_mount(2)` of the detached tree `from` onto the object `onto`
 /// refers to: no path is looked up, so nothing can be swapped in between.
 pub fn move_mount_onto(from: &std::os::fd::OwnedFd, onto: &std::os::fd::OwnedFd) -> Result<(), Errno> {

@@ -143,12 +143,23 @@ impl Supervisor {
         // has now worked out again), or a stage with this job's streams.
         // Anything else is dropped here, which kills it unreleased.
         let early = self.prestarted.lock().ok().and_then(|mut p| p.take()).and_then(|p| p.matching(prestart));
+        let early = early.or_else(|| self.warm_sandbox(&job.spec, prestart));
         let launch =
             Launch { job_id: Some(job_id), seccomp: self.seccomp.as_ref(), early, private_tmp: job.fallback_tmp };
         self.backend
             .spawn(&job.spec, prestart.stdio(), launch)
             .await
             .map_err(|e| NotStarted::Sandbox(crate::sandbox::describe_start_error(&e)))
+    }
+
+    /// A warm sandbox for `spec`, if the pool has one of its shape. The
+    /// pool then builds the next of this shape.
+    fn warm_sandbox(&self, spec: &crate::job::JobSpec, streams: Prestart) -> Option<crate::sandbox::Early> {
+        let pool = self.warm.as_ref()?;
+        let profile = self.seccomp.as_ref()?;
+        let (shape, base, part) = crate::sandbox::linux::warm::shape_of(spec, &profile.name, streams.stdin_piped)?;
+        let warm = pool.take(&shape, &base, &spec.limits)?;
+        Some(crate::sandbox::Early::Warm(Box::new(warm), Box::new(part)))
     }
 
     /// Start the sandbox, capture both streams, enforce the limits.
