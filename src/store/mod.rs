@@ -417,8 +417,11 @@ fn open_sled(path: &Path, flush_every_ms: Option<u64>) -> Result<sled::Db, sled:
         let opened = sled::Config::new()
             .path(path)
             // sled's default cache (1 GiB) would let a long-running
-            // supervisor keep much of what it ever wrote resident.
-            .cache_capacity(16 << 20)
+            // supervisor keep much of what it ever wrote resident. A small
+            // one fills within a server's first thousand jobs and then
+            // holds; the memory, audit and artifact reads measured no
+            // slower for it (docs/benchmarks.md).
+            .cache_capacity(4 << 20)
             .flush_every_ms(flush_every_ms)
             .open();
         match opened {
