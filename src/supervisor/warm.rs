@@ -71,12 +71,6 @@ impl WarmPool {
         self.shared.wake.notify_one();
         taken
     }
-
-    /// How many sandboxes are ready now.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn ready(&self) -> usize {
-        self.shared.state.lock().map(|s| s.ready.len()).unwrap_or(0)
-    }
 }
 
 impl Drop for WarmPool {
