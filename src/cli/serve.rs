@@ -83,6 +83,9 @@ async fn run(config: Option<&Path>, args: ServeArgs) -> Result<(), McpError> {
     // After the config set the cgroup parent (services), before any call.
     #[cfg(target_os = "linux")]
     tokio::spawn(crate::sandbox::linux::startup_sweep());
+    // Sandboxes for the first request, built from now on.
+    #[cfg(target_os = "linux")]
+    services.supervisor.prewarm();
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone());
     let relay = start_relay(&services, memory, shutdown.clone());

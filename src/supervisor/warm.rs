@@ -73,6 +73,56 @@ impl WarmPool {
     }
 }
 
+impl WarmPool {
+    /// Build for `shape` from now on, before any request of it.
+    fn want(&self, shape: WarmShape, base: InitSpec, limits: Limits) {
+        let Ok(mut st) = self.shared.state.lock() else { return };
+        st.want = Some(Want { shape, base, limits });
+        self.shared.wake.notify_one();
+    }
+}
+
+impl super::Supervisor {
+    /// Have the warm pool build, from the server's start, for what a
+    /// request to the first configured repository will most likely be: a
+    /// job of its repository with the configured limits (a runtime's
+    /// toolchain and the code are the request's part, whatever they are).
+    /// The pool learns every other shape from the requests it serves.
+    pub fn prewarm(&self) {
+        use super::exec::JobRequest;
+        let (Some(pool), Some(profile), Some(repo)) = (&self.warm, &self.seccomp, self.config.repos.first()) else {
+            return;
+        };
+        let req = JobRequest {
+            repo_id: Some(repo.id.clone()),
+            runtime: "shell".into(),
+            code: Some("true".into()),
+            ..JobRequest::default()
+        };
+        let planner = self.planner();
+        let policy_req = super::plan::policy_request(&req, &self.config.network);
+        let limits = self.config.resolve_limits(&policy_req.limits);
+        let placed = planner
+            .admit(&req, &policy_req)
+            .map_err(|e| e.to_string())
+            .and_then(|admitted| planner.prepare(&req, &admitted).map_err(|r| r.message))
+            .and_then(|prepared| {
+                let timeout = Duration::from_millis(limits.timeout_ms);
+                planner.place(&req, &prepared, &limits, timeout).map_err(|r| r.message)
+            });
+        let spec = match placed {
+            Ok(placed) => placed.spec,
+            Err(e) => {
+                tracing::debug!(error = %e, "nothing prewarmed: the first repository's job can't be planned");
+                return;
+            }
+        };
+        if let Some((shape, base, _)) = crate::sandbox::linux::warm::shape_of(&spec, &profile.name, false) {
+            pool.want(shape, base, spec.limits);
+        }
+    }
+}
+
 impl Drop for WarmPool {
     fn drop(&mut self) {
         if let Ok(mut st) = self.shared.state.lock() {

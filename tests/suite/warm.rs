@@ -279,3 +279,16 @@ fn a_killed_server_leaves_no_warm_sandbox_mount_or_cgroup() {
         common::rpc::job_cgroups(pid).is_empty()
     });
 }
+
+#[test]
+fn a_server_builds_for_its_first_request_before_it_arrives() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let mut server = Served::start("");
+    let pid = server.pid();
+    eventually("warm sandboxes before any request", Duration::from_secs(60), || stages_of(pid).len() == 2);
+    let r = server.exec("echo first");
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(r["layers"]["warm"], true, "the first request ran cold: {r}");
+}
