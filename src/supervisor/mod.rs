@@ -251,7 +251,10 @@ impl Supervisor {
             return None;
         }
         let max_idle = std::time::Duration::from_secs(config.sandbox.warm_max_idle_secs.max(1));
-        let pool = seccomp.fd.try_clone().and_then(|fd| warm::WarmPool::start(size, max_idle, fd));
+        // Built at a lower priority only where the job can be given the
+        // server's back.
+        let lower = caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SYS_NICE).unwrap_or(false);
+        let pool = seccomp.fd.try_clone().and_then(|fd| warm::WarmPool::start(size, max_idle, fd, lower));
         match pool {
             Ok(pool) => Some(pool),
             Err(e) => {

@@ -1,13 +1,18 @@
 //! The server's warm pool (`[sandbox] warm`): sandboxes built before
 //! their requests arrive, of the shape the last request had.
 //!
-//! A thread of its own builds them, at a lower priority (nice 10), so
-//! that a refill yields the CPU to the jobs that run. It is the stages'
-//! parent thread, for as long as the pool lives: their parent-death
-//! signal is tied to it, so a server that dies takes its warm sandboxes
-//! with it, and the next one's start-up sweep removes their cgroups.
+//! A thread of its own builds them, at a lower priority (nice 10) where
+//! the server may raise it again (CAP_SYS_NICE), so that a refill yields
+//! the CPU to the jobs that run. It is the stages' parent thread, for as
+//! long as the pool lives: their parent-death signal is tied to it, so a
+//! server that dies takes its warm sandboxes with it, and the next one's
+//! start-up sweep removes their cgroups.
+//!
 //! A sandbox that waited past `max_idle` is replaced; one whose stage died
-//! is dropped. Each serves one job.
+//! is dropped. When the host's mount table changes, every waiting sandbox
+//! is replaced: its root was bound from the host's as it was (a mask put
+//! over a path of /etc since must reach the next job), and it would keep
+//! a file system the host unmounts busy. Each serves one job.
 
 use crate::job::Limits;
 use crate::sandbox::linux::protocol::InitSpec;
@@ -34,6 +39,9 @@ struct State {
     ready: Vec<WarmSandbox>,
     want: Option<Want>,
     stopping: bool,
+    /// Bumped at each change of the host's mount table: a sandbox whose
+    /// build began before it is not kept.
+    mounts: u64,
 }
 
 struct Shared {
@@ -44,19 +52,33 @@ struct Shared {
 /// N sandboxes kept ready; dropped, they are killed.
 pub(crate) struct WarmPool {
     shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl WarmPool {
-    /// Start the builder thread, which builds nothing until a request
-    /// shows what to build. `seccomp_fd`: the compiled profile's memfd.
-    pub(crate) fn start(size: usize, max_idle: Duration, seccomp_fd: OwnedFd) -> std::io::Result<WarmPool> {
+    /// Start the builder thread, which builds nothing until it is told
+    /// what to build, and the watch on the host's mounts. `seccomp_fd`:
+    /// the compiled profile's memfd. `lower`: build at a lower priority
+    /// (the server may give the job its own back: CAP_SYS_NICE).
+    pub(crate) fn start(
+        size: usize,
+        max_idle: Duration,
+        seccomp_fd: OwnedFd,
+        lower: bool,
+    ) -> std::io::Result<WarmPool> {
         let shared = Arc::new(Shared { state: Mutex::new(State::default()), wake: Condvar::new() });
-        let thread = std::thread::Builder::new().name("confine-warm".into()).spawn({
+        let mountinfo = std::fs::File::open("/proc/self/mountinfo")?;
+        let builder = std::thread::Builder::new().name("confine-warm".into()).spawn({
             let shared = shared.clone();
-            move || builder(&shared, size, max_idle, &seccomp_fd)
+            move || builder(&shared, size, max_idle, &seccomp_fd, lower)
         })?;
-        Ok(WarmPool { shared, thread: Some(thread) })
+        let mut pool = WarmPool { shared, threads: vec![builder] };
+        let watch = std::thread::Builder::new().name("confine-warm-mounts".into()).spawn({
+            let shared = pool.shared.clone();
+            move || watch_mounts(&shared, &mountinfo)
+        })?;
+        pool.threads.push(watch);
+        Ok(pool)
     }
 
     /// A ready sandbox of `shape`, if there is one; either way the pool
@@ -123,31 +145,99 @@ impl super::Supervisor {
     }
 }
 
+/// Those of `ready` that may go on waiting, and those to drop: dead, or
+/// waiting for `max_idle` already.
+fn sort_out(ready: Vec<WarmSandbox>, max_idle: Duration) -> (Vec<WarmSandbox>, Vec<WarmSandbox>) {
+    let (mut keep, mut gone) = (Vec::new(), Vec::new());
+    for mut w in ready {
+        if w.alive() && w.age() < max_idle {
+            keep.push(w);
+        } else {
+            gone.push(w);
+        }
+    }
+    (keep, gone)
+}
+
 impl Drop for WarmPool {
     fn drop(&mut self) {
         if let Ok(mut st) = self.shared.state.lock() {
             st.stopping = true;
         }
-        self.shared.wake.notify_one();
-        if let Some(t) = self.thread.take() {
+        self.shared.wake.notify_all();
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
-fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedFd) {
-    // SAFETY: setpriority takes integers and no pointers; 0 is this thread
-    // (Linux keeps a nice value per thread), which the stages inherit.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) };
+/// How often the mount watch looks whether the pool is stopping.
+const WATCH_TICK: Duration = Duration::from_secs(1);
+
+/// Replace every waiting sandbox when the host's mount table changes
+/// (`/proc/self/mountinfo` polls POLLPRI then).
+fn watch_mounts(shared: &Shared, mountinfo: &std::fs::File) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let tick = PollTimeout::try_from(WATCH_TICK.as_millis() as i32).unwrap_or(PollTimeout::NONE);
+    loop {
+        let mut fds = [PollFd::new(mountinfo.as_fd(), PollFlags::POLLPRI)];
+        let changed = match poll(&mut fds, tick) {
+            Ok(_) => fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLPRI | PollFlags::POLLERR)),
+            Err(nix::errno::Errno::EINTR) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "the host's mounts can't be watched: warm sandboxes are replaced by age only");
+                return;
+            }
+        };
+        let stale = {
+            let Ok(mut st) = shared.state.lock() else { return };
+            if st.stopping {
+                return;
+            }
+            if !changed {
+                continue;
+            }
+            st.mounts += 1;
+            std::mem::take(&mut st.ready)
+        };
+        if !stale.is_empty() {
+            tracing::debug!(sandboxes = stale.len(), "the host's mounts changed: warm sandboxes replaced");
+        }
+        // Killed outside the lock: a request must not wait for it.
+        drop(stale);
+        shared.wake.notify_all();
+    }
+}
+
+fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedFd, lower: bool) {
+    if lower {
+        // SAFETY: setpriority takes integers and no pointers; 0 is this
+        // thread (Linux keeps a nice value per thread), which the stages
+        // inherit.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) };
+    }
     let Ok(mut st) = shared.state.lock() else { return };
     loop {
         if st.stopping {
-            st.ready.clear();
+            let all = std::mem::take(&mut st.ready);
+            drop(st);
+            drop(all);
             return;
         }
-        // Dead or stale ones go; what is left of another shape goes when
-        // room is needed for this one.
-        st.ready.retain_mut(|w| w.alive() && w.age() < max_idle);
+        // Dead or stale ones go (killed outside the lock); what is left of
+        // another shape goes when room is needed for this one.
+        let (keep, gone) = sort_out(std::mem::take(&mut st.ready), max_idle);
+        st.ready = keep;
+        if !gone.is_empty() {
+            drop(st);
+            drop(gone);
+            st = match shared.state.lock() {
+                Ok(st) => st,
+                Err(_) => return,
+            };
+            continue;
+        }
         let want = st.want.clone();
         let fitting = want.as_ref().map_or(0, |w| st.ready.iter().filter(|r| r.fits(&w.shape)).count());
         let Some(want) = want.filter(|_| fitting < size) else {
@@ -160,20 +250,32 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
             };
             continue;
         };
+        let mut evicted = Vec::new();
         while st.ready.len() >= size {
             if let Some(i) = st.ready.iter().position(|r| !r.fits(&want.shape)) {
-                st.ready.swap_remove(i);
+                evicted.push(st.ready.swap_remove(i));
             } else {
                 break;
             }
         }
+        let mounts = st.mounts;
         drop(st);
+        drop(evicted);
         let built = WarmSandbox::start(&want.shape, &want.base, &want.limits, want.shape.stdio(), seccomp_fd);
         st = match shared.state.lock() {
             Ok(st) => st,
             Err(_) => return,
         };
         match built {
+            // Begun before the host's mounts last changed: built again.
+            Ok(w) if st.mounts != mounts => {
+                drop(st);
+                drop(w);
+                st = match shared.state.lock() {
+                    Ok(st) => st,
+                    Err(_) => return,
+                };
+            }
             Ok(w) => st.ready.push(w),
             Err(e) => {
                 tracing::debug!(error = %e, "a warm sandbox could not be built; requests start cold");

@@ -292,3 +292,302 @@ fn a_server_builds_for_its_first_request_before_it_arrives() {
     assert_eq!(r["status"], "success", "{r}");
     assert_eq!(r["layers"]["warm"], true, "the first request ran cold: {r}");
 }
+
+// ---------------------------------------------------------------------
+// Attacks from a review of the warm path: each asserts what must hold.
+// ---------------------------------------------------------------------
+
+/// The pid 1 of each waiting warm stage (the stage's only child).
+fn pid1s_of(stages: &[u32]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for s in stages {
+        let children = std::fs::read_to_string(format!("/proc/{s}/task/{s}/children")).unwrap_or_default();
+        out.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+    }
+    out
+}
+
+fn sh(cmd: &str) {
+    let st = std::process::Command::new("sh").arg("-c").arg(cmd).status().unwrap();
+    assert!(st.success(), "{cmd}");
+}
+
+/// Serve with `wrapper` (e.g. setpriv …) in front of confine.
+fn serve_wrapped(config: &std::path::Path, wrapper: &[&str]) -> common::rpc::Rpc {
+    let mut cmd = std::process::Command::new(wrapper[0]);
+    cmd.args(&wrapper[1..]).arg(bin()).arg("--config").arg(config).arg("serve").env("CONFINE_LOG", "warn");
+    common::rpc::Rpc::start(cmd, "warm-redteam")
+}
+
+/// RT-1. A warm sandbox waits before its pivot, in a private copy of the
+/// host's whole mount table made when it was built: a host mount
+/// removed since stays alive in it (its device busy), and a mask the
+/// host put over a path under /etc since is not in the job's /etc. A
+/// cold job's namespace is copied at its start.
+#[test]
+fn a_warm_job_sees_the_hosts_mounts_as_they_are_now() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let tag = format!("confine-redteam-{}", std::process::id());
+    let pinned = std::path::PathBuf::from(format!("/mnt/{tag}"));
+    let secret_dir = std::path::PathBuf::from(format!("/etc/{tag}"));
+    std::fs::create_dir_all(&pinned).unwrap();
+    std::fs::create_dir_all(&secret_dir).unwrap();
+    std::fs::write(secret_dir.join("secret"), "SECRET\n").unwrap();
+    std::fs::set_permissions(&secret_dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(secret_dir.join("secret"), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    sh(&format!("mount -t tmpfs redteam-pinned {}", pinned.display()));
+
+    let mut server = Served::start("warm = 2");
+    server.exec_warm("true");
+    let pid = server.pid();
+    eventually("two warm sandboxes", Duration::from_secs(60), || stages_of(pid).len() == 2);
+    let stages = stages_of(pid);
+    eventually("their pid 1s", Duration::from_secs(30), || pid1s_of(&stages).len() == 2);
+    std::thread::sleep(Duration::from_millis(500));
+    // The host removes one mount and masks a directory of /etc.
+    sh(&format!("umount {}", pinned.display()));
+    sh(&format!("mount -t tmpfs -o ro,size=4k redteam-mask {}", secret_dir.display()));
+
+    let pinned_in: Vec<u32> = pid1s_of(&stages)
+        .into_iter()
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/mountinfo")).unwrap_or_default().contains(&tag))
+        .collect();
+    let r = server.exec(&format!("cat /etc/{tag}/secret 2>/dev/null || echo masked"));
+    let out = r["stdout"].as_str().unwrap_or_default().to_string();
+    let warm = r["layers"]["warm"] == true;
+
+    // Clean up before asserting.
+    drop(server);
+    let _ = std::process::Command::new("umount").arg(&secret_dir).status();
+    let _ = std::fs::remove_dir_all(&secret_dir);
+    let _ = std::process::Command::new("umount").arg(&pinned).status();
+    let _ = std::fs::remove_dir(&pinned);
+
+    assert!(warm, "the probe ran cold: {r}");
+    let mut wrong = Vec::new();
+    if !pinned_in.is_empty() {
+        wrong.push(format!(
+            "waiting warm sandboxes (pid 1s {pinned_in:?}) still hold {}, which the host unmounted",
+            pinned.display()
+        ));
+    }
+    if out.contains("SECRET") {
+        wrong.push(format!("a warm job read /etc/{tag}/secret, which the host had masked before the request"));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// RT-2. `alive()` looks at the outer stage only: a warm sandbox whose
+/// pid 1 died while waiting (its base failed to build, the OOM killer,
+/// a signal from the job's host uid) is handed to the next request,
+/// which fails instead of starting cold.
+#[test]
+fn a_warm_sandbox_whose_pid1_died_is_not_taken() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let mut server = Served::start("warm = 2");
+    server.exec_warm("true");
+    let pid = server.pid();
+    eventually("two warm sandboxes", Duration::from_secs(60), || stages_of(pid).len() == 2);
+    let stages = stages_of(pid);
+    eventually("their pid 1s", Duration::from_secs(30), || pid1s_of(&stages).len() == 2);
+    for p in pid1s_of(&stages) {
+        // SAFETY: kill(2) of a pid we just read.
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let r = server.exec("echo ok");
+    assert_eq!(r["status"], "success", "a request was given a dead warm sandbox: {r}");
+}
+
+/// RT-3. A root server without CAP_SYS_NICE (a hardened unit's
+/// CapabilityBoundingSet, a container): the pool builds at nice 10,
+/// which needs no privilege, but the outer stage can't lower pid 1 back
+/// (its RLIMIT_NICE is 0), and every warm job fails where a cold one runs.
+#[test]
+fn warm_jobs_run_on_a_server_without_cap_sys_nice() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let repo = readable_repo(dir.path());
+    let config = dir.path().join("confine.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[sandbox]\nwarm = 2\n\n\
+             [[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
+            dir.path().join("store").display(),
+            repo.display()
+        ),
+    )
+    .unwrap();
+    let mut rpc = serve_wrapped(&config, &["setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice"]);
+    let mut exec = |code: &str| {
+        let args = serde_json::json!({"repoId": "demo", "runtime": "shell", "code": code, "verbose": true});
+        let v = rpc.request("tools/call", serde_json::json!({"name": "runtime_execute", "arguments": args}));
+        v["result"]["structuredContent"].clone()
+    };
+    let cold = exec("echo cold");
+    assert_eq!(cold["status"], "success", "{cold}");
+    for _ in 0..100 {
+        let r = exec("echo hi");
+        if r["layers"]["warm"] == true {
+            assert_eq!(r["status"], "success", "a warm job failed where a cold one runs: {r}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("no request ran warm");
+}
+
+/// Checked sound: a warm job's read-write workspace and its protected
+/// paths are private (nothing propagates to the host's mount table or
+/// from it), with the flags a cold job's have.
+#[test]
+fn a_warm_workspace_is_private_with_the_cold_flags() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let repo = readable_repo(dir.path());
+    sh(&format!("cd {} && git init -q . && mkdir -p .git/hooks", repo.display()));
+    // An ordinary user's checkout: the job runs as its owner, nothing is
+    // idmapped or swept, so the request can run warm.
+    sh(&format!("chown -R 1000:65534 {}", repo.display()));
+    let config = dir.path().join("confine.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[sandbox]\nwarm = WARM\nworkspace_rw = true\n\n\
+             [[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
+            dir.path().join("store").display(),
+            repo.display()
+        ),
+    )
+    .unwrap();
+    let mut server = ColdThenWarm::start(&config);
+    let mut exec = |code: &str| server.exec(code);
+    let host_before = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let probe = "awk '$5 ~ /^\\/workspace/ {print $5, $6, $7}' /proc/self/mountinfo | sort; \
+                 touch /workspace/.git/hooks/x 2>/dev/null && echo hooks=writable || echo hooks=read-only; \
+                 touch /workspace/y && echo ws=writable";
+    let cold = exec(probe);
+    assert_eq!(cold["layers"]["warm"], false);
+    let mut hot = serde_json::Value::Null;
+    for _ in 0..100 {
+        hot = exec(probe);
+        if hot["layers"]["warm"] == true {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(hot["layers"]["warm"], true, "{hot}");
+    let host_after = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    eprintln!("cold:\n{}\nwarm:\n{}", cold["stdout"], hot["stdout"]);
+    assert_eq!(host_before, host_after, "a warm job's mounts reached the host's mount table");
+    // Mount ids differ; flags and propagation must not.
+    let strip = |v: &serde_json::Value| {
+        v["stdout"].as_str().unwrap_or_default().lines().map(|l| l.to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(strip(&hot), strip(&cold));
+    assert!(!hot["stdout"].as_str().unwrap_or_default().contains("shared:"), "{hot}");
+    assert_eq!(hot["layers"]["protected"], cold["layers"]["protected"]);
+}
+
+/// Checked sound: a warm job's nice value and I/O priority are a cold
+/// one's; a read-only workspace is read-only in a host mount below it
+/// too; a host mount made under the workspace while the job runs does
+/// not reach it.
+#[test]
+fn a_warm_job_has_the_cold_priority_and_a_sealed_workspace() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let repo = readable_repo(dir.path());
+    std::fs::create_dir_all(repo.join("sub")).unwrap();
+    std::fs::create_dir_all(repo.join("late")).unwrap();
+    sh(&format!("mount -t tmpfs -o mode=1777 rt-sub {}", repo.join("sub").display()));
+    let config = dir.path().join("confine.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[sandbox]\nwarm = WARM\n\n\
+             [[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
+            dir.path().join("store").display(),
+            repo.display()
+        ),
+    )
+    .unwrap();
+    let mut server = ColdThenWarm::start(&config);
+    let mut exec = |code: &str| server.exec(code);
+    let probe = "echo nice=$(awk '{print $19}' /proc/self/stat); \
+                 touch /workspace/sub/x 2>/dev/null && echo sub=writable || echo sub=read-only; \
+                 sleep 1; ls /workspace/late";
+    let late = repo.join("late");
+    let mount_late = move || {
+        std::thread::sleep(Duration::from_millis(400));
+        sh(&format!("mount -t tmpfs rt-late {} && touch {}/appeared", late.display(), late.display()));
+    };
+    let t = std::thread::spawn(mount_late.clone());
+    let cold = exec(probe);
+    t.join().unwrap();
+    sh(&format!("umount {}", repo.join("late").display()));
+    assert_eq!(cold["layers"]["warm"], false);
+    // Until the pool has learnt this shape.
+    for _ in 0..100 {
+        if exec("true")["layers"]["warm"] == true {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let t = std::thread::spawn(mount_late);
+    let hot = exec(probe);
+    t.join().unwrap();
+    let _ = std::process::Command::new("umount").arg(repo.join("late")).status();
+    let _ = std::process::Command::new("umount").arg(repo.join("sub")).status();
+    eprintln!("cold: {}\nwarm: {}", cold["stdout"], hot["stdout"]);
+    assert_eq!(hot["layers"]["warm"], true, "{hot}");
+    assert_eq!(hot["stdout"], cold["stdout"]);
+    let out = hot["stdout"].as_str().unwrap_or_default();
+    assert!(out.contains("nice=0") && out.contains("sub=read-only") && !out.contains("appeared"), "{out}");
+}
+
+/// A server on `config` (its `[sandbox] warm = WARM` filled in): first
+/// without warm sandboxes, for one cold call (a server builds for its
+/// first repository from its start), then, from the second call on, a
+/// server on the same store with them.
+struct ColdThenWarm {
+    config: std::path::PathBuf,
+    text: String,
+    rpc: Option<common::rpc::Rpc>,
+    cold_done: bool,
+}
+
+impl ColdThenWarm {
+    fn start(config: &std::path::Path) -> ColdThenWarm {
+        let text = std::fs::read_to_string(config).unwrap();
+        std::fs::write(config, text.replace("warm = WARM", "warm = 0")).unwrap();
+        let rpc = Some(Served::serve(config));
+        ColdThenWarm { config: config.to_path_buf(), text, rpc, cold_done: false }
+    }
+
+    fn exec(&mut self, code: &str) -> serde_json::Value {
+        let args = serde_json::json!({"repoId": "demo", "runtime": "shell", "code": code, "verbose": true});
+        let rpc = self.rpc.as_mut().unwrap();
+        let v = rpc.request("tools/call", serde_json::json!({"name": "runtime_execute", "arguments": args}));
+        if !self.cold_done {
+            self.cold_done = true;
+            // One server on a store at a time: the first is gone first.
+            drop(self.rpc.take());
+            std::fs::write(&self.config, self.text.replace("warm = WARM", "warm = 2")).unwrap();
+            self.rpc = Some(Served::serve(&self.config));
+        }
+        v["result"]["structuredContent"].clone()
+    }
+}

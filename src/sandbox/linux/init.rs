@@ -317,15 +317,25 @@ fn warm_request(
     go: &OwnedFd,
     fds_out: &OwnedFd,
 ) -> Result<Option<(InitSpec, Vec<std::path::PathBuf>)>, SysError> {
+    wait_for_request(ctl, pid1)?;
     let part: RequestPart = match read_spec(&mut &*ctl) {
         Ok(part) => part,
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(SysError::other("read the request", e)),
     };
-    // Built at a lower priority; the job runs at the request's. Not
-    // below 0, whatever the part says.
+    // Maybe built at a lower priority; the job runs at the request's. Not
+    // below 0, whatever the part says. Only what differs is changed: a
+    // server without CAP_SYS_NICE builds at its own nice value, and could
+    // not lower it again.
     let nice = part.nice.max(0);
     for who in [pid1, 0] {
+        nix::errno::Errno::clear();
+        // SAFETY: getpriority takes integers; -1 is a valid value, told
+        // apart from an error by errno, cleared above.
+        let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, who as libc::id_t) };
+        if now == nice && nix::errno::Errno::last_raw() == 0 {
+            continue;
+        }
         // SAFETY: setpriority takes integers and no pointers.
         let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, who as libc::id_t, nice) };
         nix::errno::Errno::result(ret).map_err(|e| SysError::call("set the job's nice value", e))?;
@@ -348,6 +358,32 @@ fn warm_request(
     not_idmapped.extend(whole.idmap_refused.iter().cloned());
     mounts::send_sources(fds_out, opened.sources, &not_idmapped)?;
     Ok(Some((whole, opened.idmapped)))
+}
+
+/// Wait until the request is there on the control socket, or pid 1 is
+/// gone: a warm sandbox whose pid 1 died (its base failed to build, the
+/// OOM killer) ends here, so that its supervisor sees its stage exit and
+/// never hands it a request.
+fn wait_for_request(ctl: &File, pid1: libc::pid_t) -> Result<(), SysError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    // Before pidfds (Linux 5.3): the read alone, as a cold stage waits.
+    let Ok(pidfd) = sys::pidfd_open(pid1) else { return Ok(()) };
+    loop {
+        let mut fds = [PollFd::new(ctl.as_fd(), PollFlags::POLLIN), PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(SysError::call("wait for the request", e)),
+            Ok(_) => {}
+        }
+        let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+        if ready(&fds[0]) {
+            return Ok(());
+        }
+        if ready(&fds[1]) {
+            return Err(SysError::other("wait for the request", "pid 1 of the warm sandbox died before its request"));
+        }
+    }
 }
 
 /// Step 2, pid 1 of the new pid namespace.

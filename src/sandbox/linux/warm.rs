@@ -163,16 +163,28 @@ impl WarmSandbox {
             let _ = child.kill().await;
             return Err(SandboxError::Cgroup(e));
         }
-        let sent = {
-            let mut w = &ours;
-            protocol::write_spec(&mut w, &part)
+        // The part goes whole or not at all as far as the stage can tell:
+        // it starts nothing on a part it could not read to its end, so a
+        // caller that falls back to a cold sandbox on an error runs the job
+        // once.
+        let mut bytes = Vec::new();
+        let sent = match protocol::write_spec(&mut bytes, &part)
+            .and_then(|()| ours.set_nonblocking(true))
+            .and_then(|()| tokio::net::UnixStream::from_std(ours))
+        {
+            Ok(mut ctl) => {
+                use tokio::io::AsyncWriteExt;
+                ctl.write_all(&bytes).await.map(|()| ctl)
+            }
+            Err(e) => Err(e),
         };
-        if let Err(e) = sent {
-            let _ = child.kill().await;
-            return Err(SandboxError::Spawn(e));
-        }
-        ours.set_nonblocking(true).map_err(SandboxError::Spawn)?;
-        let ctl = tokio::net::UnixStream::from_std(ours).map_err(SandboxError::Spawn)?;
+        let ctl = match sent {
+            Ok(ctl) => ctl,
+            Err(e) => {
+                let _ = child.kill().await;
+                return Err(SandboxError::Spawn(e));
+            }
+        };
         let init = {
             let mut i = init_spec(spec);
             i.cgroup_procs = cgroup.procs_files();
