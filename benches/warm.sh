@@ -15,8 +15,8 @@ command -v bwrap >/dev/null || { echo "bwrap is not installed (apt-get install b
 cargo build --release --quiet
 bin="target/$(rustc -vV | sed -n 's/^host: //p')/release/confine"
 dir=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"' EXIT
+# The servers' pids, in a file: `start` runs in a subshell.
+trap 'for p in $(cat "$dir/pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"' EXIT
 mkdir -p "$dir/repo"
 chmod 755 "$dir" "$dir/repo"
 token=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
@@ -39,7 +39,7 @@ id = "bench"
 root = "$dir/repo"
 TOML
   CONFINE_TOKEN="$token" "$dir/confine-$1" --config "$dir/$1.toml" serve --http 127.0.0.1:0 > /dev/null 2> "$dir/$1.log" &
-  pids+=($!)
+  echo $! >> "$dir/pids"
   for _ in $(seq 100); do grep -q "streamable HTTP at" "$dir/$1.log" && break; sleep 0.1; done
   grep -o "http://[0-9.:]*/mcp" "$dir/$1.log" | head -1
 }
