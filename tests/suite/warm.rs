@@ -192,23 +192,34 @@ impl Served {
 
     /// `runtime_execute` of shell `code`: its structured answer.
     fn exec(&mut self, code: &str) -> serde_json::Value {
-        let args = serde_json::json!({"repoId": "demo", "runtime": "shell", "code": code, "verbose": true});
-        let v = self.rpc.request("tools/call", serde_json::json!({"name": "runtime_execute", "arguments": args}));
-        v["result"]["structuredContent"].clone()
+        call(&mut self.rpc, code)
     }
 
-    /// Until one runs warm. The pool builds at a low priority, which a
-    /// busy host (a build beside the tests) may starve for a while.
     fn exec_warm(&mut self, code: &str) -> serde_json::Value {
-        for _ in 0..300 {
-            let r = self.exec(code);
-            if r["layers"]["warm"] == true {
-                return r;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("no request ran warm");
+        until_warm(|| self.exec(code))
     }
+}
+
+/// `runtime_execute` of shell `code` in repository `demo`, verbose: its
+/// structured answer.
+fn call(rpc: &mut common::rpc::Rpc, code: &str) -> serde_json::Value {
+    let args = serde_json::json!({"repoId": "demo", "runtime": "shell", "code": code, "verbose": true});
+    let v = rpc.request("tools/call", serde_json::json!({"name": "runtime_execute", "arguments": args}));
+    v["result"]["structuredContent"].clone()
+}
+
+/// `exec` until its answer ran warm; that answer. The pool builds at a
+/// low priority, which a busy host (a build beside the tests) may starve
+/// for a while.
+fn until_warm(mut exec: impl FnMut() -> serde_json::Value) -> serde_json::Value {
+    for _ in 0..300 {
+        let r = exec();
+        if r["layers"]["warm"] == true {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("no request ran warm");
 }
 
 #[test]
@@ -349,6 +360,11 @@ fn a_warm_job_sees_the_hosts_mounts_as_they_are_now() {
     // The host removes one mount and masks a directory of /etc.
     sh(&format!("umount {}", pinned.display()));
     sh(&format!("mount -t tmpfs -o ro,size=4k redteam-mask {}", secret_dir.display()));
+    // Replaced, soon: the pool watches the host's mount table.
+    eventually("the waiting sandboxes replaced", Duration::from_secs(60), || {
+        let now = stages_of(pid);
+        now.len() == 2 && now.iter().all(|p| !stages.contains(p))
+    });
 
     let pinned_in: Vec<u32> = pid1s_of(&stages)
         .into_iter()
@@ -426,22 +442,10 @@ fn warm_jobs_run_on_a_server_without_cap_sys_nice() {
     )
     .unwrap();
     let mut rpc = serve_wrapped(&config, &["setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice"]);
-    let mut exec = |code: &str| {
-        let args = serde_json::json!({"repoId": "demo", "runtime": "shell", "code": code, "verbose": true});
-        let v = rpc.request("tools/call", serde_json::json!({"name": "runtime_execute", "arguments": args}));
-        v["result"]["structuredContent"].clone()
-    };
-    let cold = exec("echo cold");
+    let cold = call(&mut rpc, "echo cold");
     assert_eq!(cold["status"], "success", "{cold}");
-    for _ in 0..100 {
-        let r = exec("echo hi");
-        if r["layers"]["warm"] == true {
-            assert_eq!(r["status"], "success", "a warm job failed where a cold one runs: {r}");
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("no request ran warm");
+    let r = until_warm(|| call(&mut rpc, "echo hi"));
+    assert_eq!(r["status"], "success", "a warm job failed where a cold one runs: {r}");
 }
 
 /// Checked sound: a warm job's read-write workspace and its protected
@@ -477,15 +481,7 @@ fn a_warm_workspace_is_private_with_the_cold_flags() {
                  touch /workspace/y && echo ws=writable";
     let cold = exec(probe);
     assert_eq!(cold["layers"]["warm"], false);
-    let mut hot = serde_json::Value::Null;
-    for _ in 0..100 {
-        hot = exec(probe);
-        if hot["layers"]["warm"] == true {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(hot["layers"]["warm"], true, "{hot}");
+    let hot = until_warm(|| exec(probe));
     let host_after = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     eprintln!("cold:\n{}\nwarm:\n{}", cold["stdout"], hot["stdout"]);
     assert_eq!(host_before, host_after, "a warm job's mounts reached the host's mount table");
@@ -539,12 +535,7 @@ fn a_warm_job_has_the_cold_priority_and_a_sealed_workspace() {
     sh(&format!("umount {}", repo.join("late").display()));
     assert_eq!(cold["layers"]["warm"], false);
     // Until the pool has learnt this shape.
-    for _ in 0..100 {
-        if exec("true")["layers"]["warm"] == true {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    until_warm(|| exec("true"));
     std::thread::sleep(Duration::from_millis(500));
     let t = std::thread::spawn(mount_late);
     let hot = exec(probe);
@@ -578,9 +569,7 @@ impl ColdThenWarm {
     }
 
     fn exec(&mut self, code: &str) -> serde_json::Value {
-        let args = serde_json::json!({"repoId": "demo", "runtime": "shell", "code": code, "verbose": true});
-        let rpc = self.rpc.as_mut().unwrap();
-        let v = rpc.request("tools/call", serde_json::json!({"name": "runtime_execute", "arguments": args}));
+        let v = call(self.rpc.as_mut().unwrap(), code);
         if !self.cold_done {
             self.cold_done = true;
             // One server on a store at a time: the first is gone first.
@@ -588,6 +577,6 @@ impl ColdThenWarm {
             std::fs::write(&self.config, self.text.replace("warm = WARM", "warm = 2")).unwrap();
             self.rpc = Some(Served::serve(&self.config));
         }
-        v["result"]["structuredContent"].clone()
+        v
     }
 }

@@ -294,37 +294,11 @@ pub fn open_sources(
         let source = match (source, op) {
             (Some(tree), _) => tree,
             (None, MountOp::Bind { src, rw, dev, optional, exact, .. }) if detached => {
-                match idmaps.detached(src, *rw, *dev, *exact) {
-                    Ok(tree) => Source::Detached(tree),
-                    Err(nix::errno::Errno::ENOENT) if *optional => Source::None,
-                    Err(nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV) if *exact => {
-                        return Err(SysError::other(
-                            "open bind source",
-                            format!(
-                                "{}: a symbolic link appeared on its path since it was resolved (something is \
-                                 changing it); nothing was bound",
-                                src.display()
-                            ),
-                        ))
-                    }
-                    Err(e) => return Err(SysError::path("open bind source", src, e)),
-                }
+                bind_source(idmaps.detached(src, *rw, *dev, *exact).map(Source::Detached), src, *optional, *exact)?
             }
-            (None, MountOp::Bind { src, optional, exact, .. }) => match open_in_root(&root, &proc_root, src, *exact) {
-                Ok(fd) => Source::Bind(fd),
-                Err(nix::errno::Errno::ENOENT) if *optional => Source::None,
-                Err(nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV) if *exact => {
-                    return Err(SysError::other(
-                        "open bind source",
-                        format!(
-                            "{}: a symbolic link appeared on its path since it was resolved (something is changing \
-                             it); nothing was bound",
-                            src.display()
-                        ),
-                    ))
-                }
-                Err(e) => return Err(SysError::path("open bind source", src, e)),
-            },
+            (None, MountOp::Bind { src, optional, exact, .. }) => {
+                bind_source(open_in_root(&root, &proc_root, src, *exact).map(Source::Bind), src, *optional, *exact)?
+            }
             (None, MountOp::Protect { base, path }) => {
                 let base_fd = ops.iter().zip(&out).find_map(|(o, s)| match (o, s) {
                     (MountOp::Bind { dst, .. }, Source::Bind(fd) | Source::Tree(fd) | Source::Detached(fd))
@@ -344,6 +318,30 @@ pub fn open_sources(
         out.push(source);
     }
     Ok(Opened { sources: out, not_idmapped, idmapped })
+}
+
+/// A bind's source as opened, or what its failure means: an optional one
+/// that is not there is skipped; a link met on an exact one's path is
+/// refused (the path changed since it was resolved).
+fn bind_source(
+    opened: Result<Source, nix::errno::Errno>,
+    src: &Path,
+    optional: bool,
+    exact: bool,
+) -> Result<Source, SysError> {
+    match opened {
+        Ok(source) => Ok(source),
+        Err(nix::errno::Errno::ENOENT) if optional => Ok(Source::None),
+        Err(nix::errno::Errno::ELOOP | nix::errno::Errno::EXDEV) if exact => Err(SysError::other(
+            "open bind source",
+            format!(
+                "{}: a symbolic link appeared on its path since it was resolved (something is changing it); \
+                 nothing was bound",
+                src.display()
+            ),
+        )),
+        Err(e) => Err(SysError::path("open bind source", src, e)),
+    }
 }
 
 /// The paths protected inside the bind at `dst` (relative to it).

@@ -331,8 +331,12 @@ pub fn set_mount_attrs_fd(fd: &std::os::fd::OwnedFd, attrs: u64) -> Result<(), E
 /// Set `attrs` on the detached tree `tree` and every mount in it, and
 /// make them private, as [`set_mount_idmap`] does without a mapping.
 pub fn set_tree_attrs(tree: &std::os::fd::OwnedFd, attrs: u64) -> Result<(), Errno> {
+    set_tree(tree, MountAttr { attr_set: attrs, attr_clr: 0, propagation: libc::MS_PRIVATE, userns_fd: 0 })
+}
+
+/// `mount_setattr(2)` of `attr` on the detached tree `tree`, recursively.
+fn set_tree(tree: &std::os::fd::OwnedFd, attr: MountAttr) -> Result<(), Errno> {
     use std::os::fd::AsRawFd;
-    let attr = MountAttr { attr_set: attrs, attr_clr: 0, propagation: libc::MS_PRIVATE, userns_fd: 0 };
     // SAFETY: an open fd, an empty NUL-terminated path and a valid struct
     // of the size passed; the kernel only reads them.
     let ret = unsafe {
@@ -399,25 +403,15 @@ pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 /// the job's mounts on it would show on the host.
 pub fn set_mount_idmap(tree: &std::os::fd::OwnedFd, userns: &std::os::fd::OwnedFd, attrs: u64) -> Result<(), Errno> {
     use std::os::fd::AsRawFd;
-    let attr = MountAttr {
-        attr_set: attrs | MOUNT_ATTR_IDMAP,
-        attr_clr: 0,
-        propagation: libc::MS_PRIVATE,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: an open fd, an empty NUL-terminated path and a valid struct
-    // of the size passed; the kernel only reads them.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    Errno::result(ret).map(drop)
+    set_tree(
+        tree,
+        MountAttr {
+            attr_set: attrs | MOUNT_ATTR_IDMAP,
+            attr_clr: 0,
+            propagation: libc::MS_PRIVATE,
+            userns_fd: userns.as_raw_fd() as u64,
+        },
+    )
 }
 
 /// `move_mount(2)` of the detached tree `tree` onto `target`, a path of
