@@ -508,17 +508,35 @@ fn lock(path: &Path) -> Result<File, StoreError> {
     #[cfg(unix)]
     {
         use std::os::fd::AsRawFd;
-        // SAFETY: flock on a descriptor we own; the kernel validates the operation.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        // A holder that died may have left the lock for a moment to a child
+        // it was starting (posix_spawn: the child has the holder's fds,
+        // close-on-exec, until its execve): given up to this long.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            // SAFETY: flock on a descriptor we own; the kernel validates the operation.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
             let err = std::io::Error::last_os_error();
             if err.kind() != std::io::ErrorKind::WouldBlock {
                 return Err(io(err));
             }
             let mut text = String::new();
+            let _ = std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0));
             let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&file, 64), &mut text);
-            let holder = match text.trim().parse::<u32>() {
-                Ok(pid) => format!("pid {pid}{}", process_name(pid).map(|n| format!(" ({n})")).unwrap_or_default()),
-                Err(_) => "another process".to_string(),
+            let pid = text.trim().parse::<u32>().ok();
+            let gone = pid.is_some_and(|pid| {
+                // SAFETY: kill with signal 0 only checks that the pid exists.
+                let ret = unsafe { libc::kill(pid as libc::pid_t, 0) };
+                ret != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+            });
+            if gone && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+            let holder = match pid {
+                Some(pid) => format!("pid {pid}{}", process_name(pid).map(|n| format!(" ({n})")).unwrap_or_default()),
+                None => "another process".to_string(),
             };
             return Err(StoreError::Busy { path: path.to_path_buf(), holder });
         }

@@ -61,6 +61,37 @@ fn a_second_opener_is_told_the_holders_pid_and_takes_over_when_it_is_gone() {
     Store::open(dir.path()).expect("taken over once the holder let go");
 }
 
+/// A holder killed while it was starting a child (posix_spawn) leaves its
+/// lock to that child until the child's execve: the next opener waits for
+/// it rather than refusing. Played here by util-linux `flock` holding the
+/// lock a moment, the lock naming a pid that is gone.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_lock_held_for_a_dead_holder_is_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let lock = dir.path().join(LOCK_FILE);
+    std::fs::write(&lock, format!("{gone_pid}\n")).unwrap();
+    let mut holder = std::process::Command::new("flock").arg(&lock).args(["sleep", "0.3"]).spawn().unwrap();
+    // Until flock has it.
+    let free = || {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open(&lock).unwrap();
+        // SAFETY: flock on a descriptor we own; it is closed (unlocked) below.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    };
+    let start = std::time::Instant::now();
+    while free() && start.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(!free(), "flock did not take the lock");
+    Store::open(dir.path()).expect("the lock of a dead holder is waited for");
+    holder.wait().unwrap();
+}
+
 /// A write that failed leaves sled failed until the store is opened
 /// again: every job and every later write is refused with what to do, and
 /// a room refusal (nothing was written) is not such a failure.
