@@ -73,6 +73,12 @@ pub struct ExecArgs {
     /// [runtime] in confine.toml.
     #[arg(long)]
     pub allow_degraded: bool,
+    /// Open the store in this process even when a `confine serve` holds it
+    /// (the command then fails on the store's lock, naming the server).
+    /// Without it, such a server runs the request: its queue, policy and
+    /// store, its warm sandboxes.
+    #[arg(long)]
+    pub no_server: bool,
     /// Arguments of the runtime's executable (args mode).
     #[arg(last = true, value_name = "ARGS")]
     pub args: Vec<String>,
@@ -157,7 +163,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         ..JobRequest::default()
     };
     let live = args.output_mode.is_none() && !args.json;
-    if let Some(conn) = crate::relay::client::connect(&config.store_path()) {
+    if let Some(conn) = crate::relay::client::connect(&config.store_path()).filter(|_| !args.no_server) {
         return relay(conn, &loaded, req, live, adhoc, &args);
     }
     // Before the runtime's threads: output capture must not grow the heap.

@@ -133,6 +133,14 @@ pub struct RunArgs {
     /// confine's own cgroup].
     #[arg(long, value_name = "CGROUP")]
     pub cgroup_parent: Option<PathBuf>,
+    /// Run the job in this process even when a `confine serve` holds the
+    /// store. Without it, such a server starts the job (in a sandbox it
+    /// built ahead, when one fits), with this process's streams, and its
+    /// outcome is this command's; --tty, --seccomp, --cgroup-parent,
+    /// --backend other than auto or linux, --allow-degraded, and a stdin
+    /// that must be copied (a file, or a terminal with -i) always run here.
+    #[arg(long)]
+    pub no_server: bool,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -290,7 +298,13 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
             return super::EXIT_CONFINE_FAILED;
         }
     };
-    let outcome = rt.block_on(run(&args, &config));
+    let outcome = rt.block_on(async {
+        #[cfg(target_os = "linux")]
+        if let Some(relayed) = through_server(&args, &config).await {
+            return relayed;
+        }
+        run(&args, &config).await
+    });
     // A run that failed before its sandbox started has an outcome too.
     let failed = outcome.as_ref().err().map(|e| {
         let limits = job_spec(&args, &config).map(|s| s.limits).unwrap_or_default();
@@ -429,6 +443,96 @@ async fn run(args: &RunArgs, config: &Config) -> Result<Outcome, SandboxError> {
     }
     relays.drain(&stops, args.kill_grace).await;
     Ok(outcome)
+}
+
+/// Whether this run may be started by a server holding the store: what
+/// the server does for a run is exactly what this process would (the
+/// default seccomp profile and cgroup parent of the configuration both
+/// share, the linux backend, never degraded, no terminal of the job's).
+#[cfg(target_os = "linux")]
+fn server_may_run(args: &RunArgs, config: &Config) -> bool {
+    let backend_ok =
+        matches!(args.backend.unwrap_or(config.runtime.backend), BackendChoice::Auto | BackendChoice::Linux);
+    !args.no_server
+        && !args.tty
+        && args.seccomp.is_none()
+        && args.cgroup_parent.is_none()
+        && !args.allow_degraded
+        && !config.runtime.allow_degraded
+        && backend_ok
+}
+
+/// `confine run` through the `confine serve` that holds the store, if one
+/// does and the run is one it may start ([`server_may_run`]): the job's
+/// streams are this process's (relayed here only where it would relay
+/// them itself), a stop request is forwarded to it as in-process, and its
+/// outcome is returned as this process's own. None: run in-process (no
+/// server; one that refused before anything ran, as one with another
+/// configuration; a stdin this process must copy).
+#[cfg(target_os = "linux")]
+async fn through_server(args: &RunArgs, config: &Config) -> Option<Result<Outcome, SandboxError>> {
+    use crate::relay::{RelayError, RelayedCommand, RunRelay};
+    if !server_may_run(args, config) {
+        return None;
+    }
+    let conn = match crate::relay::client::connect(&config.store_path())? {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("confine: not through the server: {e}; the job runs in this process");
+            return None;
+        }
+    };
+    let pid = conn.pid();
+    let spec = match job_spec(args, config) {
+        Ok(s) => s,
+        Err(e) => return Some(Err(e)),
+    };
+    let caller = match super::stdio::CallerStdio::detect(false, args.interactive) {
+        Ok(c) => c,
+        Err(e) => return Some(Err(SandboxError::Spawn(e))),
+    };
+    let streams = match caller.for_server() {
+        Ok(Some(s)) => s,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(SandboxError::Spawn(e))),
+    };
+    let stops = match StopRequests::watch() {
+        Ok(s) => s,
+        Err(e) => return Some(Err(e)),
+    };
+    let super::stdio::ServerStreams { fds, mut relays } = streams;
+    let command = RelayedCommand::Run(RunRelay { spec, kill_grace: args.kill_grace });
+    let first = stops.clone();
+    let stop = async move {
+        match first.next(0).await {
+            Stop::Forward(sig) => sig,
+            Stop::Kill => libc::SIGKILL,
+        }
+    };
+    let reply = conn.call_run(config, &command, fds, stop).await;
+    // What the job wrote is in the relays' pipes: drained as in-process.
+    let seen = stops.count();
+    if seen > 0 {
+        let _ = tokio::time::timeout(args.kill_grace, relays.drain()).await;
+    } else {
+        tokio::select! {
+            () = relays.drain() => {}
+            _ = stops.next(seen) => {}
+        }
+    }
+    let server =
+        |message: String| SandboxError::Unavailable(format!("the running `confine serve` (pid {pid}): {message}"));
+    match reply {
+        Ok(crate::relay::Reply { run: Some(outcome), .. }) => Some(Ok(*outcome)),
+        Ok(crate::relay::Reply { error: Some(e), .. }) => Some(Err(server(e))),
+        Ok(_) => Some(Err(server("it answered without an outcome".into()))),
+        // Refused before anything ran: this process runs the job.
+        Err(RelayError::Refused { message, .. }) => {
+            tracing::debug!(%message, "the server did not take the run; it runs in this process");
+            None
+        }
+        Err(e) => Some(Err(server(e.to_string()))),
+    }
 }
 
 /// How the caller's streams reach the job: relayed by this process where

@@ -119,6 +119,56 @@ impl CallerStdio {
     }
 }
 
+/// The streams a job started by a server gets ([`CallerStdio::for_server`]),
+/// and the relays of those this process copies.
+pub struct ServerStreams {
+    /// The job's stdin, stdout and stderr.
+    pub fds: [OwnedFd; 3],
+    pub relays: Relays,
+}
+
+impl CallerStdio {
+    /// The job's three streams as descriptors to pass to a server that
+    /// starts it (`confine run` through `confine serve`): pipes and
+    /// /dev/null as [`CallerStdio::stdio`] passes them, and for an output
+    /// that is a terminal or a file, a pipe of this process's own, copied
+    /// to it here. None when the job's stdin would have to be copied here
+    /// (a file, or a terminal with -i) or it has a pty: only in this
+    /// process can the job be started then without stdin read before it
+    /// is known to start.
+    pub fn for_server(self) -> io::Result<Option<ServerStreams>> {
+        if self.pty.is_some() || self.routes[0] == Route::Relay {
+            return Ok(None);
+        }
+        let mut relays = Relays { outputs: Vec::new(), raw: None, master: None };
+        let CallerStdio { routes, mut reopened, .. } = self;
+        let mut fds = Vec::with_capacity(3);
+        for (fd, route) in routes.iter().enumerate() {
+            let raw = fd as RawFd;
+            fds.push(match route {
+                Route::Pass => OwnedFd::from(dup(raw)?),
+                Route::Reopen => match reopened[fd].take() {
+                    Some(f) => f,
+                    None => dev_null()?,
+                },
+                Route::Null => dev_null()?,
+                Route::Relay => {
+                    let (from_job, to_caller) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+                    relays.outputs.push(spawn_copy("confine-relay", File::from(from_job), dup(raw)?)?);
+                    to_caller
+                }
+            });
+        }
+        let fds = <[OwnedFd; 3]>::try_from(fds).map_err(|_| io::Error::other("three streams"))?;
+        Ok(Some(ServerStreams { fds, relays }))
+    }
+}
+
+/// /dev/null, for reading and writing.
+fn dev_null() -> io::Result<OwnedFd> {
+    Ok(OwnedFd::from(std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?))
+}
+
 /// The relays of a running job.
 pub struct Relays {
     outputs: Vec<JoinHandle<()>>,

@@ -88,6 +88,50 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// Send a `run` (`command`) with the job's three streams, which go
+    /// to the server. The signal `stop` resolves to is sent on to the job
+    /// (once); then the reply, the job's outcome, is awaited.
+    #[cfg(target_os = "linux")]
+    pub async fn call_run(
+        self,
+        config: &Config,
+        command: &RelayedCommand,
+        streams: [std::os::fd::OwnedFd; 3],
+        stop: impl std::future::Future<Output = i32>,
+    ) -> Result<Reply, RelayError> {
+        use std::io::Write;
+        let io = |source| RelayError::Io { path: self.path.clone(), source };
+        let cwd = std::env::current_dir().map_err(io)?;
+        let request = RequestRef { protocol: PROTOCOL, cwd: &cwd, config, command };
+        let bytes = super::frame(&request).map_err(io)?;
+        let raw = streams.each_ref().map(|f| f.as_raw_fd());
+        send_with_fds(&self.stream, &bytes, &raw).map_err(io)?;
+        // The job's now: the caller sees the end of its output when the
+        // job's tree and the server let go of them.
+        drop(streams);
+        let reader = self.stream.try_clone().map_err(io)?;
+        let reply = tokio::task::spawn_blocking(move || read_reply(&reader));
+        tokio::pin!(reply, stop);
+        let mut forwarded = false;
+        let reply = loop {
+            tokio::select! {
+                r = &mut reply => break r.map_err(|e| RelayError::Malformed(e.to_string()))??,
+                sig = &mut stop, if !forwarded => {
+                    forwarded = true;
+                    // A server gone meanwhile answers nothing, which the
+                    // reply's read says.
+                    let _ = (&self.stream).write_all(&[u8::try_from(sig).unwrap_or(libc::SIGTERM as u8)]);
+                }
+            }
+        };
+        match reply.refused {
+            Some(message) => Err(RelayError::Refused { pid: self.pid, message }),
+            None => Ok(reply),
+        }
+    }
+}
+
 /// A [`super::Request`] by reference, as sent.
 #[derive(serde::Serialize)]
 struct RequestRef<'a> {
@@ -99,10 +143,14 @@ struct RequestRef<'a> {
 
 /// Send `bytes`, passing our standard output and error with the first part.
 fn send_with_stdio(stream: &UnixStream, bytes: &[u8]) -> std::io::Result<()> {
+    send_with_fds(stream, bytes, &[libc::STDOUT_FILENO, libc::STDERR_FILENO])
+}
+
+/// Send `bytes`, passing `fds` with the first part.
+fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[std::os::fd::RawFd]) -> std::io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     use std::io::Write;
-    let fds = [libc::STDOUT_FILENO, libc::STDERR_FILENO];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
     let iov = [std::io::IoSlice::new(bytes)];
     let sent = loop {
         match sendmsg::<()>(stream.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None) {

@@ -19,7 +19,9 @@
 //! Wire: one request per connection. The client sends its request as a
 //! frame (a little-endian `u32` length, then JSON) and passes its
 //! standard output and error with it (`SCM_RIGHTS`); the command's output
-//! goes straight to them. The server answers with one frame, a [`Reply`].
+//! goes straight to them. A `run` passes the job's stdin, stdout and
+//! stderr instead, which the job gets as they are. The server answers
+//! with one frame, a [`Reply`].
 //! A client that goes away (Ctrl-C) closes the connection: a relayed job
 //! is killed then, as a cancelled MCP call's is.
 
@@ -42,7 +44,7 @@ use serde::{Deserialize, Serialize};
 pub const SOCKET_NAME: &str = "serve.sock";
 
 /// The wire's version: a server refuses a request of another version.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// A command a client relays.
 #[derive(Debug, Serialize, Deserialize)]
@@ -55,6 +57,21 @@ pub enum RelayedCommand {
     /// read, environment values taken, the repository named by id).
     #[cfg(target_os = "linux")]
     Exec(ExecRelay),
+    /// `confine run`: the job as the client planned it, with the client's
+    /// three streams passed for it (pipes or /dev/null only).
+    #[cfg(target_os = "linux")]
+    Run(RunRelay),
+}
+
+/// `confine run`, relayed. After the request the client may send one
+/// byte: the number of the signal it was stopped by, which the job gets
+/// as in-process (the tree is killed `kill_grace` later). A client that
+/// goes away without one has its job killed at once.
+#[cfg(target_os = "linux")]
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RunRelay {
+    pub spec: crate::job::JobSpec,
+    pub kill_grace: std::time::Duration,
 }
 
 /// `confine exec`, relayed.
@@ -92,6 +109,14 @@ pub struct Reply {
     #[cfg(target_os = "linux")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<Box<crate::supervisor::exec::JobResponse>>,
+    /// A relayed `run`'s outcome, which the client reports as its own.
+    #[cfg(target_os = "linux")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<Box<crate::job::Outcome>>,
+    /// Why a relayed `run` could not start its job (as an in-process run
+    /// would have failed: not a refusal, so the client reports it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Errors of the relay.

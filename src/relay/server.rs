@@ -207,7 +207,7 @@ async fn handle(stream: tokio::net::UnixStream, ctx: Arc<Context>) -> Result<(),
         Err(_) => Err(RelayError::Malformed(format!("no whole request within {} s", REQUEST_TIMEOUT.as_secs()))),
     };
     let reply = match received {
-        Ok(Some((request, stdio))) => answer(request, stdio, &stream, &ctx).await,
+        Ok(Some((request, fds))) => answer(request, fds, &stream, &ctx).await,
         // The client decided against sending anything (`exec` with a
         // repository this server does not run).
         Ok(None) => return Ok(()),
@@ -277,9 +277,12 @@ async fn read_more(stream: &tokio::net::UnixStream, buf: &mut Vec<u8>, want: usi
 
 /// Read the request and the two descriptors passed with it; `None` if
 /// the client closed the connection without a word.
-async fn receive(stream: &tokio::net::UnixStream, max: u32) -> Result<Option<(Request, Stdio)>, RelayError> {
+async fn receive(stream: &tokio::net::UnixStream, max: u32) -> Result<Option<(Request, Vec<OwnedFd>)>, RelayError> {
     let malformed = |m: String| RelayError::Malformed(m);
-    let mut buf = vec![0u8; 64 << 10];
+    // The length first, with the descriptors (they come with the first
+    // byte), then exactly the request: what a client sends after it (a
+    // `run`'s stop) is left for the command to read.
+    let mut buf = vec![0u8; 4];
     let (n, fds, truncated) = loop {
         stream.readable().await.map_err(|e| malformed(e.to_string()))?;
         match stream.try_io(tokio::io::Interest::READABLE, || recv_with_fds(stream, &mut buf)) {
@@ -291,11 +294,11 @@ async fn receive(stream: &tokio::net::UnixStream, max: u32) -> Result<Option<(Re
     if n == 0 {
         return Ok(None);
     }
-    let mut fds = fds.into_iter();
-    let stdio = match (fds.next(), fds.next(), fds.next(), truncated) {
-        (Some(out), Some(err), None, false) => Stdio(out, err),
-        _ => return Err(malformed("the request must pass exactly two descriptors (stdout, stderr)".into())),
-    };
+    if truncated || !(2..=3).contains(&fds.len()) {
+        return Err(malformed(
+            "the request must pass exactly two descriptors (stdout, stderr), or three for `run`".into(),
+        ));
+    }
     buf.truncate(n);
     while buf.len() < 4 {
         let want = 4 - buf.len();
@@ -315,7 +318,7 @@ async fn receive(stream: &tokio::net::UnixStream, max: u32) -> Result<Option<(Re
         }
     }
     let request: Request = serde_json::from_slice(&buf[4..end]).map_err(|e| malformed(e.to_string()))?;
-    Ok(Some((request, stdio)))
+    Ok(Some((request, fds)))
 }
 
 /// One `recvmsg` (non-blocking) with room for every descriptor a message
@@ -351,7 +354,12 @@ fn refused(message: String) -> Reply {
     Reply { exit: crate::cli::EXIT_CONFINE_FAILED, refused: Some(message), ..Reply::default() }
 }
 
-async fn answer(request: Request, stdio: Stdio, stream: &Arc<tokio::net::UnixStream>, ctx: &Arc<Context>) -> Reply {
+async fn answer(
+    request: Request,
+    fds: Vec<OwnedFd>,
+    stream: &Arc<tokio::net::UnixStream>,
+    ctx: &Arc<Context>,
+) -> Reply {
     if request.protocol != PROTOCOL {
         return refused(format!(
             "it speaks protocol {PROTOCOL}, this client {}: use the same confine build for both",
@@ -369,7 +377,24 @@ async fn answer(request: Request, stdio: Stdio, stream: &Arc<tokio::net::UnixStr
     if let Err(e) = super::resolved(&request.command) {
         return refused(e.to_string());
     }
-    match request.command {
+    let command = match request.command {
+        RelayedCommand::Run(r) => {
+            let Ok(streams) = <[OwnedFd; 3]>::try_from(fds) else {
+                return refused("`run` passes three descriptors: the job's stdin, stdout and stderr".into());
+            };
+            return match streams.iter().find_map(not_a_stream) {
+                Some(why) => refused(why),
+                None => run_job(r, streams, stream, ctx).await,
+            };
+        }
+        command => command,
+    };
+    let mut fds = fds.into_iter();
+    let (Some(out), Some(err), None) = (fds.next(), fds.next(), fds.next()) else {
+        return refused("the request must pass exactly two descriptors (stdout, stderr)".into());
+    };
+    let stdio = Stdio(out, err);
+    match command {
         RelayedCommand::Exec(e) => exec(e, stdio, stream, ctx).await,
         command => {
             let ctx = ctx.clone();
@@ -411,7 +436,7 @@ fn run(ctx: &Context, command: RelayedCommand, io: &mut Io) -> i32 {
                 crate::cli::EXIT_CONFINE_FAILED
             }
         },
-        RelayedCommand::Exec(_) => crate::cli::EXIT_CONFINE_FAILED,
+        RelayedCommand::Exec(_) | RelayedCommand::Run(_) => crate::cli::EXIT_CONFINE_FAILED,
     }
 }
 
@@ -444,4 +469,61 @@ async fn exec(e: ExecRelay, stdio: Stdio, stream: &Arc<tokio::net::UnixStream>, 
     let request = crate::supervisor::exec::JobRequest { job_id: None, ..e.request };
     let resp = ctx.supervisor.execute(request, ctl).await;
     Reply { exit: 0, exec: Some(Box::new(resp)), ..Reply::default() }
+}
+
+/// Why `fd` is not a stream a job may be given, if it is not: only a pipe
+/// or /dev/null, as an in-process `confine run` passes (a terminal or a
+/// file is relayed by the client through a pipe of its own). The client
+/// runs as the server's user, but never has the server hand a job more
+/// than the client itself would.
+fn not_a_stream(fd: &OwnedFd) -> Option<String> {
+    match nix::sys::stat::fstat(fd) {
+        Ok(st) => {
+            let kind = st.st_mode & libc::S_IFMT;
+            let dev_null = kind == libc::S_IFCHR && st.st_rdev == libc::makedev(1, 3);
+            (kind != libc::S_IFIFO && !dev_null)
+                .then(|| "a job's stream must be a pipe or /dev/null; this client passed something else".into())
+        }
+        Err(e) => Some(format!("a job's stream can't be looked at: {e}")),
+    }
+}
+
+/// A relayed `run` on the server's supervisor. The client's stop byte is
+/// forwarded to the job as its signal; a client gone, or the server
+/// shutting down, ends the job.
+async fn run_job(
+    r: super::RunRelay,
+    streams: [OwnedFd; 3],
+    stream: &Arc<tokio::net::UnixStream>,
+    ctx: &Arc<Context>,
+) -> Reply {
+    use crate::sandbox::Stop;
+    let watch = stream.clone();
+    let shutdown = ctx.shutdown.clone();
+    let stop = Box::pin(async move {
+        let stopped = async {
+            let mut b = [0u8; 1];
+            loop {
+                if watch.readable().await.is_err() {
+                    return Stop::Kill;
+                }
+                match watch.try_read(&mut b) {
+                    Ok(1) if (1..=64).contains(&b[0]) => return Stop::Forward(i32::from(b[0])),
+                    // Gone (Ctrl-C'd past its handler, SIGKILL), or a byte
+                    // that is no signal: the job is killed.
+                    Ok(_) => return Stop::Kill,
+                    Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return Stop::Kill,
+                }
+            }
+        };
+        tokio::select! {
+            s = stopped => s,
+            () = shutdown.cancelled() => Stop::Forward(libc::SIGTERM),
+        }
+    });
+    match ctx.supervisor.run_direct(&r.spec, streams, r.kill_grace, stop).await {
+        Ok(outcome) => Reply { exit: outcome.cli_exit_code(), run: Some(Box::new(outcome)), ..Reply::default() },
+        Err(e) => Reply { exit: crate::cli::EXIT_CONFINE_FAILED, error: Some(e.to_string()), ..Reply::default() },
+    }
 }

@@ -4,6 +4,8 @@
 
 pub mod cwd;
 #[cfg(target_os = "linux")]
+mod direct;
+#[cfg(target_os = "linux")]
 pub mod exec;
 // Off Linux there is no governed execution, so nothing runs GC after a job.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]

@@ -295,14 +295,15 @@ fn the_server_answers_only_its_own_uid() {
     std::fs::set_permissions(&f.store, std::fs::Permissions::from_mode(0o711)).unwrap();
     std::fs::set_permissions(f.store.join("serve.sock"), std::fs::Permissions::from_mode(0o666)).unwrap();
     // A well-formed request for `audit verify`, with stdout and stderr.
-    let request = r#"{"protocol": 1, "config": {}, "command": {"Audit": "Verify"}}"#;
+    let request =
+        format!(r#"{{"protocol": {}, "config": {{}}, "command": {{"Audit": "Verify"}}}}"#, confine::relay::PROTOCOL);
     let sock = f.store.join("serve.sock");
     let run = |uid: Option<u32>, userns: bool| {
         let mut cmd = Command::new(if userns { "unshare" } else { "python3" });
         if userns {
             cmd.args(["--user", "--map-root-user", "python3"]);
         }
-        cmd.args(["-c", RAW_CLIENT]).arg(&sock).args([request, "stdio"]);
+        cmd.args(["-c", RAW_CLIENT]).arg(&sock).args([request.as_str(), "stdio"]);
         if let Some(u) = uid {
             std::os::unix::process::CommandExt::uid(&mut cmd, u);
         }
@@ -376,7 +377,15 @@ s.connect(sys.argv[1])
 body = sys.argv[2].encode()
 spec = sys.argv[3]
 r, w = os.pipe()
-fds = {"stdio": [1, 2], "three": [w, w, w], "many": [w] * 200}[spec]
+if spec == "file":
+    fds = [r, os.open(os.environ["RAW_FILE"], os.O_WRONLY), 2]
+elif spec == "socket":
+    pair = socket.socketpair()
+    fds = [r, pair[0].fileno(), 2]
+elif spec == "streams":
+    fds = [r, 1, 2]
+else:
+    fds = {"stdio": [1, 2], "three": [w, w, w], "many": [w] * 200}[spec]
 got = b""
 try:
     socket.send_fds(s, [struct.pack("<I", len(body)) + body], fds)
@@ -404,10 +413,11 @@ sys.stderr.write("eof\n" if ready and os.read(r, 1) == b"" else "held\n")
 fn raw_request(f: &Fixture, command: serde_json::Value, fds: &str) -> String {
     let config = confine::config::Config::load(Some(&f.config)).unwrap();
     let request = serde_json::json!({
-        "protocol": 1, "cwd": f.root, "config": config, "command": command,
+        "protocol": confine::relay::PROTOCOL, "cwd": f.root, "config": config, "command": command,
     });
     let mut cmd = Command::new("python3");
     cmd.args(["-c", RAW_CLIENT]).arg(f.store.join("serve.sock")).arg(request.to_string()).arg(fds);
+    cmd.env("RAW_FILE", f.root.join("raw-file"));
     common::stderr(&common::output_within(&mut cmd, RUN_LIMIT))
 }
 
@@ -493,4 +503,166 @@ fn slow_clients_hold_no_threads() {
     let out = confine(&f.config, &["audit", "verify"]);
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
+}
+
+/// `confine run` of `script` (sh) with `extra` options, `input` on its
+/// stdin and its output piped: the output, and the `--json-status`
+/// outcome. Also the inode of the pipe its stdout was.
+fn run_script(f: &Fixture, extra: &[&str], script: &str, input: &str) -> (Output, serde_json::Value, u64) {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let status = f.root.join("run-status.json");
+    let _ = std::fs::remove_file(&status);
+    let mut child = Command::new(common::bin())
+        .arg("--config")
+        .arg(&f.config)
+        .arg("run")
+        .arg("--json-status")
+        .arg(&status)
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let fd = std::os::fd::AsFd::as_fd(child.stdout.as_ref().unwrap()).try_clone_to_owned().unwrap();
+    let ino = std::fs::File::from(fd).metadata().unwrap().ino();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let outcome = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    (out, outcome, ino)
+}
+
+/// Run until the server ran it in a warm sandbox (its pool builds at a
+/// low priority, for the shapes it was last asked for).
+fn run_warm(f: &Fixture, script: &str, input: &str) -> (Output, serde_json::Value, u64) {
+    for _ in 0..100 {
+        let r = run_script(f, &[], script, input);
+        if r.1["layers"]["warm"] == true {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("no run through the server was warm");
+}
+
+/// The outcome without what differs between any two runs (ids, times,
+/// the cgroup's name) and how its sandbox was made.
+fn comparable(mut outcome: serde_json::Value) -> serde_json::Value {
+    for key in ["jobId", "durationMs", "startedAt", "endedAt", "usage", "wallMs"] {
+        outcome.as_object_mut().unwrap().remove(key);
+    }
+    let layers = outcome["layers"].as_object_mut().unwrap();
+    for key in ["warm", "cgroup", "cgroupPath"] {
+        layers.remove(key);
+    }
+    outcome
+}
+
+/// With a server holding the store, `confine run` is started by it, in a
+/// sandbox built ahead: the job reads the caller's stdin and writes
+/// straight to the caller's own pipes (no copy in between), and the exit
+/// status, the output and the `--json-status` outcome are those of the
+/// same run in-process (`--no-server`), but for `layers.warm`.
+#[test]
+fn a_run_through_a_server_is_the_same_run_started_warm() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let _server = Server::start(&f);
+    let script = r#"echo out; echo err >&2; read x; echo "in:$x"; readlink /proc/self/fd/1; exit 3"#;
+    let (warm, warm_outcome, warm_ino) = run_warm(&f, script, "hello\n");
+    let (cold, cold_outcome, cold_ino) = run_script(&f, &["--no-server"], script, "hello\n");
+    for (out, ino, how) in [(&warm, warm_ino, "through the server"), (&cold, cold_ino, "in-process")] {
+        assert_eq!(out.status.code(), Some(3), "{how}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout, format!("out\nin:hello\npipe:[{ino}]\n"), "{how}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n", "{how}");
+    }
+    assert_eq!(warm_outcome["layers"]["warm"], true);
+    assert_eq!(cold_outcome["layers"]["warm"], false, "--no-server ran warm: {cold_outcome:#}");
+    assert_eq!(comparable(warm_outcome), comparable(cold_outcome));
+}
+
+/// A stop request (SIGTERM, SIGINT) to a `confine run` whose job a server
+/// started reaches the job as that signal, as in-process: its trap runs,
+/// and its exit status is the command's.
+#[test]
+fn a_stop_reaches_the_job_a_server_started() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let _server = Server::start(&f);
+    run_warm(&f, "true", "");
+    let script = r#"trap 'echo "got $1"; exit 7' TERM; trap 'echo got int; exit 8' INT; echo ready; while :; do sleep 0.1; done"#;
+    for (sig, code, word) in [(libc::SIGTERM, 7, "got"), (libc::SIGINT, 8, "got int")] {
+        for extra in [&[][..], &["--no-server"][..]] {
+            let status = f.root.join("stop-status.json");
+            let mut child = Command::new(common::bin())
+                .arg("--config")
+                .arg(&f.config)
+                .args(["run", "--json-status"])
+                .arg(&status)
+                .args(extra)
+                .args(["--", "sh", "-c", script])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut lines = std::io::BufReader::new(child.stdout.take().unwrap());
+            let mut first = String::new();
+            lines.read_line(&mut first).unwrap();
+            assert_eq!(first, "ready\n", "{extra:?}");
+            // SAFETY: kill(2) on our own child's pid, not reaped yet.
+            assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+            let mut rest = String::new();
+            lines.read_to_string(&mut rest).unwrap();
+            let ended = child.wait().unwrap();
+            assert_eq!(ended.code(), Some(code), "{extra:?} signal {sig}: {rest}");
+            assert!(rest.starts_with(word), "{extra:?} signal {sig}: {rest:?}");
+            let outcome: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+            assert_eq!(outcome["exitCode"], code, "{outcome:#}");
+        }
+    }
+}
+
+/// A client of the server's own uid that passes a file or a socket as a
+/// job's stream is refused: a job gets only pipes and /dev/null, as an
+/// in-process run gives it (a file could be truncated or rewritten, a
+/// terminal typed into). Nothing runs, and no descriptor is kept.
+#[test]
+fn a_server_gives_a_job_no_file_or_socket_as_a_stream() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let _server = Server::start(&f);
+    std::fs::write(f.root.join("raw-file"), "").unwrap();
+    let spec = confine::job::JobSpec::new(vec!["sh".into(), "-c".into(), "echo planted".into()]);
+    let run = serde_json::json!({"Run": {"spec": spec, "kill_grace": {"secs": 1, "nanos": 0}}});
+    for kind in ["file", "socket"] {
+        let err = raw_request(&f, run.clone(), kind);
+        assert!(err.contains("must be a pipe or /dev/null"), "{kind}: {err}");
+        assert!(err.ends_with("eof\n"), "{kind}: the server kept a descriptor: {err}");
+    }
+    assert_eq!(std::fs::read_to_string(f.root.join("raw-file")).unwrap(), "", "the job ran");
+    // The same request with pipes runs.
+    let ok = raw_request(&f, run, "streams");
+    assert!(ok.contains("\"exit\":0") && ok.contains("\"run\""), "{ok}");
+}
+
+/// `--no-server` runs `confine exec` in this process: with the store held
+/// by a server, it fails on the store's lock, naming the holder.
+#[test]
+fn exec_no_server_does_not_relay() {
+    let f = fixture();
+    let server = Server::start(&f);
+    let out = confine(&f.config, &["exec", "--no-server", "--repo-id", "t", "--runtime", "shell", "--code", "true"]);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let err = common::stderr(&out);
+    assert!(err.contains(&server.pid().to_string()), "{err}");
 }

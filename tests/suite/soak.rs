@@ -58,6 +58,8 @@ struct Idle {
     rss_busy: u64,
     threads_busy: usize,
     rss: u64,
+    /// The settled RSS's anonymous and file-backed parts (KiB).
+    anon_file: (u64, u64),
     threads: usize,
 }
 
@@ -65,16 +67,18 @@ fn measure_idle(pid: u32) -> Idle {
     std::thread::sleep(Duration::from_secs(2));
     let (rss_busy, threads_busy) = (rss_kib(pid), threads(pid));
     std::thread::sleep(Duration::from_secs(11));
-    Idle { fds: fds(pid), rss_busy, threads_busy, rss: rss_kib(pid), threads: threads(pid) }
+    let anon_file = (status_kib(pid, "RssAnon:"), status_kib(pid, "RssFile:"));
+    Idle { fds: fds(pid), rss_busy, threads_busy, rss: rss_kib(pid), anon_file, threads: threads(pid) }
 }
 
 fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A field of `/proc/<pid>/status`, in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
+    status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
 }
 
 /// The host's mounts: mount point and file system type, as this process
@@ -276,9 +280,10 @@ fn a_soak_through_a_real_client_leaks_nothing_and_loses_nothing() {
     let busy: Vec<(u64, usize)> = idle.iter().map(|i| (i.rss_busy, i.threads_busy)).collect();
     let nthreads: Vec<usize> = idle.iter().map(|i| i.threads).collect();
     let nfds: Vec<usize> = idle.iter().map(|i| i.fds.len()).collect();
+    let parts: Vec<(u64, u64)> = idle.iter().map(|i| i.anon_file).collect();
     eprintln!(
-        "soak: the idle server after {marks:?} and {jobs} jobs: RSS {rss:?} KiB, threads {nthreads:?}, fds {nfds:?}; \
-         2 s after the client stopped: (RSS KiB, threads) {busy:?}"
+        "soak: the idle server after {marks:?} and {jobs} jobs: RSS {rss:?} KiB (anonymous, file: {parts:?}), \
+         threads {nthreads:?}, fds {nfds:?}; 2 s after the client stopped: (RSS KiB, threads) {busy:?}"
     );
     assert_eq!(idle.len(), 4, "{} checkpoints", idle.len());
     // From the end of the warm-up: no fd more and at most 10% more memory.

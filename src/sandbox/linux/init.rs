@@ -19,7 +19,7 @@
 
 use super::protocol::{
     encode_report, read_spec, write_spec, InitReport, InitSpec, MountOp, RequestPart, CONTROL_FD, PROXY_READY,
-    PROXY_SOCKET, RELEASE, SECCOMP_FD,
+    PROXY_SOCKET, RELEASE, SECCOMP_FD, STREAMS,
 };
 use super::sys::{self, SysError};
 use super::{caps, exec, inherit, landlock, mounts, namespaces, rlimits, seccomp};
@@ -341,6 +341,10 @@ fn warm_request(
         nix::errno::Errno::result(ret).map_err(|e| SysError::call("set the job's nice value", e))?;
     }
     let request_ops = part.mounts.clone();
+    // The caller's streams, when the job is to have them: received before
+    // pid 1 is given the part, so that it never waits for streams that
+    // can't come.
+    let streams = if part.streams { Some(receive_streams(ctl, "receive the job's streams")?) } else { None };
     let mut pipe = File::from(go.try_clone().map_err(|e| SysError::other("hand the request to pid 1", e))?);
     write_spec(&mut pipe, &part).map_err(|e| SysError::other("hand the request to pid 1", e))?;
     drop(pipe);
@@ -357,6 +361,9 @@ fn warm_request(
     let mut not_idmapped = opened.not_idmapped;
     not_idmapped.extend(whole.idmap_refused.iter().cloned());
     mounts::send_sources(fds_out, opened.sources, &not_idmapped)?;
+    if let Some(streams) = streams {
+        send_streams(fds_out, &streams)?;
+    }
     Ok(Some((whole, opened.idmapped)))
 }
 
@@ -428,10 +435,31 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
             Err(_) => return Ok(125),
         };
         let request_ops = part.mounts.clone();
+        let streams = part.streams;
         let mut joined = spec.clone();
         joined.join(part);
         whole = joined;
         let (sources, not_idmapped) = mounts::receive_sources(&fds_in, &request_ops)?;
+        if streams {
+            // The job's stdin, stdout and stderr, inherited at its fork.
+            let fds = receive_streams(&fds_in, "take the job's streams")?;
+            for (fd, target) in fds.into_iter().zip(0..) {
+                use std::os::fd::{AsRawFd, IntoRawFd};
+                let raw = fd.as_raw_fd();
+                // SAFETY: dup2 and fcntl take integers; `raw` is open
+                // (owned here) and 0–2 are ours to replace. A received fd
+                // already at its target only loses close-on-exec, and is
+                // kept open.
+                let ret = unsafe {
+                    if raw == target {
+                        libc::fcntl(fd.into_raw_fd(), libc::F_SETFD, 0)
+                    } else {
+                        libc::dup2(raw, target)
+                    }
+                };
+                nix::errno::Errno::result(ret).map_err(|e| SysError::call("take the job's streams", e))?;
+            }
+        }
         let more = mounts::build_request(&request_ops, &sources)?;
         built.protected.extend(more.protected);
         built.idmapped.extend(more.idmapped);
@@ -512,6 +540,45 @@ fn receive_proxy_socket(ctl: &File) -> Result<OwnedFd, SysError> {
         (1, PROXY_SOCKET, 1) => Ok(fds.remove(0)),
         _ => Err(SysError::other("network proxy", "the supervisor sent no socket for the proxy")),
     }
+}
+
+/// A job's three standard streams: one byte ([`STREAMS`]) carrying
+/// exactly three fds, on the supervisor's control socket or, in pid 1,
+/// on the outer stage's socket.
+fn receive_streams(sock: &impl std::os::fd::AsRawFd, what: &'static str) -> Result<[OwnedFd; 3], SysError> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 3]);
+    let msg = loop {
+        match recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => break r.map_err(|e| SysError::call(what, e))?,
+        }
+    };
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs().map_err(|e| SysError::call(what, e))? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            // SAFETY: SCM_RIGHTS gave us these fds; nothing else owns them.
+            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+    match (msg.bytes, byte[0], <[OwnedFd; 3]>::try_from(fds), truncated) {
+        (1, STREAMS, Ok(fds), false) => Ok(fds),
+        _ => Err(SysError::other(what, "not the three streams of a job")),
+    }
+}
+
+/// Hand pid 1 the job's streams ([`receive_streams`]).
+fn send_streams(sock: &OwnedFd, fds: &[OwnedFd; 3]) -> Result<(), SysError> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let iov = [std::io::IoSlice::new(&[STREAMS])];
+    sendmsg::<()>(sock.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&raw)], MsgFlags::empty(), None)
+        .map_err(|e| SysError::call("hand the job's streams to pid 1", e))?;
+    Ok(())
 }
 
 /// Listen on `port` of the loopback, IPv4 and (where the kernel has it)

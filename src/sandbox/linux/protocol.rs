@@ -215,7 +215,17 @@ pub struct RequestPart {
     /// lower priority, so as not to slow the jobs running meanwhile. The
     /// outer stage, host root, gives pid 1 this one (never below 0).
     pub nice: i32,
+    /// The job's standard streams follow the part on the control socket
+    /// (one byte, [`STREAMS`], carrying stdin, stdout and stderr): a
+    /// `confine run` through a server gives the job its caller's pipes,
+    /// not the ones the sandbox was built with.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub streams: bool,
 }
+
+/// The byte that carries a warm sandbox's job's streams
+/// ([`RequestPart::streams`]).
+pub const STREAMS: u8 = b's';
 
 impl MountOp {
     /// Whether this step is the request's (the workspace, the user's and
@@ -247,6 +257,7 @@ impl InitSpec {
             idmap_refused: std::mem::take(&mut self.idmap_refused),
             sweep_record: self.sweep_record.take(),
             nice: 0,
+            streams: false,
         };
         (self, part)
     }

@@ -95,6 +95,9 @@ pub struct WarmSandbox {
     cgroup: cgroup::JobCgroup,
     shape: WarmShape,
     built: Instant,
+    /// The job's stdin, stdout and stderr, when they are not the ones the
+    /// sandbox was built with ([`WarmSandbox::with_streams`]).
+    streams: Option<[OwnedFd; 3]>,
 }
 
 impl WarmSandbox {
@@ -121,7 +124,15 @@ impl WarmSandbox {
         spec.userns_owner = Some(super::userns_owner());
         let mut w = &stage.ours;
         protocol::write_spec(&mut w, &spec).map_err(SandboxError::Spawn)?;
-        Ok(WarmSandbox { stage, job_id, cgroup, shape: shape.clone(), built: Instant::now() })
+        Ok(WarmSandbox { stage, job_id, cgroup, shape: shape.clone(), built: Instant::now(), streams: None })
+    }
+
+    /// Give the job these streams (stdin, stdout, stderr) instead of the
+    /// sandbox's own: a `confine run` through a server passes its
+    /// caller's pipes.
+    pub fn with_streams(mut self: Box<Self>, streams: [OwnedFd; 3]) -> Box<Self> {
+        self.streams = Some(streams);
+        self
     }
 
     /// Whether this sandbox serves a request of `shape`.
@@ -144,7 +155,8 @@ impl WarmSandbox {
     /// sandbox. The caller checked [`WarmSandbox::fits`]. On an error the
     /// sandbox is killed, having run nothing.
     pub async fn take(self, spec: &JobSpec, mut part: RequestPart) -> Result<RunningJob, SandboxError> {
-        let WarmSandbox { stage, job_id, cgroup, .. } = self;
+        let WarmSandbox { stage, job_id, cgroup, streams, .. } = self;
+        part.streams = streams.is_some();
         let InitStage { mut child, ours, .. } = stage;
         super::check_workspace(spec)?;
         let started = Instant::now();
@@ -174,7 +186,13 @@ impl WarmSandbox {
         {
             Ok(mut ctl) => {
                 use tokio::io::AsyncWriteExt;
-                ctl.write_all(&bytes).await.map(|()| ctl)
+                match ctl.write_all(&bytes).await {
+                    Ok(()) => match &streams {
+                        Some(fds) => send_streams(&ctl, fds).await.map(|()| ctl),
+                        None => Ok(ctl),
+                    },
+                    Err(e) => Err(e),
+                }
             }
             Err(e) => Err(e),
         };
@@ -204,5 +222,25 @@ impl WarmSandbox {
             cgroup: Some(cgroup),
             proxy: None,
         })
+    }
+}
+
+/// The job's streams, after its part ([`RequestPart::streams`]).
+async fn send_streams(ctl: &tokio::net::UnixStream, fds: &[OwnedFd; 3]) -> std::io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    loop {
+        ctl.writable().await?;
+        let sent = ctl.try_io(tokio::io::Interest::WRITABLE, || {
+            let iov = [std::io::IoSlice::new(&[protocol::STREAMS])];
+            sendmsg::<()>(ctl.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&raw)], MsgFlags::MSG_DONTWAIT, None)
+                .map_err(std::io::Error::from)
+        });
+        match sent {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
     }
 }
