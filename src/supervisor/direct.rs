@@ -15,7 +15,7 @@ impl Supervisor {
     /// Run `spec` with `streams` (stdin, stdout, stderr) as the job's
     /// standard streams, until it ends or `stop` asks (the signal is
     /// forwarded, the tree killed `kill_grace` later), and return its
-    /// outcome, its sandbox taken down.
+    /// outcome; its cgroups are removed after.
     pub async fn run_direct(
         &self,
         spec: &JobSpec,
@@ -38,8 +38,11 @@ impl Supervisor {
         // The job holds its streams now (or its stage does): ours go, so
         // that the caller sees their end when the job's tree is gone.
         drop(streams);
+        // The tree is dead and counted: the caller has its outcome while
+        // the cgroups' removal goes on as a task of its own (a server
+        // stopped meanwhile leaves them to the next one's sweep).
         let (outcome, teardown) = job.supervise(kill_grace, stop).await;
-        teardown.finish().await;
+        drop(teardown);
         Ok(outcome)
     }
 
