@@ -1,5 +1,11 @@
 //! The server's warm pool (`[sandbox] warm`): sandboxes built before
-//! their requests arrive, of the shape the last request had.
+//! their requests arrive, of the shapes the last requests had.
+//!
+//! The pool keeps the last N shapes asked for (N its size), most recent
+//! first, and shares its N sandboxes among them: one shape gets all N;
+//! two (an MCP client's jobs and `confine run`s, say) get N/2 each, the
+//! most recent one the odd one. A sandbox of a shape no longer wanted
+//! is the first to go when room is needed.
 //!
 //! A thread of its own builds them, at a lower priority (nice 10) where
 //! the server may raise it again (CAP_SYS_NICE), so that a refill yields
@@ -26,7 +32,7 @@ const BUILD_NICE: i32 = 10;
 /// How long a failed build waits before the next try.
 const RETRY: Duration = Duration::from_secs(5);
 
-/// What the pool builds: the last request's shape.
+/// A shape the pool builds for: one a request had.
 #[derive(Clone)]
 struct Want {
     shape: WarmShape,
@@ -37,7 +43,10 @@ struct Want {
 #[derive(Default)]
 struct State {
     ready: Vec<WarmSandbox>,
-    want: Option<Want>,
+    /// The shapes built for, the most recently asked for first.
+    wants: Vec<Want>,
+    /// How many shapes are kept: the pool's size.
+    size: usize,
     stopping: bool,
     /// Bumped at each change of the host's mount table: a sandbox whose
     /// build began before it is not kept.
@@ -66,7 +75,8 @@ impl WarmPool {
         seccomp_fd: OwnedFd,
         lower: bool,
     ) -> std::io::Result<WarmPool> {
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), wake: Condvar::new() });
+        let state = State { size, ..State::default() };
+        let shared = Arc::new(Shared { state: Mutex::new(state), wake: Condvar::new() });
         let mountinfo = std::fs::File::open("/proc/self/mountinfo")?;
         let builder = std::thread::Builder::new().name("confine-warm".into()).spawn({
             let shared = shared.clone();
@@ -87,8 +97,8 @@ impl WarmPool {
         let Ok(mut st) = self.shared.state.lock() else { return None };
         let found = st.ready.iter_mut().position(|w| w.fits(shape) && w.alive());
         let taken = found.map(|i| st.ready.swap_remove(i));
-        if st.want.as_ref().is_none_or(|w| w.shape != *shape) {
-            st.want = Some(Want { shape: shape.clone(), base: base.clone(), limits: limits.clone() });
+        if st.wants.first().is_none_or(|w| w.shape != *shape) {
+            st.asked(Want { shape: shape.clone(), base: base.clone(), limits: limits.clone() });
         }
         self.shared.wake.notify_one();
         taken
@@ -99,7 +109,7 @@ impl WarmPool {
     /// Build for `shape` from now on, before any request of it.
     fn want(&self, shape: WarmShape, base: InitSpec, limits: Limits) {
         let Ok(mut st) = self.shared.state.lock() else { return };
-        st.want = Some(Want { shape, base, limits });
+        st.asked(Want { shape, base, limits });
         self.shared.wake.notify_one();
     }
 }
@@ -142,6 +152,43 @@ impl super::Supervisor {
         if let Some((shape, base, _)) = crate::sandbox::linux::warm::shape_of(&spec, &profile.name, false) {
             pool.want(shape, base, spec.limits);
         }
+    }
+}
+
+impl State {
+    /// `want` is now the most recent shape asked for.
+    fn asked(&mut self, want: Want) {
+        self.wants.retain(|w| w.shape != want.shape);
+        self.wants.insert(0, want);
+        self.wants.truncate(self.size.max(1));
+    }
+
+    /// How many sandboxes the `i`-th wanted shape gets.
+    fn share(&self, i: usize) -> usize {
+        let n = self.wants.len().max(1);
+        self.size / n + usize::from(i < self.size % n)
+    }
+
+    /// How many ready sandboxes fit `shape`.
+    fn fitting(&self, shape: &WarmShape) -> usize {
+        self.ready.iter().filter(|r| r.fits(shape)).count()
+    }
+
+    /// The first wanted shape with fewer sandboxes ready than its share.
+    fn short(&self) -> Option<Want> {
+        (0..self.wants.len())
+            .find(|&i| self.fitting(&self.wants[i].shape) < self.share(i))
+            .map(|i| self.wants[i].clone())
+    }
+
+    /// A ready sandbox to make room with: one of a shape no longer
+    /// wanted, else one of a shape with more than its share.
+    fn spare(&self) -> Option<usize> {
+        let unwanted = self.ready.iter().position(|r| !self.wants.iter().any(|w| r.fits(&w.shape)));
+        unwanted.or_else(|| {
+            let over = (0..self.wants.len()).find(|&i| self.fitting(&self.wants[i].shape) > self.share(i))?;
+            self.ready.iter().position(|r| r.fits(&self.wants[over].shape))
+        })
     }
 }
 
@@ -238,9 +285,7 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
             };
             continue;
         }
-        let want = st.want.clone();
-        let fitting = want.as_ref().map_or(0, |w| st.ready.iter().filter(|r| r.fits(&w.shape)).count());
-        let Some(want) = want.filter(|_| fitting < size) else {
+        let Some(want) = st.short() else {
             // Wake to replace the oldest when it turns stale.
             let oldest = st.ready.iter().map(WarmSandbox::age).max().unwrap_or_default();
             let wait = max_idle.saturating_sub(oldest).max(Duration::from_secs(1));
@@ -252,10 +297,9 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
         };
         let mut evicted = Vec::new();
         while st.ready.len() >= size {
-            if let Some(i) = st.ready.iter().position(|r| !r.fits(&want.shape)) {
-                evicted.push(st.ready.swap_remove(i));
-            } else {
-                break;
+            match st.spare() {
+                Some(i) => evicted.push(st.ready.swap_remove(i)),
+                None => break,
             }
         }
         let mounts = st.mounts;

@@ -666,3 +666,52 @@ fn exec_no_server_does_not_relay() {
     let err = common::stderr(&out);
     assert!(err.contains(&server.pid().to_string()), "{err}");
 }
+
+/// The warm sandboxes of the server `pid` waiting (each has cgroups in
+/// several hierarchies, all of one name).
+fn warm_waiting(pid: u32) -> usize {
+    let names: std::collections::BTreeSet<String> = common::rpc::job_cgroups(pid)
+        .iter()
+        .filter_map(|d| d.file_name()?.to_str()?.split('.').next().map(str::to_string))
+        .filter(|n| n.starts_with("warm-"))
+        .collect();
+    names.len()
+}
+
+/// A server asked for jobs of two shapes in turn (`confine exec` in a
+/// repository, and a `confine run` with a hostname of its own) keeps
+/// sandboxes of both: with the pool
+/// refilled between requests, every one of them starts warm. (A pool of
+/// the last shape only would have only the other shape's sandboxes when
+/// each request came.)
+#[test]
+fn a_server_keeps_sandboxes_warm_for_two_shapes_in_turn() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let server = Server::start(&f);
+    let exec_warm = || {
+        let out = confine(&f.config, &["exec", "--repo-id", "t", "--runtime", "shell", "--code", "true", "--json"]);
+        let resp: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        resp["outcome"]["layers"]["warm"] == true
+    };
+    // Another hostname: another base, so another shape than the exec's.
+    let run_warm_once = || run_script(&f, &["--hostname", "other"], "true", "").1["layers"]["warm"] == true;
+    // Both shapes asked for once: from now on the pool keeps one of each.
+    exec_warm();
+    run_warm_once();
+    let refilled = || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while warm_waiting(server.pid()) < 2 {
+            assert!(Instant::now() < deadline, "the pool was not refilled");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    for round in 0..4 {
+        refilled();
+        assert!(exec_warm(), "round {round}: the exec ran cold");
+        refilled();
+        assert!(run_warm_once(), "round {round}: the run ran cold");
+    }
+}
