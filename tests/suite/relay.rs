@@ -715,3 +715,68 @@ fn a_server_keeps_sandboxes_warm_for_two_shapes_in_turn() {
         assert!(run_warm_once(), "round {round}: the run ran cold");
     }
 }
+
+/// The CPU weights of the server `pid`'s warm cgroups that have the cpu
+/// controller, by name: 110 of 1024 (v1 `cpu.shares`) or 11 of 100 (v2
+/// `cpu.weight`) for a background task's, as nice 10 against nice 0.
+fn warm_weights(pid: u32) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for d in common::rpc::job_cgroups(pid) {
+        let Some(name) = d.file_name().and_then(|n| n.to_str()).map(str::to_string) else { continue };
+        if !name.starts_with("warm-") {
+            continue;
+        }
+        for file in ["cpu.shares", "cpu.weight"] {
+            if let Ok(w) = std::fs::read_to_string(d.join(file)) {
+                found.push((name.clone(), w.trim().to_string()));
+            }
+        }
+    }
+    found
+}
+
+/// nice 10 does not reach across cgroups: the scheduler shares a core
+/// between sibling cgroups by their weights first. So a sandbox the pool
+/// builds is weighed as a background task in its cgroups, and a job that
+/// takes it as any job.
+#[test]
+fn warm_sandboxes_are_built_at_a_background_weight_and_jobs_run_at_a_jobs() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let server = Server::start(&f);
+    run_warm(&f, "true", "");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while warm_waiting(server.pid()) < 2 {
+        assert!(Instant::now() < deadline, "the pool was not refilled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let waiting = warm_weights(server.pid());
+    assert!(!waiting.is_empty(), "no warm cgroup with the cpu controller");
+    assert!(waiting.iter().all(|(_, w)| w == "110" || w == "11"), "{waiting:?}");
+    // A job running warm: its cgroups are weighed as any job's.
+    let status = f.root.join("weight-status.json");
+    let mut job = Command::new(common::bin())
+        .arg("--config")
+        .arg(&f.config)
+        .args(["run", "--json-status"])
+        .arg(&status)
+        .args(["--", "sh", "-c", "echo started; sleep 30"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(job.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert_eq!(first, "started\n");
+    let running: Vec<(String, String)> =
+        warm_weights(server.pid()).into_iter().filter(|(_, w)| w == "1024" || w == "100").collect();
+    assert_eq!(running.len(), 1, "one job's cgroup at a job's weight: {:?}", warm_weights(server.pid()));
+    // SAFETY: kill(2) on our own child's pid, not reaped yet.
+    unsafe { libc::kill(job.id() as i32, libc::SIGTERM) };
+    job.wait().unwrap();
+    let outcome: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    assert_eq!(outcome["layers"]["warm"], true, "{outcome:#}");
+}

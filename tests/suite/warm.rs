@@ -110,6 +110,18 @@ fn stages_of(pid: u32) -> Vec<u32> {
     out
 }
 
+/// The stages of `pid`'s two warm sandboxes once both have their pid 1.
+/// Read again until then: other tests mount on the host meanwhile, and
+/// each change of its mount table replaces the waiting sandboxes.
+fn built_stages(pid: u32) -> Vec<u32> {
+    let mut stages = Vec::new();
+    eventually("two warm sandboxes with their pid 1s", Duration::from_secs(90), || {
+        stages = stages_of(pid);
+        stages.len() == 2 && pid1s_of(&stages).len() == 2
+    });
+    stages
+}
+
 fn alive(pid: u32) -> bool {
     // A zombie is dead: its stage was killed and not reaped yet.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -268,9 +280,12 @@ fn a_killed_server_leaves_no_warm_sandbox_mount_or_cgroup() {
     if !sandbox_available() || !is_root() {
         return;
     }
-    let mounts = || std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let before = mounts();
+    // Other tests' temporary mounts left out; the server's own directory
+    // has none before it starts.
+    let before = host_mounts(std::path::Path::new("/nonexistent/none"));
     let mut server = Served::start("");
+    let mine = server._dir.path().to_path_buf();
+    let mounts = || host_mounts(&mine);
     let pid = server.pid();
     server.exec_warm("true");
     eventually("the server's warm sandboxes", Duration::from_secs(60), || stages_of(pid).len() == 2);
@@ -353,9 +368,7 @@ fn a_warm_job_sees_the_hosts_mounts_as_they_are_now() {
     let mut server = Served::start("warm = 2");
     server.exec_warm("true");
     let pid = server.pid();
-    eventually("two warm sandboxes", Duration::from_secs(60), || stages_of(pid).len() == 2);
-    let stages = stages_of(pid);
-    eventually("their pid 1s", Duration::from_secs(30), || pid1s_of(&stages).len() == 2);
+    let stages = built_stages(pid);
     std::thread::sleep(Duration::from_millis(500));
     // The host removes one mount and masks a directory of /etc.
     sh(&format!("umount {}", pinned.display()));
@@ -407,9 +420,7 @@ fn a_warm_sandbox_whose_pid1_died_is_not_taken() {
     let mut server = Served::start("warm = 2");
     server.exec_warm("true");
     let pid = server.pid();
-    eventually("two warm sandboxes", Duration::from_secs(60), || stages_of(pid).len() == 2);
-    let stages = stages_of(pid);
-    eventually("their pid 1s", Duration::from_secs(30), || pid1s_of(&stages).len() == 2);
+    let stages = built_stages(pid);
     for p in pid1s_of(&stages) {
         // SAFETY: kill(2) of a pid we just read.
         unsafe { libc::kill(p as i32, libc::SIGKILL) };
@@ -448,6 +459,33 @@ fn warm_jobs_run_on_a_server_without_cap_sys_nice() {
     assert_eq!(r["status"], "success", "a warm job failed where a cold one runs: {r}");
 }
 
+/// The host's mount table but for the mounts other tests make under
+/// their own temporary directories meanwhile (those under `mine` stay).
+fn host_mounts(mine: &std::path::Path) -> Vec<String> {
+    let others = std::env::temp_dir().join(".tmp");
+    let others = others.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            let point = l.split(' ').nth(4).unwrap_or_default();
+            !point.starts_with(&*others) || std::path::Path::new(point).starts_with(mine)
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// Unmounts what a test mounted on the host, however the test ends.
+struct Unmount(Vec<std::path::PathBuf>);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::process::Command::new("umount").arg("-l").arg(p).stderr(std::process::Stdio::null()).status();
+        }
+    }
+}
+
 /// Checked sound: a warm job's read-write workspace and its protected
 /// paths are private (nothing propagates to the host's mount table or
 /// from it), with the flags a cold job's have.
@@ -475,14 +513,14 @@ fn a_warm_workspace_is_private_with_the_cold_flags() {
     .unwrap();
     let mut server = ColdThenWarm::start(&config);
     let mut exec = |code: &str| server.exec(code);
-    let host_before = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let host_before = host_mounts(dir.path());
     let probe = "awk '$5 ~ /^\\/workspace/ {print $5, $6, $7}' /proc/self/mountinfo | sort; \
                  touch /workspace/.git/hooks/x 2>/dev/null && echo hooks=writable || echo hooks=read-only; \
                  touch /workspace/y && echo ws=writable";
     let cold = exec(probe);
     assert_eq!(cold["layers"]["warm"], false);
     let hot = until_warm(|| exec(probe));
-    let host_after = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let host_after = host_mounts(dir.path());
     eprintln!("cold:\n{}\nwarm:\n{}", cold["stdout"], hot["stdout"]);
     assert_eq!(host_before, host_after, "a warm job's mounts reached the host's mount table");
     // Mount ids differ; flags and propagation must not.
@@ -507,6 +545,7 @@ fn a_warm_job_has_the_cold_priority_and_a_sealed_workspace() {
     let repo = readable_repo(dir.path());
     std::fs::create_dir_all(repo.join("sub")).unwrap();
     std::fs::create_dir_all(repo.join("late")).unwrap();
+    let _unmount = Unmount(vec![repo.join("late"), repo.join("sub")]);
     sh(&format!("mount -t tmpfs -o mode=1777 rt-sub {}", repo.join("sub").display()));
     let config = dir.path().join("confine.toml");
     std::fs::write(

@@ -117,6 +117,10 @@ impl WarmSandbox {
         let job_id = format!("warm-{}", crate::ids::job_id());
         // The job's controllers, no limit yet: those are the request's.
         let cgroup = cgroup::supervisor().and_then(|c| c.create_unlimited(&job_id, limits))?;
+        // Built in the background: the stage joins these cgroups before
+        // its heavy part, where its nice value weighs nothing against the
+        // jobs' cgroups.
+        cgroup.set_background(true)?;
         let mut spec = base.clone();
         spec.warm = true;
         spec.cgroup_procs = cgroup.procs_files();
@@ -170,8 +174,9 @@ impl WarmSandbox {
             // our unreaped child's.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, pid, part.nice) };
         }
-        // The limits are in force before the stage has its request.
-        if let Err(e) = cgroup.apply_limits(&spec.limits) {
+        // The limits, and a job's weight, are in force before the stage
+        // has its request.
+        if let Err(e) = cgroup.set_background(false).and_then(|()| cgroup.apply_limits(&spec.limits)) {
             let _ = child.kill().await;
             return Err(SandboxError::Cgroup(e));
         }

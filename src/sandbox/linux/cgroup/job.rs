@@ -178,6 +178,21 @@ impl JobCgroup {
         apply_limits(self, limits)
     }
 
+    /// Weigh the job's CPU time against its siblings' as a background
+    /// task's (a warm sandbox being built: nice 10 does not reach across
+    /// cgroups, whose weights the scheduler shares the CPU by first), or
+    /// as any job's again. Only where the job has the cpu controller;
+    /// elsewhere its processes are weighed in their parent's cgroup.
+    pub fn set_background(&self, background: bool) -> Result<(), CgroupError> {
+        for dir in self.dirs.iter().filter(|d| d.has("cpu")) {
+            match dir.version {
+                Version::V1 => v1::set_weight(dir, background)?,
+                Version::V2 => v2::set_weight(dir, background)?,
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn new(name: String, ops: FsOps) -> JobCgroup {
         JobCgroup {
             name,

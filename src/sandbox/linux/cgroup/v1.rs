@@ -28,6 +28,13 @@ pub fn set_cpu(dir: &JobDir, quota_us: u64) -> Result<(), CgroupError> {
     dir.set("cpu.cfs_quota_us", &quota_us.to_string())
 }
 
+/// A job's CPU share against its siblings: the default (1024), or that of
+/// a process at nice 10 against one at 0 (110 to 1024) for a sandbox built
+/// in the background.
+pub fn set_weight(dir: &JobDir, background: bool) -> Result<(), CgroupError> {
+    dir.set("cpu.shares", if background { "110" } else { "1024" })
+}
+
 /// Freeze, SIGKILL every member, thaw. Frozen tasks can neither fork nor
 /// exit, so the pid list we read is complete and no pid in it can be
 /// recycled before our signal lands. SIGKILL is delivered on thaw.

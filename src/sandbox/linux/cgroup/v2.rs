@@ -43,6 +43,13 @@ pub fn set_cpu(dir: &JobDir, quota_us: u64) -> Result<(), CgroupError> {
     dir.set("cpu.max", &format!("{quota_us} {}", v1::CFS_PERIOD_US))
 }
 
+/// A job's CPU weight against its siblings: the default (100), or that of
+/// nice 10 (`cpu.weight.nice`'s mapping) for a sandbox built in the
+/// background.
+pub fn set_weight(dir: &JobDir, background: bool) -> Result<(), CgroupError> {
+    dir.set("cpu.weight", if background { "11" } else { "100" })
+}
+
 /// Kill every process of the cgroup: `cgroup.kill` where the kernel has
 /// it (5.14+), else freeze, SIGKILL the members, thaw.
 pub fn kill(dir: &JobDir) -> Result<(), CgroupError> {
