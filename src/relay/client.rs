@@ -100,7 +100,6 @@ impl Connection {
         streams: [std::os::fd::OwnedFd; 3],
         stop: impl std::future::Future<Output = i32>,
     ) -> Result<Reply, RelayError> {
-        use std::io::Write;
         let io = |source| RelayError::Io { path: self.path.clone(), source };
         let cwd = std::env::current_dir().map_err(io)?;
         let request = RequestRef { protocol: PROTOCOL, cwd: &cwd, config, command };
@@ -110,18 +109,30 @@ impl Connection {
         // The job's now: the caller sees the end of its output when the
         // job's tree and the server let go of them.
         drop(streams);
-        let reader = self.stream.try_clone().map_err(io)?;
-        let reply = tokio::task::spawn_blocking(move || read_reply(&reader));
+        let stream = self.stream.try_clone().and_then(|s| {
+            s.set_nonblocking(true)?;
+            tokio::net::UnixStream::from_std(s)
+        });
+        let (mut reader, mut writer) = stream.map_err(io)?.into_split();
+        let reply = async move {
+            use tokio::io::AsyncReadExt;
+            let mut head = [0u8; 4];
+            reader.read_exact(&mut head).await.map_err(reply_error)?;
+            let mut body = vec![0u8; reply_len(head)?];
+            reader.read_exact(&mut body).await.map_err(reply_error)?;
+            serde_json::from_slice::<Reply>(&body).map_err(|e| RelayError::Malformed(e.to_string()))
+        };
         tokio::pin!(reply, stop);
         let mut forwarded = false;
         let reply = loop {
             tokio::select! {
-                r = &mut reply => break r.map_err(|e| RelayError::Malformed(e.to_string()))??,
+                r = &mut reply => break r?,
                 sig = &mut stop, if !forwarded => {
+                    use tokio::io::AsyncWriteExt;
                     forwarded = true;
                     // A server gone meanwhile answers nothing, which the
                     // reply's read says.
-                    let _ = (&self.stream).write_all(&[u8::try_from(sig).unwrap_or(libc::SIGTERM as u8)]);
+                    let _ = writer.write_all(&[u8::try_from(sig).unwrap_or(libc::SIGTERM as u8)]).await;
                 }
             }
         };
@@ -171,19 +182,28 @@ const MAX_REPLY_BYTES: u32 = 256 << 20;
 /// Read the server's one frame.
 fn read_reply(mut stream: &UnixStream) -> Result<Reply, RelayError> {
     use std::io::Read;
-    let io = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => RelayError::Malformed(
-            "the server closed the connection without an answer (too many clients at once, or it is stopping)".into(),
-        ),
-        _ => RelayError::Malformed(e.to_string()),
-    };
     let mut head = [0u8; 4];
-    stream.read_exact(&mut head).map_err(io)?;
+    stream.read_exact(&mut head).map_err(reply_error)?;
+    let mut body = vec![0u8; reply_len(head)?];
+    stream.read_exact(&mut body).map_err(reply_error)?;
+    serde_json::from_slice(&body).map_err(|e| RelayError::Malformed(e.to_string()))
+}
+
+/// The length a reply's header gives, if it is one a reply may have.
+fn reply_len(head: [u8; 4]) -> Result<usize, RelayError> {
     let len = u32::from_le_bytes(head);
     if len > MAX_REPLY_BYTES {
         return Err(RelayError::Malformed(format!("a message of {len} bytes (at most {MAX_REPLY_BYTES})")));
     }
-    let mut body = vec![0u8; len as usize];
-    stream.read_exact(&mut body).map_err(io)?;
-    serde_json::from_slice(&body).map_err(|e| RelayError::Malformed(e.to_string()))
+    Ok(len as usize)
+}
+
+/// A failed read of the reply, said as the user needs it.
+fn reply_error(e: std::io::Error) -> RelayError {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => RelayError::Malformed(
+            "the server closed the connection without an answer (too many clients at once, or it is stopping)".into(),
+        ),
+        _ => RelayError::Malformed(e.to_string()),
+    }
 }

@@ -491,7 +491,9 @@ fn slow_clients_hold_no_threads() {
     let mut slow = Vec::new();
     for _ in 0..200 {
         let mut s = std::os::unix::net::UnixStream::connect(f.store.join("serve.sock")).unwrap();
-        std::io::Write::write_all(&mut s, &[0xff, 0x00]).unwrap();
+        // Past its 64 clients the server closes a connection at once: the
+        // write may then meet a closed socket.
+        let _ = std::io::Write::write_all(&mut s, &[0xff, 0x00]);
         slow.push(s);
     }
     std::thread::sleep(Duration::from_millis(500));
