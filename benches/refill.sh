@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # Does a warm pool's refill slow the jobs that run meanwhile?
 # Two CPU-bound jobs at once (one per core of a 2-core host), each timing a
-# fixed shell loop inside its sandbox, run in-process (`--no-server`) while
-# a `confine serve` keeps a warm pool, with and without "churn": a tmpfs
-# mounted and unmounted on the host every 5 ms, each change of the host's
-# mount table making the pool replace its sandboxes. Interleaved round by
-# round; then the same with a server whose pool is off (warm = 0), to
-# tell the churn's own cost from the refills'. Fresh copies of the
-# release binary. Prints the in-job loop time's p50 and p90 (ms) per case.
-# Usage: benches/refill.sh [ROUNDS]   (as root)
+# fixed shell loop inside its sandbox, run in-process (`--no-server`),
+# while a stream of short requests (`confine run -- /bin/true`, one after
+# the other) goes to a `confine serve`: with its warm pool (warm = 2) each
+# request takes a waiting sandbox and the pool builds the next one in the
+# background; without (warm = 0) each request builds its own, on its own
+# path. The same requests, the same sandboxes built: what differs is when
+# and at what priority. Also each server with no stream ("quiet").
+# Interleaved round by round; fresh copies of the release binary. Prints
+# the in-job loop time's p50 and p90 (ms) per case, and the stream's
+# requests per second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-20}"
-cargo build --release --quiet
-bin="target/$(rustc -vV | sed -n 's/^host: //p')/release/confine"
+if [ -z "${CONFINE_BIN:-}" ]; then
+  cargo build --release --quiet
+fi
+bin="${CONFINE_BIN:-target/$(rustc -vV | sed -n 's/^host: //p')/release/confine}"
 dir=$(mktemp -d)
-trap 'kill "$(cat "$dir/pid" 2>/dev/null)" 2>/dev/null || true; kill "$(cat "$dir/churn.pid" 2>/dev/null)" 2>/dev/null || true; sleep 1; umount "$dir/churn" 2>/dev/null || true; rm -rf "$dir"' EXIT
-mkdir -p "$dir/repo" "$dir/churn"
+trap 'kill "$(cat "$dir/pid" 2>/dev/null)" 2>/dev/null || true; kill "$(cat "$dir/churn.pid" 2>/dev/null)" 2>/dev/null || true; sleep 1; rm -rf "$dir"' EXIT
+mkdir -p "$dir/repo"
 cp "$bin" "$dir/confine-serve"
 cp "$bin" "$dir/confine"
 python3 - "$rounds" "$dir" <<'PY'
@@ -33,9 +37,10 @@ def serve(warm):
         time.sleep(0.05)
     time.sleep(2)  # the pool's first builds
     return p
-def churn_start():
-    sh = f'while :; do mount -t tmpfs none {d}/churn; sleep 0.005; umount {d}/churn; sleep 0.005; done'
-    p = subprocess.Popen(["bash", "-c", sh])
+def stream_start(warm):
+    argv = [f"{d}/confine", "--config", f"{d}/warm{warm}.toml", "run", "--", "/bin/true"]
+    sh = 'n=0; trap \'echo $n > ' + f"{d}/stream.count" + '; exit\' TERM; while :; do "$@" || exit 1; n=$((n+1)); done'
+    p = subprocess.Popen(["bash", "-c", sh, "stream"] + argv, stdout=subprocess.DEVNULL)
     open(f"{d}/churn.pid", "w").write(str(p.pid))
     time.sleep(0.3)
     return p
@@ -45,17 +50,20 @@ def jobs():
 out = {}
 for warm in (2, 0):
     srv = serve(warm)
-    res = {"churn": [], "quiet": []}
+    res = {"stream": [], "quiet": []}
+    rate = []
     for r in range(rounds):
-        for cond in ("churn", "quiet"):
-            c = churn_start() if cond == "churn" else None
+        for cond in ("stream", "quiet"):
+            c = stream_start(warm) if cond == "stream" else None
+            t = time.monotonic()
             res[cond] += jobs()
             if c:
                 c.terminate(); c.wait()
-                subprocess.run(["umount", f"{d}/churn"], stderr=subprocess.DEVNULL)
+                rate.append(int(open(f"{d}/stream.count").read()) / (time.monotonic() - t))
     srv.terminate(); srv.wait()
     q = lambda v, p: round(statistics.quantiles(v, n=100)[p - 1], 1)
     for cond, v in res.items():
         out[f"warm{warm}_{cond}"] = {"p50": q(v, 50), "p90": q(v, 90), "n": len(v)}
+    out[f"warm{warm}_requests_per_s"] = round(statistics.median(rate), 1)
 print(json.dumps(out))
 PY
