@@ -30,6 +30,11 @@ impl Supervisor {
                     .into(),
             ));
         }
+        // Holding a job before its execve (and its limits until then) is
+        // the supervisor's, for its audit trail: never a client's to ask.
+        let mut spec = spec.clone();
+        spec.hold = false;
+        let spec = &spec;
         let target = |fd: &OwnedFd| StdioTarget::Fd(fd.as_raw_fd());
         let stdio = StdioSpec { stdin: target(&streams[0]), stdout: target(&streams[1]), stderr: target(&streams[2]) };
         let early = self.warm_with_streams(spec, &streams);

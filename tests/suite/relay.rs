@@ -652,9 +652,15 @@ fn a_server_gives_a_job_no_file_or_socket_as_a_stream() {
         assert!(err.ends_with("eof\n"), "{kind}: the server kept a descriptor: {err}");
     }
     assert_eq!(std::fs::read_to_string(f.root.join("raw-file")).unwrap(), "", "the job ran");
-    // The same request with pipes runs.
+    // The same request with pipes runs; one asking for the job to be held
+    // before its execve (and its limits with it) runs too, not held.
     let ok = raw_request(&f, run, "streams");
     assert!(ok.contains("\"exit\":0") && ok.contains("\"run\""), "{ok}");
+    let mut held = spec.clone();
+    held.hold = true;
+    let held = serde_json::json!({"Run": {"spec": held, "kill_grace": {"secs": 1, "nanos": 0}}});
+    let ok = raw_request(&f, held, "streams");
+    assert!(ok.contains("\"exit\":0") && ok.contains("\"run\""), "a held job: {ok}");
 }
 
 /// `--no-server` runs `confine exec` in this process: with the store held
