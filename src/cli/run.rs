@@ -500,7 +500,7 @@ async fn through_server(args: &RunArgs, config: &Config) -> Option<Result<Outcom
         Ok(s) => s,
         Err(e) => return Some(Err(e)),
     };
-    let super::stdio::ServerStreams { fds, mut relays } = streams;
+    let super::stdio::ServerStreams { fds, relays } = streams;
     let command = RelayedCommand::Run(RunRelay { spec, kill_grace: args.kill_grace });
     let first = stops.clone();
     let stop = async move {
@@ -511,15 +511,7 @@ async fn through_server(args: &RunArgs, config: &Config) -> Option<Result<Outcom
     };
     let reply = conn.call_run(config, &command, fds, stop).await;
     // What the job wrote is in the relays' pipes: drained as in-process.
-    let seen = stops.count();
-    if seen > 0 {
-        let _ = tokio::time::timeout(args.kill_grace, relays.drain()).await;
-    } else {
-        tokio::select! {
-            () = relays.drain() => {}
-            _ = stops.next(seen) => {}
-        }
-    }
+    RunningRelays { relays: Some(relays) }.drain(&stops, args.kill_grace).await;
     let server =
         |message: String| SandboxError::Unavailable(format!("the running `confine serve` (pid {pid}): {message}"));
     match reply {

@@ -508,7 +508,9 @@ async fn run_job(
                     return Stop::Kill;
                 }
                 match watch.try_read(&mut b) {
-                    Ok(1) if (1..=64).contains(&b[0]) => return Stop::Forward(i32::from(b[0])),
+                    // The stops a client forwards (SIGHUP, SIGINT, SIGQUIT,
+                    // SIGTERM); SIGKILL, or anything else, kills at once.
+                    Ok(1) if [1, 2, 3, 15].contains(&b[0]) => return Stop::Forward(i32::from(b[0])),
                     // Gone (Ctrl-C'd past its handler, SIGKILL), or a byte
                     // that is no signal: the job is killed.
                     Ok(_) => return Stop::Kill,
@@ -522,7 +524,11 @@ async fn run_job(
             () = shutdown.cancelled() => Stop::Forward(libc::SIGTERM),
         }
     });
-    match ctx.supervisor.run_direct(&r.spec, streams, r.kill_grace, stop).await {
+    // The client's grace, within a server's bound: a job must not outlive
+    // the server's own stop by more than its relayed commands are waited
+    // for.
+    let grace = r.kill_grace.min(SHUTDOWN_WAIT);
+    match ctx.supervisor.run_direct(&r.spec, streams, grace, stop).await {
         Ok(outcome) => Reply { exit: outcome.cli_exit_code(), run: Some(Box::new(outcome)), ..Reply::default() },
         Err(e) => Reply { exit: crate::cli::EXIT_CONFINE_FAILED, error: Some(e.to_string()), ..Reply::default() },
     }

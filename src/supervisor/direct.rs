@@ -23,9 +23,9 @@ impl Supervisor {
         kill_grace: Duration,
         stop: BoxFuture<'static, Stop>,
     ) -> Result<Outcome, SandboxError> {
-        if self.backend != crate::sandbox::BackendKind::Linux || spec.allow_degraded {
+        if self.backend != crate::sandbox::BackendKind::Linux || spec.allow_degraded || spec.tty {
             return Err(SandboxError::Unavailable(
-                "the server runs `confine run` jobs on the linux backend only, never degraded: \
+                "the server runs `confine run` jobs on the linux backend only, never degraded and without a tty: \
                  run it with --no-server"
                     .into(),
             ));

@@ -389,6 +389,10 @@ else:
 got = b""
 try:
     socket.send_fds(s, [struct.pack("<I", len(body)) + body], fds)
+    if os.environ.get("RAW_STOP"):
+        import time
+        time.sleep(1)
+        s.send(bytes([int(os.environ["RAW_STOP"])]))
 except (BrokenPipeError, ConnectionResetError):
     # Refused before the request was sent: closed, unanswered.
     s.close()
@@ -411,6 +415,11 @@ sys.stderr.write("eof\n" if ready and os.read(r, 1) == b"" else "held\n")
 "#;
 
 fn raw_request(f: &Fixture, command: serde_json::Value, fds: &str) -> String {
+    raw_request_stopped(f, command, fds, None)
+}
+
+/// [`raw_request`], and a second later the stop byte `stop`, if any.
+fn raw_request_stopped(f: &Fixture, command: serde_json::Value, fds: &str, stop: Option<u8>) -> String {
     let config = confine::config::Config::load(Some(&f.config)).unwrap();
     let request = serde_json::json!({
         "protocol": confine::relay::PROTOCOL, "cwd": f.root, "config": config, "command": command,
@@ -418,6 +427,9 @@ fn raw_request(f: &Fixture, command: serde_json::Value, fds: &str) -> String {
     let mut cmd = Command::new("python3");
     cmd.args(["-c", RAW_CLIENT]).arg(f.store.join("serve.sock")).arg(request.to_string()).arg(fds);
     cmd.env("RAW_FILE", f.root.join("raw-file"));
+    if let Some(b) = stop {
+        cmd.env("RAW_STOP", b.to_string());
+    }
     common::stderr(&common::output_within(&mut cmd, RUN_LIMIT))
 }
 
@@ -787,4 +799,22 @@ fn warm_sandboxes_are_built_at_a_background_weight_and_jobs_run_at_a_jobs() {
     job.wait().unwrap();
     let outcome: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
     assert_eq!(outcome["layers"]["warm"], true, "{outcome:#}");
+}
+
+/// A client's `kill_grace` is its own number: one past what a clock can
+/// add (or a century) is bounded by the server, which answers the stopped
+/// job's outcome and goes on serving.
+#[test]
+fn a_clients_kill_grace_is_bounded_by_the_server() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let _server = Server::start(&f);
+    let spec = confine::job::JobSpec::new(vec!["sleep".into(), "20".into()]);
+    let run = serde_json::json!({"Run": {"spec": spec, "kill_grace": {"secs": u64::MAX, "nanos": 0}}});
+    let reply = raw_request_stopped(&f, run, "streams", Some(libc::SIGTERM as u8));
+    assert!(reply.contains("\"run\"") && reply.contains("\"signal\":15"), "{reply}");
+    let out = confine(&f.config, &["audit", "verify"]);
+    assert!(out.status.success(), "the server stopped answering: {}", common::stderr(&out));
 }

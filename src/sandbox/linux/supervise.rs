@@ -125,13 +125,13 @@ impl RunningJob {
                     _ = sleep_until(deadline.unwrap_or(never)), if deadline.is_some() && ending.is_none() => {
                         ending = Some(Ending::Timeout);
                         signal(Signal::SIGTERM);
-                        kill_at = Some(Instant::now() + kill_grace);
+                        kill_at = Some(Instant::now().checked_add(kill_grace).unwrap_or(never));
                     }
                     sig = &mut cancel, if !cancelled => {
                         cancelled = true;
                         ending.get_or_insert(Ending::Cancelled);
                         signal(sig);
-                        let at = Instant::now() + kill_grace;
+                        let at = Instant::now().checked_add(kill_grace).unwrap_or(never);
                         kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
                     }
                     _ = sleep_until(kill_at.unwrap_or(never)), if kill_at.is_some() && !killed => kill_now(&mut killed),
