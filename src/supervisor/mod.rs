@@ -2,6 +2,8 @@
 //! capture and audit, between a request and a sandbox backend. One per
 //! process; it owns the store, the compiled seccomp profile and the queue.
 
+#[cfg(target_os = "linux")]
+mod cpu_idle;
 pub mod cwd;
 #[cfg(target_os = "linux")]
 mod direct;

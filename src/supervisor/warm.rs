@@ -14,6 +14,12 @@
 //! server that dies takes its warm sandboxes with it, and the next one's
 //! start-up sweep removes their cgroups.
 //!
+//! It builds only when the host's CPUs had idle time lately (half a CPU,
+//! [`super::cpu_idle`]). On a host the running jobs keep busy, it waits,
+//! up to [`BUSY_MAX_WAIT`] a sandbox: a request that finds none builds
+//! its own on its path, as with no pool, which costs the running jobs no
+//! more than that request always did.
+//!
 //! A sandbox that waited past `max_idle` is replaced; one whose stage died
 //! is dropped. When the host's mount table changes, every waiting sandbox
 //! is replaced: its root was bound from the host's as it was (a mask put
@@ -25,12 +31,18 @@ use crate::sandbox::linux::protocol::InitSpec;
 use crate::sandbox::linux::warm::{WarmSandbox, WarmShape};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The nice value sandboxes are built at.
 const BUILD_NICE: i32 = 10;
 /// How long a failed build waits before the next try.
 const RETRY: Duration = Duration::from_secs(5);
+/// How often a build put off for busy CPUs looks again.
+const BUSY_RECHECK: Duration = Duration::from_millis(250);
+/// The longest a build is put off for busy CPUs: on a host that stays
+/// busy, one sandbox at most this often, so that the pool still fills
+/// (each one it builds replaces a request's cold build).
+const BUSY_MAX_WAIT: Duration = Duration::from_secs(2);
 
 /// A shape the pool builds for: one a request had.
 #[derive(Clone)]
@@ -56,6 +68,9 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
+    /// The host's idle CPU, read by the mount watch's tick and by the
+    /// builder before each build.
+    gauge: Mutex<super::cpu_idle::Gauge>,
 }
 
 /// N sandboxes kept ready; dropped, they are killed.
@@ -76,7 +91,11 @@ impl WarmPool {
         lower: bool,
     ) -> std::io::Result<WarmPool> {
         let state = State { size, ..State::default() };
-        let shared = Arc::new(Shared { state: Mutex::new(state), wake: Condvar::new() });
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            wake: Condvar::new(),
+            gauge: Mutex::new(super::cpu_idle::Gauge::new()),
+        });
         let mountinfo = std::fs::File::open("/proc/self/mountinfo")?;
         let builder = std::thread::Builder::new().name("confine-warm".into()).spawn({
             let shared = shared.clone();
@@ -218,7 +237,8 @@ impl Drop for WarmPool {
     }
 }
 
-/// How often the mount watch looks whether the pool is stopping.
+/// How often the mount watch looks whether the pool is stopping, and
+/// reads the host's idle CPU.
 const WATCH_TICK: Duration = Duration::from_secs(1);
 
 /// Replace every waiting sandbox when the host's mount table changes
@@ -228,6 +248,9 @@ fn watch_mounts(shared: &Shared, mountinfo: &std::fs::File) {
     use std::os::fd::AsFd;
     let tick = PollTimeout::try_from(WATCH_TICK.as_millis() as i32).unwrap_or(PollTimeout::NONE);
     loop {
+        if let Ok(mut gauge) = shared.gauge.lock() {
+            gauge.tick();
+        }
         let mut fds = [PollFd::new(mountinfo.as_fd(), PollFlags::POLLPRI)];
         let changed = match poll(&mut fds, tick) {
             Ok(_) => fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLPRI | PollFlags::POLLERR)),
@@ -265,6 +288,8 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
         unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) };
     }
     let Ok(mut st) = shared.state.lock() else { return };
+    // Since when the next build has been put off for busy CPUs.
+    let mut put_off: Option<Instant> = None;
     loop {
         if st.stopping {
             let all = std::mem::take(&mut st.ready);
@@ -286,6 +311,7 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
             continue;
         }
         let Some(want) = st.short() else {
+            put_off = None;
             // Wake to replace the oldest when it turns stale.
             let oldest = st.ready.iter().map(WarmSandbox::age).max().unwrap_or_default();
             let wait = max_idle.saturating_sub(oldest).max(Duration::from_secs(1));
@@ -295,6 +321,26 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
             };
             continue;
         };
+        let since = *put_off.get_or_insert_with(Instant::now);
+        if since.elapsed() < BUSY_MAX_WAIT {
+            // Read outside the state's lock: a request's take must not
+            // wait for /proc.
+            drop(st);
+            let idle = shared.gauge.lock().map_or(true, |mut g| g.has_idle());
+            st = match shared.state.lock() {
+                Ok(st) => st,
+                Err(_) => return,
+            };
+            if !idle {
+                tracing::trace!("the host's CPUs are busy: the next warm sandbox waits");
+                st = match shared.wake.wait_timeout(st, BUSY_RECHECK) {
+                    Ok((st, _)) => st,
+                    Err(_) => return,
+                };
+                continue;
+            }
+        }
+        put_off = None;
         let mut evicted = Vec::new();
         while st.ready.len() >= size {
             match st.spare() {

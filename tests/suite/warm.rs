@@ -261,7 +261,9 @@ fn a_warm_sandbox_that_waited_too_long_is_replaced() {
     if !sandbox_available() || !is_root() {
         return;
     }
-    let mut server = Served::start("warm = 2\nwarm_max_idle_secs = 1");
+    // Longer than the 2 s a build may wait on busy CPUs (the suite's), so
+    // that two can be alive at once.
+    let mut server = Served::start("warm = 2\nwarm_max_idle_secs = 3");
     server.exec_warm("true");
     let pid = server.pid();
     eventually("two warm sandboxes", Duration::from_secs(60), || stages_of(pid).len() == 2);
@@ -317,6 +319,62 @@ fn a_server_builds_for_its_first_request_before_it_arrives() {
     let r = server.exec("echo first");
     assert_eq!(r["status"], "success", "{r}");
     assert_eq!(r["layers"]["warm"], true, "the first request ran cold: {r}");
+}
+
+/// Busy loops on every CPU the tests may use, and one more; killed by pid
+/// when dropped.
+struct Spinners(Vec<std::process::Child>);
+
+impl Spinners {
+    fn start() -> Spinners {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin = || std::process::Command::new("sh").arg("-c").arg("while :; do :; done").spawn().unwrap();
+        Spinners((0..=cpus).map(|_| spin()).collect())
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// On a host whose CPUs are busy, the pool builds at most one sandbox
+/// every 2 s (the requests in between build their own, as with no pool);
+/// once the CPUs have idle time again, it fills at once.
+#[test]
+fn a_pool_on_busy_cpus_builds_no_more_than_one_sandbox_every_two_seconds() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let mut server = Served::start("warm = 2");
+    let pid = server.pid();
+    built_stages(pid);
+    let spinners = Spinners::start();
+    // The pool reads the host's idle time over spans of up to a second.
+    std::thread::sleep(Duration::from_millis(1200));
+    let start = std::time::Instant::now();
+    let (mut asked, mut warm) = (0u32, 0u32);
+    while start.elapsed() < Duration::from_secs(8) {
+        let r = server.exec("true");
+        assert_eq!(r["status"], "success", "{r}");
+        asked += 1;
+        warm += u32::from(r["layers"]["warm"] == true);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = start.elapsed();
+    drop(spinners);
+    // The two built before, one every 2 s since, and one begun at the end.
+    let most = 2 + (took.as_secs_f64() / 2.0).floor() as u32 + 1;
+    assert!(asked > most + 2, "{asked} requests in {took:?}: too few to tell a busy pool from an idle one");
+    assert!(warm <= most, "{warm} of {asked} requests in {took:?} ran warm on busy CPUs; at most {most} may");
+    // Idle again: the pool fills.
+    built_stages(pid);
+    let r = server.exec_warm("true");
+    assert_eq!(r["status"], "success", "{r}");
 }
 
 // ---------------------------------------------------------------------
@@ -589,11 +647,16 @@ fn a_warm_job_has_the_cold_priority_and_a_sealed_workspace() {
     assert_eq!(cold["layers"]["warm"], false);
     // Until the pool has learnt this shape.
     until_warm(|| exec("true"));
-    std::thread::sleep(Duration::from_millis(500));
-    let t = std::thread::spawn(mount_late);
-    let hot = exec(probe);
-    t.join().unwrap();
-    let _ = std::process::Command::new("umount").arg(repo.join("late")).status();
+    // Until the probe itself runs warm: other tests' host mounts replace
+    // the waiting sandboxes, and the suite's busy CPUs put their builds
+    // off.
+    let hot = until_warm(|| {
+        let t = std::thread::spawn(mount_late.clone());
+        let r = exec(probe);
+        t.join().unwrap();
+        sh(&format!("umount {}", repo.join("late").display()));
+        r
+    });
     let _ = std::process::Command::new("umount").arg(repo.join("sub")).status();
     eprintln!("cold: {}\nwarm: {}", cold["stdout"], hot["stdout"]);
     assert_eq!(hot["layers"]["warm"], true, "{hot}");
