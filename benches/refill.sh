@@ -7,10 +7,12 @@
 # request takes a waiting sandbox and the pool builds the next one in the
 # background; without (warm = 0) each request builds its own, on its own
 # path. The same requests, the same sandboxes built: what differs is when
-# and at what priority. Also each server with no stream ("quiet").
+# and at what priority. Also each server with no stream ("quiet"), and
+# with no stream but the host's mount table changing 4 times a second
+# ("churn": each change replaces the waiting sandboxes).
 # Interleaved round by round; fresh copies of the release binary. Prints
-# the in-job loop time's p50 and p90 (ms) per case, and the stream's
-# requests per second.
+# the in-job loop time's p50 and p90 (ms) per case, the stream's
+# requests per second, and the share of them that ran warm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-20}"
@@ -19,12 +21,12 @@ if [ -z "${CONFINE_BIN:-}" ]; then
 fi
 bin="${CONFINE_BIN:-target/$(rustc -vV | sed -n 's/^host: //p')/release/confine}"
 dir=$(mktemp -d)
-trap 'kill "$(cat "$dir/pid" 2>/dev/null)" 2>/dev/null || true; kill "$(cat "$dir/churn.pid" 2>/dev/null)" 2>/dev/null || true; sleep 1; rm -rf "$dir"' EXIT
+trap 'kill "$(cat "$dir/pid" 2>/dev/null)" 2>/dev/null || true; kill "$(cat "$dir/churn.pid" 2>/dev/null)" 2>/dev/null || true; kill -- -"$(cat "$dir/mounts.pid" 2>/dev/null)" 2>/dev/null || true; sleep 1; umount "$dir/churn" 2>/dev/null || true; rm -rf "$dir"' EXIT
 mkdir -p "$dir/repo"
 cp "$bin" "$dir/confine-serve"
 cp "$bin" "$dir/confine"
 python3 - "$rounds" "$dir" <<'PY'
-import json, os, statistics, subprocess, sys, time
+import json, os, signal, statistics, subprocess, sys, time
 rounds, d = int(sys.argv[1]), sys.argv[2]
 LOOP = 'i=0; s=$(date +%s%N); while [ $i -lt 400000 ]; do i=$((i+1)); done; e=$(date +%s%N); echo $(( (e-s)/1000000 ))'
 def serve(warm):
@@ -38,10 +40,23 @@ def serve(warm):
     time.sleep(2)  # the pool's first builds
     return p
 def stream_start(warm):
-    argv = [f"{d}/confine", "--config", f"{d}/warm{warm}.toml", "run", "--", "/bin/true"]
-    sh = 'n=0; trap \'echo $n > ' + f"{d}/stream.count" + '; exit\' TERM; while :; do "$@" || exit 1; n=$((n+1)); done'
+    argv = [f"{d}/confine", "--config", f"{d}/warm{warm}.toml", "run", "--json-status", f"{d}/status.json", "--", "/bin/true"]
+    # Counts the requests, and those that ran warm (read with builtins:
+    # no process more per request).
+    # USR1, when the jobs start: count from there.
+    sh = ('n=0; w=0; trap \'n=0; w=0\' USR1; trap \'echo $n $w > ' + f"{d}/stream.count" + '; exit\' TERM; while :; do "$@" || exit 1; n=$((n+1)); '
+          'IFS= read -r -d "" s < ' + f"{d}/status.json" + ' || true; [[ $s == *\'"warm": true\'* ]] && w=$((w+1)); done')
     p = subprocess.Popen(["bash", "-c", sh, "stream"] + argv, stdout=subprocess.DEVNULL)
     open(f"{d}/churn.pid", "w").write(str(p.pid))
+    time.sleep(0.3)
+    return p
+def churn_start():
+    # The host's mount table changes 4 times a second (a container
+    # host's): each change replaces the pool's waiting sandboxes.
+    os.makedirs(f"{d}/churn", exist_ok=True)
+    sh = f'while :; do mount -t tmpfs churn {d}/churn && umount {d}/churn; sleep 0.25; done'
+    p = subprocess.Popen(["bash", "-c", sh], start_new_session=True)
+    open(f"{d}/mounts.pid", "w").write(str(p.pid))
     time.sleep(0.3)
     return p
 def jobs():
@@ -50,20 +65,29 @@ def jobs():
 out = {}
 for warm in (2, 0):
     srv = serve(warm)
-    res = {"stream": [], "quiet": []}
-    rate = []
+    res = {"stream": [], "quiet": [], "churn": []}
+    rate, warm_share = [], []
     for r in range(rounds):
-        for cond in ("stream", "quiet"):
+        for cond in ("stream", "quiet", "churn"):
             c = stream_start(warm) if cond == "stream" else None
+            if c:
+                c.send_signal(signal.SIGUSR1)
+            m = churn_start() if cond == "churn" else None
             t = time.monotonic()
             res[cond] += jobs()
+            if m:
+                os.killpg(m.pid, signal.SIGTERM); m.wait()
+                subprocess.run(["umount", f"{d}/churn"], stderr=subprocess.DEVNULL)
             if c:
                 c.terminate(); c.wait()
-                rate.append(int(open(f"{d}/stream.count").read()) / (time.monotonic() - t))
+                n, w = map(int, open(f"{d}/stream.count").read().split())
+                rate.append(n / (time.monotonic() - t))
+                warm_share.append(w / max(n, 1))
     srv.terminate(); srv.wait()
     q = lambda v, p: round(statistics.quantiles(v, n=100)[p - 1], 1)
     for cond, v in res.items():
         out[f"warm{warm}_{cond}"] = {"p50": q(v, 50), "p90": q(v, 90), "n": len(v)}
     out[f"warm{warm}_requests_per_s"] = round(statistics.median(rate), 1)
+    out[f"warm{warm}_ran_warm"] = round(statistics.median(warm_share), 3)
 print(json.dumps(out))
 PY

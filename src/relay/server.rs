@@ -477,6 +477,17 @@ async fn exec(e: ExecRelay, stdio: Stdio, stream: &Arc<tokio::net::UnixStream>, 
 /// runs as the server's user, but never has the server hand a job more
 /// than the client itself would.
 fn not_a_stream(fd: &OwnedFd) -> Option<String> {
+    // An O_PATH descriptor is a name, not an open stream: fstat sees the
+    // pipe it names, but the job could only open it again.
+    match nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL) {
+        Ok(flags) if flags & libc::O_PATH != 0 => {
+            return Some(
+                "a job's stream must be open for reading or writing; this client passed an O_PATH descriptor".into(),
+            )
+        }
+        Ok(_) => {}
+        Err(e) => return Some(format!("a job's stream can't be looked at: {e}")),
+    }
     match nix::sys::stat::fstat(fd) {
         Ok(st) => {
             let kind = st.st_mode & libc::S_IFMT;
@@ -531,5 +542,35 @@ async fn run_job(
     match ctx.supervisor.run_direct(&r.spec, streams, grace, stop).await {
         Ok(outcome) => Reply { exit: outcome.cli_exit_code(), run: Some(Box::new(outcome)), ..Reply::default() },
         Err(e) => Reply { exit: crate::cli::EXIT_CONFINE_FAILED, error: Some(e.to_string()), ..Reply::default() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::not_a_stream;
+    use std::os::fd::OwnedFd;
+
+    fn open(path: &str, flags: libc::c_int) -> OwnedFd {
+        use std::os::fd::FromRawFd;
+        let c = std::ffi::CString::new(path).unwrap();
+        // SAFETY: a NUL-terminated path; open returns a new fd or -1.
+        let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+        assert!(fd >= 0, "{path}: {}", std::io::Error::last_os_error());
+        // SAFETY: open just returned this fd; nothing else owns it.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    #[test]
+    fn only_an_open_pipe_or_dev_null_is_a_stream() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        assert_eq!(not_a_stream(&r), None);
+        assert_eq!(not_a_stream(&w), None);
+        assert_eq!(not_a_stream(&open("/dev/null", libc::O_WRONLY)), None);
+        assert!(not_a_stream(&open("/dev/zero", libc::O_RDONLY)).is_some());
+        assert!(not_a_stream(&open("/etc/hostname", libc::O_RDONLY)).is_some());
+        let by_path = not_a_stream(&open("/dev/null", libc::O_PATH)).unwrap();
+        assert!(by_path.contains("O_PATH"), "{by_path}");
+        let fifo = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&r));
+        assert!(not_a_stream(&open(&fifo, libc::O_PATH)).is_some());
     }
 }

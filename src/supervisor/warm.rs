@@ -14,11 +14,14 @@
 //! server that dies takes its warm sandboxes with it, and the next one's
 //! start-up sweep removes their cgroups.
 //!
-//! It builds only when the host's CPUs had idle time lately (half a CPU,
-//! [`super::cpu_idle`]). On a host the running jobs keep busy, it waits,
-//! up to [`BUSY_MAX_WAIT`] a sandbox: a request that finds none builds
-//! its own on its path, as with no pool, which costs the running jobs no
-//! more than that request always did.
+//! A sandbox a request took is replaced at once: that build is the one
+//! the request did not make on its path, moved, not added. Any other
+//! build (the first ones, and those that replace sandboxes dropped for
+//! their age, a change of the host's mounts or a new shape) waits until
+//! the host's CPUs had idle time lately (half a CPU, [`super::cpu_idle`]),
+//! up to [`BUSY_MAX_WAIT`] a sandbox: on a host whose mounts keep
+//! changing while its jobs keep the CPUs busy, sandboxes that are built
+//! only to be dropped would take their time from those jobs.
 //!
 //! A sandbox that waited past `max_idle` is replaced; one whose stage died
 //! is dropped. When the host's mount table changes, every waiting sandbox
@@ -63,6 +66,9 @@ struct State {
     /// Bumped at each change of the host's mount table: a sandbox whose
     /// build began before it is not kept.
     mounts: u64,
+    /// Sandboxes taken by requests and not yet replaced: built without
+    /// waiting for idle CPU.
+    owed: usize,
 }
 
 struct Shared {
@@ -116,6 +122,7 @@ impl WarmPool {
         let Ok(mut st) = self.shared.state.lock() else { return None };
         let found = st.ready.iter_mut().position(|w| w.fits(shape) && w.alive());
         let taken = found.map(|i| st.ready.swap_remove(i));
+        st.owed += usize::from(taken.is_some());
         if st.wants.first().is_none_or(|w| w.shape != *shape) {
             st.asked(Want { shape: shape.clone(), base: base.clone(), limits: limits.clone() });
         }
@@ -312,6 +319,7 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
         }
         let Some(want) = st.short() else {
             put_off = None;
+            st.owed = 0;
             // Wake to replace the oldest when it turns stale.
             let oldest = st.ready.iter().map(WarmSandbox::age).max().unwrap_or_default();
             let wait = max_idle.saturating_sub(oldest).max(Duration::from_secs(1));
@@ -322,7 +330,7 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
             continue;
         };
         let since = *put_off.get_or_insert_with(Instant::now);
-        if since.elapsed() < BUSY_MAX_WAIT {
+        if st.owed == 0 && since.elapsed() < BUSY_MAX_WAIT {
             // Read outside the state's lock: a request's take must not
             // wait for /proc.
             drop(st);
@@ -341,6 +349,7 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
             }
         }
         put_off = None;
+        st.owed = st.owed.saturating_sub(1);
         let mut evicted = Vec::new();
         while st.ready.len() >= size {
             match st.spare() {

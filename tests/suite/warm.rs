@@ -175,6 +175,22 @@ struct Served {
 
 impl Served {
     fn start(extra: &str) -> Served {
+        Served::start_in(extra, &[])
+    }
+
+    /// A server in a mount namespace of its own (private): other tests'
+    /// host mounts don't replace its sandboxes, and the mounts a test
+    /// makes in it (`in_ns`) reach no other test.
+    fn start_apart(extra: &str) -> Served {
+        Served::start_in(extra, &["unshare", "-m", "--propagation", "private"])
+    }
+
+    /// Run `cmd` in the server's mount namespace.
+    fn in_ns(&self, cmd: &str) {
+        sh(&format!("nsenter -t {} -m sh -c '{cmd}'", self.pid()));
+    }
+
+    fn start_in(extra: &str, wrapper: &[&str]) -> Served {
         let dir = tempfile::tempdir().unwrap();
         let repo = readable_repo(dir.path());
         let config = dir.path().join("confine.toml");
@@ -188,7 +204,7 @@ impl Served {
             ),
         )
         .unwrap();
-        let rpc = Served::serve(&config);
+        let rpc = if wrapper.is_empty() { Served::serve(&config) } else { serve_wrapped(&config, wrapper) };
         Served { rpc, _dir: dir, config }
     }
 
@@ -342,44 +358,81 @@ impl Drop for Spinners {
     }
 }
 
-/// On a host whose CPUs are busy, the pool builds at most one sandbox
-/// every 2 s (the requests in between build their own, as with no pool);
-/// once the CPUs have idle time again, it fills at once.
+/// Held by the tests that keep the CPUs busy, so that their spinners
+/// don't add up.
+static BUSY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// On a host whose CPUs are busy and whose mounts keep changing, the pool
+/// does not rebuild at each change (each rebuilt sandbox would be dropped
+/// at the next): it starts at most one build every 2 s. A sandbox a
+/// request takes is still replaced at once.
 #[test]
-fn a_pool_on_busy_cpus_builds_no_more_than_one_sandbox_every_two_seconds() {
+fn a_pool_on_busy_cpus_starts_at_most_one_build_every_two_seconds() {
     if !sandbox_available() || !is_root() {
         return;
     }
-    let mut server = Served::start("warm = 2");
+    let _busy = BUSY.lock().unwrap_or_else(|e| e.into_inner());
+    let mut server = Served::start_apart("warm = 2");
     let pid = server.pid();
-    built_stages(pid);
+    let before = built_stages(pid);
+    let dir = tempfile::tempdir().unwrap();
+    let point = dir.path().join("churn");
+    std::fs::create_dir(&point).unwrap();
     let spinners = Spinners::start();
     // The pool reads the host's idle time over spans of up to a second.
     std::thread::sleep(Duration::from_millis(1200));
+    let mut seen = std::collections::BTreeSet::new();
     let start = std::time::Instant::now();
-    let (mut asked, mut warm) = (0u32, 0u32);
-    while start.elapsed() < Duration::from_secs(8) {
-        let r = server.exec("true");
-        assert_eq!(r["status"], "success", "{r}");
-        asked += 1;
-        warm += u32::from(r["layers"]["warm"] == true);
-        std::thread::sleep(Duration::from_millis(100));
+    let mut next_change = start;
+    while start.elapsed() < Duration::from_secs(6) {
+        if std::time::Instant::now() >= next_change {
+            server.in_ns(&format!("mount -t tmpfs churn {p} && umount {p}", p = point.display()));
+            next_change += Duration::from_millis(300);
+        }
+        seen.extend(stages_of(pid).into_iter().filter(|p| !before.contains(p)));
+        std::thread::sleep(Duration::from_millis(20));
     }
     let took = start.elapsed();
     drop(spinners);
-    // The two built before, one every 2 s since, and one begun at the end.
-    let most = 2 + (took.as_secs_f64() / 2.0).floor() as u32 + 1;
-    assert!(asked > most + 2, "{asked} requests in {took:?}: too few to tell a busy pool from an idle one");
-    assert!(warm <= most, "{warm} of {asked} requests in {took:?} ran warm on busy CPUs; at most {most} may");
-    // Idle again: the pool fills.
+    // One every 2 s, one begun at the start, one at the end.
+    let most = (took.as_secs_f64() / 2.0).floor() as usize + 2;
+    assert!(
+        seen.len() <= most,
+        "{} builds in {took:?} on busy CPUs with the host's mounts changing; at most {most} may",
+        seen.len()
+    );
+    // Idle again: the pool fills, and a request runs warm.
     built_stages(pid);
     let r = server.exec_warm("true");
     assert_eq!(r["status"], "success", "{r}");
 }
 
-// ---------------------------------------------------------------------
-// Attacks from a review of the warm path: each asserts what must hold.
-// ---------------------------------------------------------------------
+/// A sandbox a request took is replaced at once, busy CPUs or not: its
+/// build is the one the request did not make.
+#[test]
+fn a_taken_sandbox_is_replaced_at_once_on_busy_cpus() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let _busy = BUSY.lock().unwrap_or_else(|e| e.into_inner());
+    let mut server = Served::start_apart("warm = 2");
+    let pid = server.pid();
+    built_stages(pid);
+    let spinners = Spinners::start();
+    std::thread::sleep(Duration::from_millis(1200));
+    let (mut asked, mut warm) = (0u32, 0u32);
+    for _ in 0..10 {
+        let r = server.exec("true");
+        assert_eq!(r["status"], "success", "{r}");
+        asked += 1;
+        warm += u32::from(r["layers"]["warm"] == true);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    drop(spinners);
+    // A build the spinners slow may miss a request or two; a pool that
+    // waited for idle CPU would have had one every 2 s (4 of 10).
+    assert!(warm + 2 >= asked, "{warm} of {asked} requests ran warm on busy CPUs");
+}
 
 /// The pid 1 of each waiting warm stage (the stage's only child).
 fn pid1s_of(stages: &[u32]) -> Vec<u32> {
