@@ -77,9 +77,11 @@ for warm in (2, 0):
             res[cond] += jobs()
             if m:
                 os.killpg(m.pid, signal.SIGTERM); m.wait()
+                os.unlink(f"{d}/mounts.pid")  # the pid may be reused
                 subprocess.run(["umount", f"{d}/churn"], stderr=subprocess.DEVNULL)
             if c:
                 c.terminate(); c.wait()
+                os.unlink(f"{d}/churn.pid")
                 n, w = map(int, open(f"{d}/stream.count").read().split())
                 rate.append(n / (time.monotonic() - t))
                 warm_share.append(w / max(n, 1))

@@ -48,8 +48,8 @@ pub(crate) fn idle_cpus(from: Times, to: Times, cpus: usize) -> Option<f64> {
     Some(idle.min(total) as f64 / total as f64 * cpus as f64)
 }
 
-/// The sums of `stat`'s lines of the CPUs in `mine` (all of them when
-/// `mine` is `None`), and how many were counted. Lines it can't read
+/// The sums of `stat`'s lines of the CPUs in `mine` (sorted; all of them
+/// when `mine` is `None`), and how many were counted. Lines it can't read
 /// are skipped: a kernel adding a field must not stop the pool.
 pub(crate) fn parse(stat: &str, mine: Option<&[usize]>) -> (Times, usize) {
     let mut times = Times { idle: 0, total: 0 };
@@ -60,7 +60,7 @@ pub(crate) fn parse(stat: &str, mine: Option<&[usize]>) -> (Times, usize) {
         let Some(Ok(cpu)) = name.strip_prefix("cpu").filter(|n| !n.is_empty()).map(str::parse::<usize>) else {
             continue;
         };
-        if mine.is_some_and(|m| !m.contains(&cpu)) {
+        if mine.is_some_and(|m| m.binary_search(&cpu).is_err()) {
             continue;
         }
         // user nice system idle iowait irq softirq steal; guest time is
@@ -76,7 +76,8 @@ pub(crate) fn parse(stat: &str, mine: Option<&[usize]>) -> (Times, usize) {
     (times, cpus)
 }
 
-/// The CPUs this thread may run on, if the kernel says.
+/// The CPUs this thread may run on, sorted, if the kernel says (nix's
+/// mask holds 1,024 CPUs: on a bigger host, every CPU counts).
 fn affinity() -> Option<Vec<usize>> {
     let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok()?;
     let cpus: Vec<usize> = (0..nix::sched::CpuSet::count()).filter(|&i| set.is_set(i).unwrap_or(false)).collect();
@@ -110,6 +111,11 @@ impl Gauge {
     /// is long enough) said replaces what was known. Called on a steady
     /// tick, so that a reading is never older than the tick.
     pub(crate) fn tick(&mut self) {
+        // Too soon to say anything: the span before stands, and the file
+        // (long on a big host) is not read.
+        if self.last.is_some_and(|(then, _)| then.elapsed() < MIN_SPAN) {
+            return;
+        }
         let Some((now, cpus)) = read(self.mine.as_deref()) else {
             // No /proc/stat (or none of our CPUs in it): nothing known,
             // and the pool builds as it would without a gauge.
@@ -117,18 +123,12 @@ impl Gauge {
             self.said = None;
             return;
         };
-        let at = Instant::now();
-        match self.last {
-            // Too short to say anything: the span before it stands.
-            Some((then, _)) if at.duration_since(then) < MIN_SPAN => {}
-            Some((_, before)) => {
-                if let Some(idle) = idle_cpus(before, now, cpus) {
-                    self.said = Some(idle);
-                }
-                self.last = Some((at, now));
+        if let Some((_, before)) = self.last {
+            if let Some(idle) = idle_cpus(before, now, cpus) {
+                self.said = Some(idle);
             }
-            None => self.last = Some((at, now)),
         }
+        self.last = Some((Instant::now(), now));
     }
 
     /// Whether the host had half a CPU idle lately: over the span since
@@ -196,7 +196,10 @@ mod tests {
         std::thread::sleep(MIN_SPAN + Duration::from_millis(20));
         g.tick();
         let idle = g.said.expect("a span long enough was read");
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        // The CPUs of the mask, not available_parallelism (which a cgroup
+        // quota lowers).
+        let stat = std::fs::read_to_string("/proc/stat").unwrap();
+        let cpus = parse(&stat, g.mine.as_deref()).1 as f64;
         assert!((0.0..=cpus + 0.01).contains(&idle), "{idle} idle of {cpus} CPUs");
     }
 }

@@ -295,8 +295,10 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
         unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) };
     }
     let Ok(mut st) = shared.state.lock() else { return };
-    // Since when the next build has been put off for busy CPUs.
+    // Since when the next build has been put off for busy CPUs, and
+    // whether the CPUs were found idle for it since.
     let mut put_off: Option<Instant> = None;
+    let mut cleared = false;
     loop {
         if st.stopping {
             let all = std::mem::take(&mut st.ready);
@@ -319,6 +321,7 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
         }
         let Some(want) = st.short() else {
             put_off = None;
+            cleared = false;
             st.owed = 0;
             // Wake to replace the oldest when it turns stale.
             let oldest = st.ready.iter().map(WarmSandbox::age).max().unwrap_or_default();
@@ -330,25 +333,31 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
             continue;
         };
         let since = *put_off.get_or_insert_with(Instant::now);
-        if st.owed == 0 && since.elapsed() < BUSY_MAX_WAIT {
+        if st.owed == 0 && !cleared && since.elapsed() < BUSY_MAX_WAIT {
             // Read outside the state's lock: a request's take must not
-            // wait for /proc.
+            // wait for /proc. What changed meanwhile (a take, a stop) is
+            // looked at again from the top.
             drop(st);
             let idle = shared.gauge.lock().map_or(true, |mut g| g.has_idle());
             st = match shared.state.lock() {
                 Ok(st) => st,
                 Err(_) => return,
             };
-            if !idle {
+            cleared = idle;
+            // Busy, and no take or stop came meanwhile (its wake-up would
+            // be lost): look again later.
+            if !idle && st.owed == 0 && !st.stopping {
                 tracing::trace!("the host's CPUs are busy: the next warm sandbox waits");
                 st = match shared.wake.wait_timeout(st, BUSY_RECHECK) {
                     Ok((st, _)) => st,
                     Err(_) => return,
                 };
-                continue;
             }
+            continue;
         }
         put_off = None;
+        cleared = false;
+        let owed = st.owed > 0;
         st.owed = st.owed.saturating_sub(1);
         let mut evicted = Vec::new();
         while st.ready.len() >= size {
@@ -366,8 +375,10 @@ fn builder(shared: &Shared, size: usize, max_idle: Duration, seccomp_fd: &OwnedF
             Err(_) => return,
         };
         match built {
-            // Begun before the host's mounts last changed: built again.
+            // Begun before the host's mounts last changed: built again,
+            // and still owed to the request that took one.
             Ok(w) if st.mounts != mounts => {
+                st.owed += usize::from(owed);
                 drop(st);
                 drop(w);
                 st = match shared.state.lock() {
