@@ -5,7 +5,8 @@ copies of the release binary, one with `[sandbox] warm = 2` (the
 default) and one with `warm = 0`, and passes their URLs. Measured in one
 run, interleaved round by round:
 
-- a governed `runtime_execute` (shell, code `true`) on each server;
+- a governed `runtime_execute` (shell, code `true`) on each server,
+  each called first on every other round;
 - the transport's floor: an MCP ping, which the server answers at once;
 - `bwrap --unshare-all ... /bin/true` and plain `/bin/true`, each
   started with posix_spawn and waited for, from this same process.
@@ -62,6 +63,7 @@ async def main() -> None:
     p.add_argument("--token", required=True)
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--second", default="cold", help="what the second server is, for the output")
     args = p.parse_args()
     headers = {"Authorization": f"Bearer {args.token}"}
     call = {"repoId": "bench", "runtime": "shell", "code": "true", "verbose": True}
@@ -87,8 +89,13 @@ async def main() -> None:
         lat = {k: [] for k in ["warm", "cold", "ping", "bwrap", "plain"]}
         warm_hits = 0
         for i in range(args.rounds + 10):
-            w, sc = await timed(warm, "runtime_execute", call)
-            c, _ = await timed(cold, "runtime_execute", call)
+            # Each server called first on every other round.
+            if i % 2:
+                c, _ = await timed(cold, "runtime_execute", call)
+                w, sc = await timed(warm, "runtime_execute", call)
+            else:
+                w, sc = await timed(warm, "runtime_execute", call)
+                c, _ = await timed(cold, "runtime_execute", call)
             n = await ping(warm)
             b = spawn_wait(BWRAP)
             f = spawn_wait(["/bin/true"])
@@ -130,7 +137,8 @@ async def main() -> None:
             tput["bwrap"].append(await burst(bwrap_once, args.seconds))
             tput["cold"].append(await burst(lambda: timed(cold, "runtime_execute", call), args.seconds))
 
-    out = {k: row(v) for k, v in lat.items()}
+    out = {"second": args.second}
+    out.update({k: row(v) for k, v in lat.items()})
     out["warmHits"] = f"{warm_hits}/{args.rounds}"
     b50 = pct(lat["bwrap"], 0.5)
     out["ratios"] = {

@@ -4,6 +4,9 @@
 # and on one with warm = 0, against bwrap and plain /bin/true, interleaved;
 # then 4-way throughput. Both servers run fresh copies of the release
 # binary, each with a store of its own; max_concurrent_jobs = 4.
+# WARM_BASELINE=<a confine binary>: the second server runs that build
+# (copied fresh) with the same pool instead of this one with none, to set
+# two builds side by side; its rows are still named "cold".
 # Usage: benches/warm.sh [ROUNDS] [WARM]   (needs target/mcp-venv: ./dev test makes it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,5 +47,13 @@ TOML
   grep -o "http://[0-9.:]*/mcp" "$dir/$1.log" | head -1
 }
 warm_url=$(start warm "$warm")
-cold_url=$(start cold 0)
-"$py" benches/warm.py "$warm_url" "$cold_url" --token "$token" --rounds "$rounds"
+if [ -n "${WARM_BASELINE:-}" ]; then
+  # Another build's server, with the same pool, in the "cold" rows.
+  bin="$WARM_BASELINE"
+  cold_url=$(start cold "$warm")
+  second="baseline $WARM_BASELINE, warm = $warm"
+else
+  cold_url=$(start cold 0)
+  second="cold"
+fi
+"$py" benches/warm.py "$warm_url" "$cold_url" --token "$token" --rounds "$rounds" --second "$second"

@@ -530,13 +530,17 @@ fn a_job_that_fills_the_store_s_disk_is_recorded_and_nothing_runs_until_it_is() 
     assert!(filled.contains("no other job runs"), "{filled}");
 
     // Nothing runs while the record is not written; the server answers.
-    for _ in 0..2 {
-        let r = run(&mut server, &format!("echo {marker}"));
+    // (Its sandbox may be built meanwhile, its job held before execve:
+    // the empty file it would make, which a full disk still has room
+    // for, says whether it was let go.)
+    for i in 0..2 {
+        let r = run(&mut server, &format!("touch ran-{i}; echo {marker}"));
         let text = r.to_string();
         assert_ne!(r["status"], "success", "{text}");
         assert!(text.contains("disk is nearly full"), "{text}");
         assert!(!text.contains(&disk.0.display().to_string()), "the store's path reached the client: {text}");
         assert!(!text.contains(&format!("{marker}\\n")), "a job ran: {text}");
+        assert!(!repo.join(format!("ran-{i}")).exists(), "a job ran before its start was recorded: {text}");
         let info = server.call("info", json!({}));
         assert!(info.get("error").is_none(), "the server stopped answering: {info}");
     }

@@ -177,22 +177,29 @@ impl Supervisor {
         // to the job under a secret-like name (API_TOKEN, DB_PASSWORD, …).
         let redactor = output.job_redactor(&req.env, |k| std::env::var(k).ok());
         let streams = Prestart { stdin_piped: req.stdin.is_some() };
-        // A store still opening (`Supervisor::open_deferred`): the Linux
-        // sandbox is built meanwhile and its job held before execve; other
-        // backends wait for the store first. No job runs unaudited.
-        let hold = self.backend == BackendKind::Linux && !self.stores.is_ready();
+        // On Linux the sandbox is built, its job held before execve, while
+        // the job's start goes to the trail and is flushed (or while a
+        // store still opens, `Supervisor::open_deferred`): the flush is off
+        // the request's path, and the job is let go only once its start is
+        // durable. Other backends write the start first. No job runs
+        // unaudited.
+        let hold = self.backend == BackendKind::Linux;
         placed.spec.hold = hold;
         // No job starts without room for its output and its record, and
         // without its start in the trail.
         let job_id = started_entry.id.as_str();
-        if !hold {
+        // A store that failed to open fails the request here, before a
+        // sandbox is built for nothing.
+        if !hold || self.stores.is_ready() {
             let stores = self.stores.wait().await?;
-            stores.admit(started_entry)?;
+            if !hold {
+                stores.admit(started_entry)?;
+            }
         }
         let mut job = self.start(job_id, placed, streams).await?;
-        // Ready at once unless the job is held (for the store, or built
-        // before the decision). On error the held job is dropped
-        // unreleased, which kills its tree.
+        // The job's start is written and flushed while its sandbox builds
+        // (the stages are processes of their own). On an error the held
+        // job is dropped unreleased, which kills its tree.
         let stores = self.stores.wait().await?;
         if hold {
             stores.admit(started_entry)?;
