@@ -392,11 +392,15 @@ impl Cgroups {
             }
             match v2::enable(dir, enabled) {
                 Ok(()) => Ok(()),
-                Err(source) if !required.is_empty() => Err(CgroupError::Enable {
-                    controllers: enabled.join(","),
-                    cgroup: format!("{}:{}", h.label(), path.display()),
-                    source,
-                }),
+                // Gone (the loop below makes `confine/` again), or a
+                // required controller refused.
+                Err(source) if source.kind() == io::ErrorKind::NotFound || !required.is_empty() => {
+                    Err(CgroupError::Enable {
+                        controllers: enabled.join(","),
+                        cgroup: format!("{}:{}", h.label(), path.display()),
+                        source,
+                    })
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "cgroup accounting controllers unavailable");
                     enabled.clear();
@@ -406,8 +410,9 @@ impl Cgroups {
         };
         enable(&parent_dir, &mut enabled)?;
         let dir = base.join(&job.name);
-        // Another supervisor may remove an empty `confine/` between our two
-        // mkdirs; then make it again.
+        // Another supervisor may remove an empty `confine/` between our
+        // mkdir of it and of the job's own, or before its controllers are
+        // switched on; then make it again.
         let mut attempts = 0;
         loop {
             match (self.ops.mkdir)(&base) {
@@ -415,7 +420,14 @@ impl Cgroups {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(source) => return Err(CgroupError::Create { cgroup: display, source }),
             }
-            enable(&base, &mut enabled)?;
+            match enable(&base, &mut enabled) {
+                Ok(()) => {}
+                Err(CgroupError::Enable { source, .. }) if source.kind() == io::ErrorKind::NotFound && attempts < 5 => {
+                    attempts += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             match (self.ops.mkdir)(&dir) {
                 Ok(()) => break,
                 Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 5 => attempts += 1,

@@ -78,6 +78,37 @@ fn v2_cgroups(root: &Path, own: &str, parent: Option<&str>) -> Cgroups {
     c
 }
 
+/// How many `confine/` bases [`racing_mkdir`] has made.
+static BASES_MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// [`fake_mkdir`], but the first `confine/` base it makes is removed at
+/// once, as another supervisor whose last job ended removes an empty one.
+fn racing_mkdir(p: &Path) -> io::Result<()> {
+    fake_mkdir(p)?;
+    if p.file_name().is_some_and(|n| n == BASE) && BASES_MADE.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+        fs::remove_dir_all(p)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_base_removed_by_another_supervisor_before_its_controllers_are_on_is_made_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    cgroup_dir(root, V2_FILES);
+    cgroup_dir(&root.join("svc"), V2_FILES);
+    let config = CgroupConfig { parent: None };
+    let mut cgroups =
+        Cgroups::new(Layout::v2_at(root, Path::new("/svc")), config, FsOps { mkdir: racing_mkdir, rmdir: fake_rmdir })
+            .unwrap();
+    cgroups.privileged = true;
+    let job = cgroups.create("job-1", &limits(Some(64 << 20), Some(0.5), Some(10))).unwrap();
+    assert_eq!(BASES_MADE.load(std::sync::atomic::Ordering::SeqCst), 2, "the base was made again");
+    let dir = root.join("svc/confine").join(job.name());
+    assert_eq!(read(root.join("svc/confine/cgroup.subtree_control")), "+memory +pids +cpu");
+    assert_eq!(read(dir.join("memory.max")), "67108864");
+}
+
 #[test]
 fn v2_limits_kill_stats_and_removal() {
     let tmp = tempfile::tempdir().unwrap();
