@@ -27,4 +27,15 @@ vm_packages=(kmod procps util-linux iproute2 git python3)
 vm_v1_controllers=(cpu,cpuacct memory pids freezer devices blkio)
 
 # The integration suites that run as root in a guest.
-vm_suites=(sandbox limits security)
+vm_suites=(sandbox limits security warm)
+
+# Whether suite $1 runs on entry $2. No sandbox is built warm in degraded
+# mode, which a kernel without landlock needs (debian11): the warm suite
+# would find none. Its test of degraded mode runs on the other entries,
+# and that path asks nothing of the kernel.
+vm_entry_runs() {
+  case "$1:$2" in
+    warm:debian11) return 1 ;;
+    *) return 0 ;;
+  esac
+}

@@ -50,4 +50,7 @@ sudo -u vagrant -H bash -c 'cd /confine && export PATH="$HOME/.cargo/bin:$PATH" 
 host="$(sudo -u vagrant -H bash -c 'export PATH="$HOME/.cargo/bin:$PATH" && rustc -vV' | sed -n 's/^host: //p')"
 /confine/target/"$host"/debug/confine doctor || true
 echo "provision: ready ($entry, /sys/fs/cgroup is $fs_type). The root suites, as ./dev vm-test runs them:"
-echo "  vagrant ssh $entry -c 'cd /confine && sudo env CONFINE_REQUIRE_ISOLATION=1 \"PATH=\$HOME/.cargo/bin:\$PATH\" \"HOME=\$HOME\" cargo test $(printf -- '--test %s ' "${vm_suites[@]}")'"
+# Every suite is a module of the one test binary (tests/all.rs).
+filters=()
+for s in "${vm_suites[@]}"; do vm_entry_runs "$s" "$entry" && filters+=("suite::$s::"); done
+echo "  vagrant ssh $entry -c 'cd /confine && sudo env CONFINE_REQUIRE_ISOLATION=1 \"PATH=\$HOME/.cargo/bin:\$PATH\" \"HOME=\$HOME\" cargo test --test all -- ${filters[*]}'"

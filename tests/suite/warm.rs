@@ -186,6 +186,11 @@ impl Served {
         Served::start_in(extra, &[])
     }
 
+    /// A server in degraded mode (`runtime.allow_degraded`).
+    fn start_degraded(extra: &str) -> Served {
+        Served::start_with("allow_degraded = true\n", extra, &[])
+    }
+
     /// A server in a mount namespace of its own (private): other tests'
     /// host mounts don't replace its sandboxes, and the mounts a test
     /// makes in it (`in_ns`) reach no other test.
@@ -199,13 +204,17 @@ impl Served {
     }
 
     fn start_in(extra: &str, wrapper: &[&str]) -> Served {
+        Served::start_with("", extra, wrapper)
+    }
+
+    fn start_with(runtime: &str, extra: &str, wrapper: &[&str]) -> Served {
         let dir = tempfile::tempdir().unwrap();
         let repo = readable_repo(dir.path());
         let config = dir.path().join("confine.toml");
         std::fs::write(
             &config,
             format!(
-                "[runtime]\nenabled = true\n\n[store]\npath = \"{}\"\n\n[sandbox]\n{extra}\n\n\
+                "[runtime]\nenabled = true\n{runtime}\n[store]\npath = \"{}\"\n\n[sandbox]\n{extra}\n\n\
                  [[repos]]\nid = \"demo\"\nroot = \"{}\"\n",
                 dir.path().join("store").display(),
                 repo.display()
@@ -347,6 +356,28 @@ fn a_server_builds_for_its_first_request_before_it_arrives() {
     let r = server.exec("echo first");
     assert_eq!(r["status"], "success", "{r}");
     assert_eq!(r["layers"]["warm"], true, "the first request ran cold: {r}");
+}
+
+/// Degraded mode (`runtime.allow_degraded`, which a kernel without
+/// landlock needs) builds no sandbox before its request: each request
+/// runs cold, and runs. (Which layers a degraded job really got is known
+/// only once its sandbox is built: a warm one would be built blind.)
+#[test]
+fn a_degraded_server_builds_no_warm_sandbox_and_runs_its_jobs_cold() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let _busy = not_busy();
+    let mut server = Served::start_degraded("warm = 2");
+    let pid = server.pid();
+    for _ in 0..3 {
+        let r = server.exec("echo ran");
+        assert_eq!(r["status"], "success", "{r}");
+        assert_eq!(r["stdout"], "ran", "{r}");
+        assert_eq!(r["layers"]["warm"], false, "{r}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(stages_of(pid), Vec::<u32>::new(), "a degraded server built a sandbox before its request");
 }
 
 /// Busy loops on every CPU the tests may run on (the affinity mask, as
@@ -723,12 +754,19 @@ fn a_warm_job_has_the_cold_priority_and_a_sealed_workspace() {
     .unwrap();
     let mut server = ColdThenWarm::start(&config);
     let mut exec = |code: &str| server.exec(code);
-    let probe = "echo nice=$(awk '{print $19}' /proc/self/stat); \
-                 touch /workspace/sub/x 2>/dev/null && echo sub=writable || echo sub=read-only; \
-                 sleep 1; ls /workspace/late";
+    // The probe sleeps for a time no other process asks for, by which the
+    // host sees that it runs: the host's mount comes after its sandbox
+    // was built (however slow the machine), and before it looks.
+    let nap = format!("1.{}", std::process::id());
+    let probe = format!(
+        "echo nice=$(awk '{{print $19}}' /proc/self/stat); \
+         touch /workspace/sub/x 2>/dev/null && echo sub=writable || echo sub=read-only; \
+         sleep {nap}; ls /workspace/late"
+    );
+    let probe = probe.as_str();
     let late = repo.join("late");
     let mount_late = move || {
-        std::thread::sleep(Duration::from_millis(400));
+        eventually("the probe to sleep", Duration::from_secs(60), || sleeping_for(&nap));
         sh(&format!("mount -t tmpfs rt-late {} && touch {}/appeared", late.display(), late.display()));
     };
     let t = std::thread::spawn(mount_late.clone());
@@ -759,6 +797,13 @@ fn a_warm_job_has_the_cold_priority_and_a_sealed_workspace() {
     assert_eq!(hot["stdout"], cold["stdout"]);
     let out = hot["stdout"].as_str().unwrap_or_default();
     assert!(out.contains("nice=0") && out.contains("sub=read-only") && !out.contains("appeared"), "{out}");
+}
+
+/// Whether a process `sleep SECONDS` runs on the host (in any sandbox).
+fn sleeping_for(seconds: &str) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return false };
+    dir.flatten()
+        .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == format!("sleep\0{seconds}\0").as_bytes()))
 }
 
 /// A server on `config` (its `[sandbox] warm = WARM` filled in): first
