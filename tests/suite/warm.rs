@@ -75,6 +75,7 @@ echo "ppid=$PPID"
 grep -E '^(NoNewPrivs|CapEff|Seccomp):' /proc/self/status
 echo "tmp=$(ls -A /tmp | tr '\n' ,)"
 touch /workspace/x 2>/dev/null && echo "workspace=writable" || echo "workspace=read-only"
+[ "$(stat -c %u /workspace/hello.txt)" = "$(id -u)" ] && echo "hello.txt=mine" || echo "hello.txt=not mine"
 "#;
     let cold = sup.execute(shell(probe), JobControl::default()).await;
     assert!(!warm(&cold), "the first request has no warm sandbox to take");
@@ -89,8 +90,13 @@ touch /workspace/x 2>/dev/null && echo "workspace=writable" || echo "workspace=r
     assert!(text.contains("NoNewPrivs:\t1") && text.contains("CapEff:\t0000000000000000"), "{text}");
     assert!(text.contains("Seccomp:\t2"), "{text}");
     assert!(text.contains("workspace=read-only"), "{text}");
+    // Root's checkout, idmapped onto the job (the warm sandbox made the
+    // mapping's namespace before the request, as the cold one had asked).
+    assert!(text.contains("hello.txt=mine"), "{text}");
     // Every layer the cold job had, the warm one has.
     let (c, h) = (cold.outcome.unwrap().layers, hot.outcome.unwrap().layers);
+    let idmapped = serde_json::to_value(&h).unwrap()["idmapped"].clone();
+    assert_eq!(idmapped, serde_json::json!(["/workspace"]), "{h:?}");
     let mut h2 = h.clone();
     h2.warm = false;
     assert_eq!(serde_json::to_value(&h2).unwrap(), serde_json::to_value(&c).unwrap());

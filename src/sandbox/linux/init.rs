@@ -220,6 +220,7 @@ fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, Sys
                 spec.rootless,
                 spec.sweep_record.as_ref().map(|(_, r)| r),
                 false,
+                Vec::new(),
             )
         })
         .and_then(|opened| {
@@ -317,6 +318,15 @@ fn warm_request(
     go: &OwnedFd,
     fds_out: &OwnedFd,
 ) -> Result<Option<(InitSpec, Vec<std::path::PathBuf>)>, SysError> {
+    // While pid 1 builds the base: the idmap namespaces the request will
+    // likely need, off its path. One that can't be made now is tried
+    // again on the path, and says why there.
+    let job = (base.uid.outside, base.gid.outside);
+    let premade: Vec<mounts::IdmapNamespace> = if base.rootless {
+        Vec::new()
+    } else {
+        base.idmap_owners.iter().filter_map(|owner| mounts::IdmapNamespace::make(*owner, job).ok()).collect()
+    };
     wait_for_request(ctl, pid1)?;
     let part: RequestPart = match read_spec(&mut &*ctl) {
         Ok(part) => part,
@@ -357,6 +367,7 @@ fn warm_request(
         whole.rootless,
         whole.sweep_record.as_ref().map(|(_, r)| r),
         true,
+        premade,
     )?;
     let mut not_idmapped = opened.not_idmapped;
     not_idmapped.extend(whole.idmap_refused.iter().cloned());

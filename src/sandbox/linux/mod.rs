@@ -185,6 +185,7 @@ pub fn init_spec_on(spec: &JobSpec, host: &impl Host) -> InitSpec {
         idmap_refused,
         sweep_record: None,
         warm: false,
+        idmap_owners: Vec::new(),
     }
 }
 

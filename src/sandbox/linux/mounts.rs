@@ -254,11 +254,12 @@ pub fn open_sources(
     rootless: bool,
     sweep: Option<&super::sweep::SweepRecord>,
     detached: bool,
+    premade: Vec<IdmapNamespace>,
 ) -> Result<Opened, SysError> {
     let proc_root = PathBuf::from(format!("/proc/{pid1}/root"));
     let root = open(proc_root.as_path(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
         .map_err(|e| SysError::path("open pid 1's root", &proc_root, e))?;
-    let mut idmaps = Idmaps { job, namespaces: Vec::new(), own_root: None };
+    let mut idmaps = Idmaps { job, namespaces: premade.into_iter().map(|n| (n.owner, n.fd)).collect(), own_root: None };
     let mut not_idmapped = Vec::new();
     let mut idmapped = Vec::new();
     let mut out: Vec<Source> = Vec::with_capacity(ops.len());
@@ -365,6 +366,20 @@ pub struct Opened {
 
 /// Why a rootless job gets no idmapped mount.
 const IDMAP_ROOTLESS: &str = "rootless: an idmapped mount of a host file system needs host root";
+
+/// A user namespace that shows `owner`'s files as the job's
+/// ([`super::namespaces::idmap_userns`]), made before it was needed.
+pub struct IdmapNamespace {
+    owner: (u32, u32),
+    fd: OwnedFd,
+}
+
+impl IdmapNamespace {
+    /// Make the namespace of `owner` for a job of host ids `job`.
+    pub fn make(owner: (u32, u32), job: (u32, u32)) -> Result<IdmapNamespace, SysError> {
+        Ok(IdmapNamespace { owner, fd: super::namespaces::idmap_userns(owner, job)? })
+    }
+}
 
 /// The idmapped copies of one job's binds, and the user namespaces that
 /// hold their mappings (one per owner).

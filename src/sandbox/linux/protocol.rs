@@ -192,6 +192,13 @@ pub struct InitSpec {
     /// before then.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
+    /// A warm sandbox's outer stage makes the idmap namespaces of these
+    /// owners (uid, gid) while it waits: the owners whose trees the last
+    /// request of its shape had idmapped, likely the next one's too. Not
+    /// part of the shape ([`InitSpec::base_key`]); a request of another
+    /// owner has its namespace made on its path, as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idmap_owners: Vec<(u32, u32)>,
 }
 
 /// What a warm sandbox learns when its request arrives: everything of
@@ -284,6 +291,7 @@ impl InitSpec {
         let mut key = self.clone();
         key.cgroup_procs.clear();
         key.warm = false;
+        key.idmap_owners.clear();
         // Each job's user namespace has a dedicated owner of its own,
         // drawn at random (`namespaces::AsOwner`).
         key.userns_owner = key.userns_owner.map(|_| 0);
@@ -384,6 +392,7 @@ mod tests {
             userns_owner: None,
             idmap_refused: Vec::new(),
             sweep_record: None,
+            idmap_owners: Vec::new(),
             warm: false,
         };
         let mut buf = Vec::new();

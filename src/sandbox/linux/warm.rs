@@ -66,14 +66,28 @@ pub fn shape_of(spec: &JobSpec, seccomp: &str, stdin_piped: bool) -> Option<(War
         return None;
     }
     let sweeps = !sweeps_for(&init).is_empty();
-    let (base, part) = init.split();
+    let (mut base, part) = init.split();
     // A job whose trees are swept after it has a record made for it by the
     // cold path; not warm.
     if sweeps {
         return None;
     }
     let shape = WarmShape { key: base.base_key(), cgroup: CgroupShape::of(&spec.limits), stdin_piped };
+    base.idmap_owners = idmap_owners(&part.mounts);
     Some((shape, base, part))
+}
+
+/// The owners whose trees `mounts` idmap, each once.
+fn idmap_owners(mounts: &[protocol::MountOp]) -> Vec<(u32, u32)> {
+    let mut owners = Vec::new();
+    for op in mounts {
+        if let protocol::MountOp::Bind { idmap: Some(owner), .. } = op {
+            if !owners.contains(owner) {
+                owners.push(*owner);
+            }
+        }
+    }
+    owners
 }
 
 /// The calling thread's nice value (0 if it can't be read).
@@ -247,5 +261,39 @@ async fn send_streams(ctl: &tokio::net::UnixStream, fds: &[OwnedFd; 3]) -> std::
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::MountOp;
+
+    fn bind(dst: &str, idmap: Option<(u32, u32)>) -> MountOp {
+        MountOp::Bind {
+            src: "/src".into(),
+            dst: dst.into(),
+            rw: false,
+            dev: false,
+            optional: false,
+            exact: true,
+            idmap,
+        }
+    }
+
+    #[test]
+    fn the_owners_to_premake_are_those_the_request_idmaps_each_once() {
+        let mounts =
+            [bind("/workspace", Some((0, 0))), bind("/a", None), bind("/b", Some((7, 8))), bind("/c", Some((0, 0)))];
+        assert_eq!(idmap_owners(&mounts), vec![(0, 0), (7, 8)]);
+    }
+
+    #[test]
+    fn a_base_premaking_other_owners_serves_the_same_shape() {
+        let spec = crate::job::JobSpec::new(vec!["true".into()]);
+        let mut base = init_spec(&spec);
+        let key = base.base_key();
+        base.idmap_owners = vec![(0, 0)];
+        assert_eq!(base.base_key(), key);
     }
 }
