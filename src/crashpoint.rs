@@ -5,9 +5,34 @@
 //!
 //! Release builds compile [`reached`] to nothing: the variable is never
 //! read, so no one can make a production supervisor crash on purpose.
+//!
+//! [`linger`] is the same for a pause: `CONFINE_TEST_LINGER_AT=point:ms`
+//! makes a debug build wait that long at `point`, so that a test can
+//! give a process that should not run the time it would need to show it
+//! ran (a held job the supervisor drops unreleased, say).
 
 /// The variable the tests set.
 pub const ENV: &str = "CONFINE_TEST_CRASH_AT";
+
+/// The variable for [`linger`].
+pub const LINGER_ENV: &str = "CONFINE_TEST_LINGER_AT";
+
+/// Wait here as long as the tests said (debug builds); nothing in a
+/// release build.
+pub async fn linger(point: &'static str) {
+    #[cfg(all(debug_assertions, unix))]
+    {
+        let ms = std::env::var(LINGER_ENV).ok().and_then(|v| {
+            let (p, ms) = v.split_once(':')?;
+            (p == point).then(|| ms.parse::<u64>().ok()).flatten()
+        });
+        if let Some(ms) = ms {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
+    }
+    #[cfg(not(all(debug_assertions, unix)))]
+    let _ = point;
+}
 
 /// A point on the store's write path was reached: die here if the tests
 /// said so. SIGKILL, not `abort`: no handler, no unwinding, no flush;

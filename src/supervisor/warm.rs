@@ -123,8 +123,15 @@ impl WarmPool {
         let found = st.ready.iter_mut().position(|w| w.fits(shape) && w.alive());
         let taken = found.map(|i| st.ready.swap_remove(i));
         st.owed += usize::from(taken.is_some());
-        if st.wants.first().is_none_or(|w| w.shape != *shape) {
-            st.asked(Want { shape: shape.clone(), base: base.clone(), limits: limits.clone() });
+        match st.wants.first_mut() {
+            Some(w) if w.shape == *shape => {
+                // The same shape, maybe of another owner's checkout: the
+                // next builds make that owner's idmap namespace.
+                if w.base.idmap_owners != base.idmap_owners {
+                    w.base.idmap_owners = base.idmap_owners.clone();
+                }
+            }
+            _ => st.asked(Want { shape: shape.clone(), base: base.clone(), limits: limits.clone() }),
         }
         self.shared.wake.notify_one();
         taken

@@ -517,7 +517,14 @@ fn a_job_that_fills_the_store_s_disk_is_recorded_and_nothing_runs_until_it_is() 
     let run = |server: &mut Server, code: &str| {
         server.call("runtime_execute", json!({"repoId": "demo", "runtime": "shell", "code": code}))
     };
-    let mut server = Server::start(&config);
+    // A job refused for want of its record is dropped 1.5 s after the
+    // refusal (a debug build's pause): one let go by mistake would have
+    // the time to show it ran.
+    let mut server = Server::start_with(&config, {
+        let mut cmd = Command::new(exe());
+        cmd.env("CONFINE_TEST_LINGER_AT", "held-job-refused:1500");
+        cmd
+    });
     let r = run(&mut server, "echo first");
     assert_eq!(r["status"], "success", "{r}");
 

@@ -67,6 +67,17 @@ async fn a_request_runs_warm_and_is_confined_as_a_cold_one() {
     let _busy = not_busy();
     let dir = tempfile::tempdir().unwrap();
     let sup = supervisor(dir.path(), "");
+    // Root's file, which only an idmap shows as the job's own, and
+    // another uid's, which no mapping of the job's gives it.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let repo = dir.path().join("repo");
+        for (name, uid) in [("roots.txt", 0), ("others.txt", 4242)] {
+            std::fs::write(repo.join(name), "x\n").unwrap();
+            std::fs::set_permissions(repo.join(name), std::fs::Permissions::from_mode(0o600)).unwrap();
+            std::os::unix::fs::chown(repo.join(name), Some(uid), Some(uid)).unwrap();
+        }
+    }
     let probe = r#"
 cat /workspace/hello.txt
 echo "pwd=$(pwd)"
@@ -75,7 +86,8 @@ echo "ppid=$PPID"
 grep -E '^(NoNewPrivs|CapEff|Seccomp):' /proc/self/status
 echo "tmp=$(ls -A /tmp | tr '\n' ,)"
 touch /workspace/x 2>/dev/null && echo "workspace=writable" || echo "workspace=read-only"
-[ "$(stat -c %u /workspace/hello.txt)" = "$(id -u)" ] && echo "hello.txt=mine" || echo "hello.txt=not mine"
+cat /workspace/roots.txt >/dev/null 2>&1 && echo "roots.txt=readable" || echo "roots.txt=unreadable"
+cat /workspace/others.txt >/dev/null 2>&1 && echo "others.txt=readable" || echo "others.txt=unreadable"
 "#;
     let cold = sup.execute(shell(probe), JobControl::default()).await;
     assert!(!warm(&cold), "the first request has no warm sandbox to take");
@@ -91,8 +103,9 @@ touch /workspace/x 2>/dev/null && echo "workspace=writable" || echo "workspace=r
     assert!(text.contains("Seccomp:\t2"), "{text}");
     assert!(text.contains("workspace=read-only"), "{text}");
     // Root's checkout, idmapped onto the job (the warm sandbox made the
-    // mapping's namespace before the request, as the cold one had asked).
-    assert!(text.contains("hello.txt=mine"), "{text}");
+    // mapping's namespace before the request, as the cold one had asked):
+    // root's private file is the job's, another uid's is not.
+    assert!(text.contains("roots.txt=readable") && text.contains("others.txt=unreadable"), "{text}");
     // Every layer the cold job had, the warm one has.
     let (c, h) = (cold.outcome.unwrap().layers, hot.outcome.unwrap().layers);
     let idmapped = serde_json::to_value(&h).unwrap()["idmapped"].clone();

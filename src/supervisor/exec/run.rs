@@ -202,7 +202,11 @@ impl Supervisor {
         // job is dropped unreleased, which kills its tree.
         let stores = self.stores.wait().await?;
         if hold {
-            stores.admit(started_entry)?;
+            if let Err(e) = stores.admit(started_entry) {
+                // Tests: time for a job released by mistake to show it ran.
+                crate::crashpoint::linger("held-job-refused").await;
+                return Err(e.into());
+            }
         }
         if job.held() {
             job.release().await.map_err(NotStarted::Release)?;

@@ -390,17 +390,18 @@ impl Cgroups {
             if enabled.is_empty() {
                 return Ok(());
             }
+            // Gone: the directory's own file is not there (the loop below
+            // makes `confine/` again); a write refused with ENOENT is a
+            // controller the parent does not hand down.
+            let gone =
+                |e: &io::Error| e.kind() == io::ErrorKind::NotFound && !dir.join("cgroup.subtree_control").exists();
             match v2::enable(dir, enabled) {
                 Ok(()) => Ok(()),
-                // Gone (the loop below makes `confine/` again), or a
-                // required controller refused.
-                Err(source) if source.kind() == io::ErrorKind::NotFound || !required.is_empty() => {
-                    Err(CgroupError::Enable {
-                        controllers: enabled.join(","),
-                        cgroup: format!("{}:{}", h.label(), path.display()),
-                        source,
-                    })
-                }
+                Err(source) if gone(&source) || !required.is_empty() => Err(CgroupError::Enable {
+                    controllers: enabled.join(","),
+                    cgroup: format!("{}:{}", h.label(), path.display()),
+                    source,
+                }),
                 Err(e) => {
                     tracing::debug!(error = %e, "cgroup accounting controllers unavailable");
                     enabled.clear();
@@ -422,7 +423,11 @@ impl Cgroups {
             }
             match enable(&base, &mut enabled) {
                 Ok(()) => {}
-                Err(CgroupError::Enable { source, .. }) if source.kind() == io::ErrorKind::NotFound && attempts < 5 => {
+                Err(CgroupError::Enable { source, .. })
+                    if source.kind() == io::ErrorKind::NotFound
+                        && !base.join("cgroup.subtree_control").exists()
+                        && attempts < 5 =>
+                {
                     attempts += 1;
                     continue;
                 }
