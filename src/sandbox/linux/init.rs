@@ -322,11 +322,8 @@ fn warm_request(
     // likely need, off its path. One that can't be made now is tried
     // again on the path, and says why there.
     let job = (base.uid.outside, base.gid.outside);
-    let premade: Vec<mounts::IdmapNamespace> = if base.rootless {
-        Vec::new()
-    } else {
-        base.idmap_owners.iter().filter_map(|owner| mounts::IdmapNamespace::make(*owner, job).ok()).collect()
-    };
+    let premade: Vec<mounts::IdmapNamespace> =
+        base.idmap_owners.iter().filter_map(|owner| mounts::IdmapNamespace::make(*owner, job).ok()).collect();
     wait_for_request(ctl, pid1)?;
     let part: RequestPart = match read_spec(&mut &*ctl) {
         Ok(part) => part,

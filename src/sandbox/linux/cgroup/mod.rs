@@ -252,6 +252,14 @@ pub fn supervisor() -> Result<&'static Cgroups, CgroupError> {
     Ok(SUPERVISOR.get_or_init(|| cgroups))
 }
 
+/// Whether `error`, from switching controllers on below `dir`, says that
+/// `dir` itself is gone (its own file is not there; another supervisor
+/// removed an empty `confine/`), rather than that the write was refused
+/// with ENOENT, which is a controller the parent does not hand down.
+fn gone(dir: &Path, error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::NotFound && !dir.join("cgroup.subtree_control").exists()
+}
+
 impl Cgroups {
     /// The hierarchies of this process, from /proc.
     pub fn detect(config: CgroupConfig) -> Result<Cgroups, CgroupError> {
@@ -390,14 +398,9 @@ impl Cgroups {
             if enabled.is_empty() {
                 return Ok(());
             }
-            // Gone: the directory's own file is not there (the loop below
-            // makes `confine/` again); a write refused with ENOENT is a
-            // controller the parent does not hand down.
-            let gone =
-                |e: &io::Error| e.kind() == io::ErrorKind::NotFound && !dir.join("cgroup.subtree_control").exists();
             match v2::enable(dir, enabled) {
                 Ok(()) => Ok(()),
-                Err(source) if gone(&source) || !required.is_empty() => Err(CgroupError::Enable {
+                Err(source) if gone(dir, &source) || !required.is_empty() => Err(CgroupError::Enable {
                     controllers: enabled.join(","),
                     cgroup: format!("{}:{}", h.label(), path.display()),
                     source,
@@ -423,11 +426,7 @@ impl Cgroups {
             }
             match enable(&base, &mut enabled) {
                 Ok(()) => {}
-                Err(CgroupError::Enable { source, .. })
-                    if source.kind() == io::ErrorKind::NotFound
-                        && !base.join("cgroup.subtree_control").exists()
-                        && attempts < 5 =>
-                {
+                Err(CgroupError::Enable { source, .. }) if gone(&base, &source) && attempts < 5 => {
                     attempts += 1;
                     continue;
                 }
