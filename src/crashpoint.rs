@@ -10,6 +10,28 @@
 //! makes a debug build wait that long at `point`, so that a test can
 //! give a process that should not run the time it would need to show it
 //! ran (a held job the supervisor drops unreleased, say).
+//!
+//! [`refused`] stands in for a refusal: a debug build acts as if the
+//! kernel had refused what is done at that point.
+
+/// The variable for [`refused`].
+pub const REFUSE_ENV: &str = "CONFINE_TEST_REFUSE";
+
+/// Whether the tests asked a debug build to act as if the kernel refused
+/// what is done at `point` (`CONFINE_TEST_REFUSE=point[,point…]`): how
+/// they reach the answer to a refusal this host never gives (an LSM's).
+/// Always false in a release build.
+pub fn refused(point: &'static str) -> bool {
+    #[cfg(all(debug_assertions, unix))]
+    {
+        std::env::var(REFUSE_ENV).is_ok_and(|v| v.split(',').any(|p| p == point))
+    }
+    #[cfg(not(all(debug_assertions, unix)))]
+    {
+        let _ = point;
+        false
+    }
+}
 
 /// The variable the tests set.
 pub const ENV: &str = "CONFINE_TEST_CRASH_AT";

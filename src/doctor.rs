@@ -124,6 +124,7 @@ fn host_layers(checks: &[Check], landlock_abi: u32) -> Layers {
         }),
         caps_dropped: ns,
         no_new_privs: true,
+        mounts_locked: ns,
         ..Layers::default()
     }
 }

@@ -310,6 +310,12 @@ pub struct Layers {
     pub cgroup: Option<String>,
     pub caps_dropped: bool,
     pub no_new_privs: bool,
+    /// The job ran in a user namespace of its own, nested in the
+    /// sandbox's: the kernel locks every mount of the sandbox there, so
+    /// nothing in the job can unmount one or make it writable, whatever
+    /// capability it gains.
+    #[serde(default)]
+    pub mounts_locked: bool,
     /// Host uid the job ran as.
     pub host_uid: u32,
     /// The uid the job saw inside (`--user`), when it is not `hostUid`.

@@ -408,7 +408,18 @@ fn json_status_names_the_layers() {
     assert_eq!(v["status"], "failure");
     assert_eq!(v["backend"], "linux");
     assert!(v["durationMs"].as_u64().is_some());
-    for layer in ["userns", "mountns", "pidns", "netns", "ipcns", "utsns", "cgroupns", "capsDropped", "noNewPrivs"] {
+    for layer in [
+        "userns",
+        "mountns",
+        "pidns",
+        "netns",
+        "ipcns",
+        "utsns",
+        "cgroupns",
+        "capsDropped",
+        "noNewPrivs",
+        "mountsLocked",
+    ] {
         assert_eq!(v["layers"][layer], true, "{layer}: {v}");
     }
     // `full` on an older ABI that has every right confine asks for (6).
@@ -421,6 +432,44 @@ fn json_status_names_the_layers() {
     assert_eq!(v["guarantees"]["filesystem"]["level"], fs, "{v}");
     for row in ["network", "syscalls", "memory", "cpu", "pids", "treeKill", "envScrub"] {
         assert_eq!(v["guarantees"][row]["level"], "enforced", "{row}: {v}");
+    }
+}
+
+/// A kernel or LSM that refuses the job a user namespace of its own, the
+/// one that locks the sandbox's mounts (a debug build's stand-in,
+/// `CONFINE_TEST_REFUSE`: at the clone, or at the capabilities inside it,
+/// as AppArmor's restriction would): the job fails closed and says how to
+/// go on; with `--allow-degraded` it runs, its mounts unlocked and named
+/// missing.
+#[test]
+fn a_refused_nested_user_namespace_fails_closed_unless_degraded() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let status = dir.path().join("status.json");
+    for point in ["nested-userns", "nested-userns-caps"] {
+        let out = Command::new(bin())
+            .env_remove("CONFINE_CONFIG")
+            .env("CONFINE_TEST_REFUSE", point)
+            .args(["--config", "/dev/null", "run", "--", "/bin/sh", "-c", "echo ran"])
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(125), "{point}: {err}");
+        assert_eq!(stdout(&out), "", "{point}: the job ran");
+        assert!(err.contains("lock the sandbox's mounts") && err.contains("--allow-degraded"), "{point}: {err}");
+        let out = confine()
+            .env("CONFINE_TEST_REFUSE", point)
+            .args(["run", "--allow-degraded", "--json-status", status.to_str().unwrap()])
+            .args(["--", "/bin/sh", "-c", "exit 3"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{point}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+        assert_eq!(v["layers"]["mountsLocked"], false, "{point}: {v}");
+        let missing = v["layers"]["missing"].as_array().cloned().unwrap_or_default();
+        assert!(missing.iter().any(|m| m == "mount lock"), "{point}: {v}");
     }
 }
 

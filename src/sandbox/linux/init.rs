@@ -17,6 +17,7 @@
 //!
 //! No tokio here, ever: this code forks.
 
+use super::namespaces::{Nested, NestedJob, NotNested, Readiness};
 use super::protocol::{
     encode_report, read_spec, write_spec, InitReport, InitSpec, MountOp, RequestPart, CONTROL_FD, PROXY_READY,
     PROXY_SOCKET, RELEASE, SECCOMP_FD, STREAMS,
@@ -476,6 +477,30 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
         (spec, not_idmapped)
     };
     drop(fds_in);
+    // The job process, in a user namespace of its own nested in this one,
+    // which locks the sandbox's mounts (`namespaces::clone_nested`); made
+    // while the host's /proc is still reachable for its counters.
+    let nested = match namespaces::clone_nested() {
+        Ok(Nested::Job(end)) => {
+            drop(go);
+            drop(proxy);
+            nested_job(spec, ctl, end, built, not_idmapped)
+        }
+        Ok(Nested::Pid1(end)) => match end.ready()? {
+            Readiness::Ready => Some(end),
+            // The job has said why.
+            Readiness::Ended => return Ok(125),
+            Readiness::Refused => {
+                unlocked(spec, "the job was refused capabilities in a user namespace of its own (an LSM)")?;
+                None
+            }
+        },
+        Err(NotNested::Refused(why)) => {
+            unlocked(spec, &format!("the kernel refused {why}"))?;
+            None
+        }
+        Err(NotNested::Failed(e)) => return Err(e),
+    };
     // While we still hold CAP_SYS_RESOURCE in the job's user namespace,
     // after the mounts (a detached mount tree is a mount namespace too)
     // and before the pivot (the job's /proc/sys is read-only): what the
@@ -494,11 +519,14 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
         proxy_ready(&sock)?;
     }
 
-    // SAFETY: this process is single-threaded (it was cloned from the
-    // single-threaded outer stage), so the child may run ordinary Rust code.
-    let job = match unsafe { fork() }.map_err(|e| SysError::call("fork job", e))? {
-        ForkResult::Child => job(spec, ctl, built, not_idmapped),
-        ForkResult::Parent { child } => child,
+    let job = match nested {
+        Some(end) => end.release()?,
+        // SAFETY: this process is single-threaded (it was cloned from the
+        // single-threaded outer stage), so the child may run ordinary Rust code.
+        None => match unsafe { fork() }.map_err(|e| SysError::call("fork job", e))? {
+            ForkResult::Child => job(spec, ctl, built, not_idmapped, false),
+            ForkResult::Parent { child } => child,
+        },
     };
     // pid 1 keeps no privilege it does not need to reap and forward.
     caps::drop_all()?;
@@ -660,9 +688,41 @@ fn write_files(files: &[crate::job::JobFile]) -> Result<(), SysError> {
     Ok(())
 }
 
+/// A job that can't be given a user namespace of its own: an error, or
+/// with `--allow-degraded` a job whose outcome names the lock as missing.
+fn unlocked(spec: &InitSpec, why: &str) -> Result<(), SysError> {
+    if spec.allow_degraded {
+        return Ok(());
+    }
+    Err(SysError::other(
+        "lock the sandbox's mounts",
+        format!(
+            "{why}. Without it the job would run where the sandbox's mounts are not locked. An LSM may refuse \
+             nested user namespaces (on Ubuntu, kernel.apparmor_restrict_unprivileged_userns); run with \
+             --allow-degraded to run the job without the lock, which its outcome then names as missing"
+        ),
+    ))
+}
+
+/// Step 3 in its own user namespace ([`namespaces::clone_nested`]): its
+/// counters, pid 1's go, its mount namespace, then the rest of the job.
+fn nested_job(spec: &InitSpec, ctl: &File, end: NestedJob, built: mounts::Built, not_idmapped: Vec<String>) -> ! {
+    // As a job forked after pid 1 made itself undumpable would be, until
+    // its execve: nothing in the sandbox may ptrace or read it before.
+    match sys::set_not_dumpable().and_then(|()| end.enter(spec.uid, spec.gid)) {
+        Ok(true) => job(spec, ctl, built, not_idmapped, true),
+        // pid 1 let the job go unstarted, or runs it unlocked instead.
+        Ok(false) => std::process::exit(125),
+        Err(e) => {
+            report(ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
+            std::process::exit(125)
+        }
+    }
+}
+
 /// Step 3, the job process. Never returns.
-fn job(spec: &InitSpec, ctl: &File, built: mounts::Built, not_idmapped: Vec<String>) -> ! {
-    match confine_self(spec, built, not_idmapped) {
+fn job(spec: &InitSpec, ctl: &File, built: mounts::Built, not_idmapped: Vec<String>, mounts_locked: bool) -> ! {
+    match confine_self(spec, built, not_idmapped, mounts_locked) {
         Ok(confined) => {
             report(ctl, &confined);
             if spec.hold && !released(ctl) {
@@ -723,8 +783,16 @@ fn released(ctl: &File) -> bool {
 
 /// The job's own confinement, in the order docs/design.md gives: seccomp last,
 /// since it may forbid what the earlier steps need.
-fn confine_self(spec: &InitSpec, built: mounts::Built, not_idmapped: Vec<String>) -> Result<InitReport, SysError> {
+fn confine_self(
+    spec: &InitSpec,
+    built: mounts::Built,
+    not_idmapped: Vec<String>,
+    mounts_locked: bool,
+) -> Result<InitReport, SysError> {
     let mut missing = Vec::new();
+    if !mounts_locked {
+        missing.push("mount lock".to_string());
+    }
     // A session of its own: no controlling terminal, so no TIOCSPGRP or
     // TIOCSTI on its caller's (even where legacy_tiocsti allows the
     // latter), and no job-control signals from it.
@@ -755,6 +823,7 @@ fn confine_self(spec: &InitSpec, built: mounts::Built, not_idmapped: Vec<String>
         landlock,
         seccomp: spec.seccomp.clone(),
         missing,
+        mounts_locked,
         protected: built.protected,
         idmapped: built.idmapped,
         not_idmapped,

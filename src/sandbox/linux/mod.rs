@@ -424,11 +424,13 @@ impl InitStage {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(SandboxError::Spawn)?;
         let mut fds = vec![(theirs.as_raw_fd(), CONTROL_FD)];
         fds.extend(seccomp_raw.map(|fd| (fd, SECCOMP_FD)));
-        // An empty environment but the marker. The stage sets its own
+        // An empty environment but the marker (and, in a debug build, a
+        // test's refusal: `crashpoint::refused`). The stage sets its own
         // parent-death signal first thing (posix_spawn can't).
-        let child =
-            stage_process::spawn(init_executable(), &[c"confine-init", c"__init"], &[INIT_MARKER_ENV], stdio, &fds)
-                .map_err(SandboxError::Spawn)?;
+        let refuse = test_refusal();
+        let env: Vec<&std::ffi::CStr> = std::iter::once(INIT_MARKER_ENV).chain(refuse.as_deref()).collect();
+        let child = stage_process::spawn(init_executable(), &[c"confine-init", c"__init"], &env, stdio, &fds)
+            .map_err(SandboxError::Spawn)?;
         tracing::debug!(pid = child.id(), "init stage started");
         drop(theirs);
         Ok(InitStage { child, ours, has_seccomp: seccomp_raw.is_some() })
@@ -664,6 +666,16 @@ const INIT_MARKER: &str = "CONFINE_INIT_STAGE";
 /// [`INIT_MARKER`] set, as the stage's whole environment.
 const INIT_MARKER_ENV: &std::ffi::CStr = c"CONFINE_INIT_STAGE=1";
 
+/// `CONFINE_TEST_REFUSE=…` for the init stage, in a debug build whose
+/// tests set it (`crashpoint::refused`); never in a release build.
+fn test_refusal() -> Option<std::ffi::CString> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let v = std::env::var(crate::crashpoint::REFUSE_ENV).ok()?;
+    std::ffi::CString::new(format!("{}={v}", crate::crashpoint::REFUSE_ENV)).ok()
+}
+
 /// Use `path` (a `confine` binary) for the `__init` stage instead of
 /// `/proc/self/exe`: for programs that embed the library, and its tests.
 /// Only the first call has an effect.
@@ -808,7 +820,16 @@ impl RunningJob {
         for r in reports {
             match r {
                 InitReport::Started { .. } => {}
-                InitReport::Confined { landlock, seccomp, missing, protected, idmapped, not_idmapped } => {
+                InitReport::Confined {
+                    landlock,
+                    seccomp,
+                    missing,
+                    mounts_locked,
+                    protected,
+                    idmapped,
+                    not_idmapped,
+                } => {
+                    layers.mounts_locked = mounts_locked;
                     layers.protected = protected;
                     layers.idmapped = idmapped;
                     layers.not_idmapped = not_idmapped;
@@ -878,6 +899,7 @@ impl RunningJob {
         if outcome.error.is_some() && outcome.exit_code == Some(125) {
             layers.caps_dropped = false;
             layers.no_new_privs = false;
+            layers.mounts_locked = false;
         }
         outcome.guarantees = crate::sandbox::Guarantees::of(crate::sandbox::BackendKind::Linux, &layers);
         outcome.layers = layers;

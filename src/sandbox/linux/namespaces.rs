@@ -1,4 +1,6 @@
-//! Namespace creation flags, uid/gid maps, and the switch to the mapped ids.
+//! Namespace creation flags, uid/gid maps, the switch to the mapped ids,
+//! and the job's own user namespace nested in the sandbox's, which locks
+//! the sandbox's mounts ([`clone_nested`]).
 //!
 //! The maps are written by the outer init stage, which stays in the parent
 //! user namespace (as bwrap and runc do): only a writer there may map an id
@@ -10,6 +12,7 @@ use super::protocol::{IdMap, InitSpec};
 use super::sys::SysError;
 use nix::errno::Errno;
 use nix::unistd::{setgroups, setresgid, setresuid, Gid, Pid, Uid};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 /// The clone flags of a job: every namespace, the network one on request.
@@ -165,6 +168,192 @@ pub fn idmap_userns(disk: (u32, u32), job: (u32, u32)) -> Result<std::os::fd::Ow
     drop(wait_wr);
     let _ = nix::sys::wait::waitpid(child, None);
     made
+}
+
+/// The job's end of [`clone_nested`], or pid 1's.
+pub enum Nested {
+    /// In the job process: its user namespace is new, its mount namespace
+    /// still pid 1's.
+    Job(NestedJob),
+    /// In pid 1: the job's pid.
+    Pid1(NestedPid1),
+}
+
+/// What the job process does before the rest of its confinement.
+pub struct NestedJob {
+    ready: OwnedFd,
+    go: OwnedFd,
+}
+
+/// pid 1's hold on a job process made by [`clone_nested`].
+pub struct NestedPid1 {
+    pid: Pid,
+    ready: OwnedFd,
+    go: OwnedFd,
+}
+
+/// Why a job got no user namespace of its own.
+pub enum NotNested {
+    /// The kernel or an LSM refused it (AppArmor's restriction of user
+    /// namespaces, a low `user.max_user_namespaces`): with
+    /// `--allow-degraded` the job runs without the lock, said so.
+    Refused(String),
+    Failed(SysError),
+}
+
+/// What [`NestedPid1::ready`] learnt.
+pub enum Readiness {
+    Ready,
+    /// The job could not set its namespace's counters for want of a
+    /// capability there (an LSM denies them in nested namespaces); it has
+    /// ended.
+    Refused,
+    /// The job failed, has reported why, and has ended.
+    Ended,
+}
+
+const READY: u8 = 1;
+const REFUSED: u8 = 2;
+const GO: u8 = 1;
+
+/// Clone the job process into a user namespace of its own, nested in the
+/// sandbox's (pid 1's); the job maps its ids to themselves there
+/// ([`NestedJob::enter`]).
+///
+/// Why: the kernel locks mounts (`MNT_LOCKED`, and their read-only and
+/// other flags) only when it copies them into a mount namespace owned by
+/// a less privileged user namespace. pid 1 built the sandbox's mounts in
+/// the sandbox's namespace, where it held every capability, so they are
+/// not locked there: whatever regained CAP_SYS_ADMIN in that namespace
+/// could unmount a host mount below the workspace, or a mask, or make a
+/// read-only bind writable. The job's mount namespace, copied at
+/// [`NestedPid1::release`] from its own user namespace, has every one of
+/// them locked; and the job holds no capability over the sandbox's
+/// network, UTS and IPC namespaces at all, which belong to pid 1's.
+///
+/// Called before the pivot: the job sets its namespace's counters through
+/// the host's /proc, which the pivot takes away (the sandbox's /proc/sys
+/// is read-only). pid 1 sets its own after this clone, so that its
+/// `max_user_namespaces` of 0 does not refuse this one.
+pub fn clone_nested() -> Result<Nested, NotNested> {
+    use nix::fcntl::OFlag;
+    let failed = NotNested::Failed;
+    let (ready_rd, ready_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| failed(SysError::call("pipe", e)))?;
+    let (go_rd, go_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| failed(SysError::call("pipe", e)))?;
+    let cloned = match crate::crashpoint::refused("nested-userns") {
+        true => Err(Errno::EPERM),
+        false => super::sys::clone_fork(libc::CLONE_NEWUSER),
+    };
+    let pid = match cloned {
+        Ok(0) => return Ok(Nested::Job(NestedJob { ready: ready_wr, go: go_rd })),
+        Ok(pid) => Pid::from_raw(pid),
+        Err(e @ (Errno::EPERM | Errno::EACCES | Errno::ENOSPC | Errno::EUSERS)) => {
+            return Err(NotNested::Refused(format!("a user namespace for the job inside the sandbox's: {}", e.desc())))
+        }
+        Err(e) => return Err(failed(SysError::call("clone the job into a user namespace of its own", e))),
+    };
+    Ok(Nested::Pid1(NestedPid1 { pid, ready: ready_rd, go: go_wr }))
+}
+
+/// Whether a failed write in the job's new namespace was a refusal (a
+/// capability or a file an LSM denies there) rather than a fault.
+fn refused(e: &SysError) -> bool {
+    matches!(e, SysError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied)
+}
+
+impl NestedJob {
+    /// Map the job's own ids (the only mapping a process may write for
+    /// itself without a capability in the parent namespace; its gid's
+    /// needs setgroups denied, and the job has no CAP_SETGID to call it
+    /// anyway), then cap the namespace's counters as pid 1 caps its own.
+    /// Its /proc files are writable by it only while it is dumpable: a
+    /// process that changed its ids (pid 1 did) is not, and its files
+    /// belong to a root that is not mapped here.
+    fn map_and_limit(&self, uid: IdMap, gid: IdMap) -> Result<(), SysError> {
+        // /proc/self, not /proc/<pid>: this /proc is still the host's.
+        let write_self = |file: &str, content: &str| {
+            let path = Path::new("/proc/self").join(file);
+            std::fs::write(&path, content).map_err(|e| SysError::io("write", &path, e))
+        };
+        if crate::crashpoint::refused("nested-userns-caps") {
+            let path = Path::new("/proc/self/setgroups");
+            return Err(SysError::io("write", path, std::io::ErrorKind::PermissionDenied.into()));
+        }
+        super::sys::set_dumpable(true)?;
+        let mapped = write_self("setgroups", "deny")
+            .and_then(|()| write_self("uid_map", &format!("{0} {0} 1\n", uid.inside)))
+            .and_then(|()| write_self("gid_map", &format!("{0} {0} 1\n", gid.inside)));
+        super::sys::set_dumpable(false)?;
+        mapped?;
+        super::inherit::limit_ucounts()
+    }
+
+    /// In the job process: its ids and its namespace's counters, then wait for pid 1's
+    /// go (the sandbox pivoted, its files written, the sweep recorded),
+    /// then a mount namespace of its own, every mount locked. An error
+    /// here is the job's to report. `Ok(false)`: pid 1 let the job go
+    /// unstarted, or learnt it must go without (the limits were refused).
+    pub fn enter(self, uid: IdMap, gid: IdMap) -> Result<bool, SysError> {
+        match self.map_and_limit(uid, gid) {
+            Ok(()) => {}
+            Err(e) if refused(&e) => {
+                let _ = nix::unistd::write(&self.ready, &[REFUSED]);
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
+        nix::unistd::write(&self.ready, &[READY]).map_err(|e| SysError::call("tell pid 1 the job is ready", e))?;
+        drop(self.ready);
+        let mut byte = [0u8; 1];
+        let go = loop {
+            match nix::unistd::read(self.go.as_fd(), &mut byte) {
+                Err(Errno::EINTR) => continue,
+                r => break r.map_err(|e| SysError::call("wait for pid 1", e))?,
+            }
+        };
+        if go != 1 || byte[0] != GO {
+            return Ok(false);
+        }
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+            .map_err(|e| SysError::call("lock the sandbox's mounts (a mount namespace of the job's own)", e))?;
+        Ok(true)
+    }
+}
+
+impl NestedPid1 {
+    /// Wait until the job has set its counters.
+    pub fn ready(&self) -> Result<Readiness, SysError> {
+        let mut byte = [0u8; 1];
+        let n = loop {
+            match nix::unistd::read(self.ready.as_fd(), &mut byte) {
+                Err(Errno::EINTR) => continue,
+                r => break r.map_err(|e| SysError::call("wait for the job's namespace", e))?,
+            }
+        };
+        Ok(match (n, byte[0]) {
+            (1, READY) => Readiness::Ready,
+            (1, REFUSED) => {
+                let _ = nix::sys::wait::waitpid(self.pid, None);
+                Readiness::Refused
+            }
+            _ => {
+                let _ = nix::sys::wait::waitpid(self.pid, None);
+                Readiness::Ended
+            }
+        })
+    }
+
+    /// Let the job go on: it makes its mount namespace and confines itself.
+    pub fn release(self) -> Result<Pid, SysError> {
+        nix::unistd::write(&self.go, &[GO]).map_err(|e| SysError::call("release the job", e))?;
+        Ok(self.pid)
+    }
+
+    /// The job must not start: killed and reaped.
+    pub fn abandon(self) {
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(self.pid, None);
+    }
 }
 
 #[cfg(test)]

@@ -314,6 +314,10 @@ pub enum InitReport {
         landlock: LandlockLayer,
         seccomp: Option<String>,
         missing: Vec<String>,
+        /// The job ran in a user namespace of its own, where every mount
+        /// of the sandbox is locked (`namespaces::clone_nested`).
+        #[serde(default)]
+        mounts_locked: bool,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         protected: Vec<String>,
         /// Mount points that were idmapped.

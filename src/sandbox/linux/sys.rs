@@ -278,9 +278,15 @@ pub fn loopback_up() -> Result<(), SysError> {
 
 /// Make this process non-dumpable: no ptrace attach, /proc/PID owned by root.
 pub fn set_not_dumpable() -> Result<(), SysError> {
+    set_dumpable(false)
+}
+
+/// `PR_SET_DUMPABLE`: whether the process's /proc files belong to its own
+/// uid (and it may be ptraced by its uid) or to root.
+pub fn set_dumpable(on: bool) -> Result<(), SysError> {
     // SAFETY: PR_SET_DUMPABLE takes an integer flag and no pointers.
-    let ret = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    Errno::result(ret).map(drop).map_err(|e| SysError::call("set not dumpable", e))
+    let ret = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, libc::c_ulong::from(on), 0, 0, 0) };
+    Errno::result(ret).map(drop).map_err(|e| SysError::call("set dumpable", e))
 }
 
 /// Set `no_new_privs`: execve can never grant privileges again.

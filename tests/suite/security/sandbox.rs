@@ -1,7 +1,8 @@
 //! Classes of the sandbox itself and of `confine run`: paths the
 //! supervisor writes (1), host ids (3), planted code and setuid bits (4),
 //! default limits (5), kernel counters (6), session and terminal (7),
-//! inherited attributes (8), `/proc` and syscalls (9), and the posture test.
+//! inherited attributes (8), `/proc` and syscalls (9), locked mounts (10),
+//! and the posture test.
 //!
 //! Each test is the attack, run by a real job against a real sandbox, and
 //! what the host must see afterwards.
@@ -1054,6 +1055,128 @@ for name, nr, args in (("memfd_secret", 447, (0,)), ("cachestat", 451, (fd, 0, 0
     let a = answers(&stdout(&out));
     assert_eq!(a.get("memfd_secret").map(String::as_str), Some("ENOSYS"), "{a:?} {}", stderr(&out));
     assert_eq!(a.get("cachestat").map(String::as_str), Some("ENOSYS"), "{a:?}");
+}
+
+// ---- class 10: the sandbox's mounts are locked ----
+
+/// Whatever holds CAP_SYS_ADMIN in a job's user namespace (here: the host
+/// root entering it with nsenter, standing in for a job that regained its
+/// capabilities and got past seccomp) can't undo the sandbox's mounts: not
+/// unmount a host mount below the workspace (an idmapped, detached copy)
+/// to see what it covers, nor make it writable, nor lift the read-only /proc/sys or
+/// pid 1's own /tmp. The kernel locks a namespace's mounts only when they
+/// are copied into a less privileged user namespace: the job runs in one
+/// nested in the sandbox's.
+#[test]
+fn class10_a_jobs_user_namespace_cannot_undo_the_sandboxs_mounts() {
+    if !root_sandbox() {
+        return;
+    }
+    let ws = workspace(0, 0);
+    if !idmap_supported(ws.path()) {
+        return skip("no idmapped mounts on this file system and kernel");
+    }
+    let sub = ws.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("beneath"), "hidden by the mount").unwrap();
+    let mounted =
+        Command::new("mount").args(["-t", "tmpfs", "-o", "ro,size=1m", "class10"]).arg(&sub).status().unwrap();
+    assert!(mounted.success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(sub.clone());
+    let nap = format!("600.{}", std::process::id());
+    let mut job = confine()
+        .args(["run", "--workspace", ws.path().to_str().unwrap(), "--", "/bin/sleep", &nap])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let cmdline = format!("/bin/sleep\0{nap}\0");
+    let start = std::time::Instant::now();
+    let pid = loop {
+        let found: Vec<u32> = host_pids_with(&nap)
+            .into_iter()
+            .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == cmdline.as_bytes()))
+            .collect();
+        if let [pid] = found[..] {
+            break pid;
+        }
+        if let Ok(Some(status)) = job.try_wait() {
+            panic!("the job ended ({status}) before it was seen running");
+        }
+        assert!(start.elapsed() < Duration::from_secs(60 * slow() as u64), "the job never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let tried = undo_mounts_as_the_namespaces_root(pid);
+    // SAFETY: kill takes a pid and a signal; `pid` is the job's sleep.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let _ = job.wait();
+    eprintln!("{tried:?}");
+    let errno = |what: &str| tried.iter().find(|(w, _)| *w == what).map(|(_, e)| *e);
+    assert_eq!(errno("remount /workspace/sub read-write"), Some(libc::EPERM), "{tried:?}");
+    for what in ["unmount /workspace/sub", "unmount the read-only /proc/sys", "detach /tmp"] {
+        assert_eq!(errno(what), Some(libc::EINVAL), "{what}: {tried:?}");
+    }
+}
+
+/// Enter the user and mount namespaces of `pid` (as the host's root, so
+/// with every capability in that user namespace), try to undo its mounts,
+/// and say what each attempt got: 0, or its errno. Done in the forked
+/// child before its exec: an exec would drop the capabilities of a uid
+/// that is not root there.
+fn undo_mounts_as_the_namespaces_root(pid: u32) -> Vec<(&'static str, i32)> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let userns = std::fs::File::open(format!("/proc/{pid}/ns/user")).unwrap();
+    let mntns = std::fs::File::open(format!("/proc/{pid}/ns/mnt")).unwrap();
+    let (mut rd, wr) = std::io::pipe().unwrap();
+    let (user_fd, mnt_fd, out_fd) = (userns.as_raw_fd(), mntns.as_raw_fd(), wr.as_raw_fd());
+    let attempts: [&'static str; 4] = [
+        "remount /workspace/sub read-write",
+        "unmount /workspace/sub",
+        "unmount the read-only /proc/sys",
+        "detach /tmp",
+    ];
+    let mut cmd = Command::new("/bin/true");
+    // SAFETY: between fork and exec the closure makes only system calls
+    // (setns, mount, umount2, write) on fds and C strings made before the
+    // fork, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut results = [0i32; 4];
+            if libc::setns(user_fd, libc::CLONE_NEWUSER) != 0 || libc::setns(mnt_fd, libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Each call's errno, read before the next call.
+            let errno = |ret: i32| if ret == 0 { 0 } else { *libc::__errno_location() };
+            results[0] = errno(libc::mount(
+                std::ptr::null(),
+                c"/workspace/sub".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT | libc::MS_BIND,
+                std::ptr::null(),
+            ));
+            results[1] = errno(libc::umount2(c"/workspace/sub".as_ptr(), 0));
+            results[2] = errno(libc::umount2(c"/proc/sys".as_ptr(), 0));
+            results[3] = errno(libc::umount2(c"/tmp".as_ptr(), libc::MNT_DETACH));
+            libc::write(out_fd, results.as_ptr().cast(), std::mem::size_of_val(&results));
+            Ok(())
+        });
+    }
+    let status = cmd.status().unwrap();
+    drop(wr);
+    assert!(status.success(), "{status}");
+    let mut buf = Vec::new();
+    rd.read_to_end(&mut buf).unwrap();
+    assert_eq!(buf.len(), 16, "the probe wrote no results");
+    attempts.iter().zip(buf.chunks(4)).map(|(a, c)| (*a, i32::from_ne_bytes(c.try_into().unwrap()))).collect()
 }
 
 // ---- the posture test ----
