@@ -61,6 +61,7 @@ pub fn diagnose(smoke: Option<&std::path::Path>) -> Report {
         false,
     ));
     checks.push(userns_check());
+    checks.push(nested_userns_check());
     if let Some(c) = apparmor_check(root) {
         checks.push(c);
     }
@@ -124,7 +125,7 @@ fn host_layers(checks: &[Check], landlock_abi: u32) -> Layers {
         }),
         caps_dropped: ns,
         no_new_privs: true,
-        mounts_locked: ns,
+        mounts_locked: ns && ok("nested user namespaces"),
         ..Layers::default()
     }
 }
@@ -171,6 +172,79 @@ fn userns_check() -> Check {
         "sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 on older Debian)",
         true,
     )
+}
+
+/// The job runs in a user namespace nested in the sandbox's, which locks
+/// the sandbox's mounts: made by a process that holds its capabilities
+/// only in a user namespace of its own, as pid 1 does, and used with a
+/// capability there (an LSM may grant the namespace but not those).
+fn nested_userns_check() -> Check {
+    let probe = probe_nested_userns();
+    check(
+        "nested user namespaces",
+        probe.is_ok(),
+        match &probe {
+            Ok(()) => "a user namespace can be made and used inside another: the job's mounts are locked".to_string(),
+            Err(e) => format!("{e}: jobs fail unless degraded runs are allowed, and then their mounts are not locked"),
+        },
+        "raise user.max_user_namespaces; on Ubuntu, install an AppArmor profile granting `userns,` to the confine \
+         binary, or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0",
+        true,
+    )
+}
+
+/// A child makes a user namespace and maps its ids there, then makes one
+/// inside it and uses a capability of that one (setgroups), as the
+/// sandbox's pid 1 and its job do.
+fn probe_nested_userns() -> Result<(), NestedProbeError> {
+    const STEPS: [&str; 6] = [
+        "unshare(CLONE_NEWUSER)",
+        "deny setgroups",
+        "map the uid",
+        "map the gid",
+        "a nested unshare(CLONE_NEWUSER)",
+        "deny setgroups in the nested namespace (a capability there)",
+    ];
+    // SAFETY: doctor runs before any runtime or thread is started, so the
+    // child of this fork may run ordinary code; it makes namespaces,
+    // writes its own /proc files and calls _exit.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+            let newuser = || nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER);
+            let write = |file: &str, content: String| std::fs::write(format!("/proc/self/{file}"), content);
+            // The exit code is the number of the step refused (1-based).
+            let probe = || -> Result<(), i32> {
+                newuser().map_err(|_| 1)?;
+                write("setgroups", "deny".into()).map_err(|_| 2)?;
+                write("uid_map", format!("{uid} {uid} 1")).map_err(|_| 3)?;
+                write("gid_map", format!("{gid} {gid} 1")).map_err(|_| 4)?;
+                newuser().map_err(|_| 5)?;
+                write("setgroups", "deny".into()).map_err(|_| 6)
+            };
+            let code = probe().err().unwrap_or(0);
+            // SAFETY: _exit is async-signal-safe and ends the child at once.
+            unsafe { libc::_exit(code) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => match nix::sys::wait::waitpid(child, None) {
+            Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
+            Ok(nix::sys::wait::WaitStatus::Exited(_, step)) => {
+                Err(NestedProbeError::Step(STEPS.get(step as usize - 1).copied().unwrap_or("a step")))
+            }
+            Ok(other) => Err(NestedProbeError::Probe(ProbeError::Ended(other))),
+            Err(e) => Err(NestedProbeError::Probe(ProbeError::Wait(e))),
+        },
+        Err(e) => Err(NestedProbeError::Probe(ProbeError::Fork(e))),
+    }
+}
+
+/// Why the nested probe failed.
+#[derive(Debug, thiserror::Error)]
+enum NestedProbeError {
+    #[error("refused at: {0}")]
+    Step(&'static str),
+    #[error("{0}")]
+    Probe(ProbeError),
 }
 
 /// Ubuntu 23.10+ lets unprivileged processes create a user namespace but

@@ -116,17 +116,23 @@ impl Guarantees {
 
     fn linux(l: &Layers) -> Guarantees {
         let landlock = matches!(l.landlock.status.as_str(), "full" | "partial");
+        // Unlocked mounts (no user namespace of the job's own) could be
+        // undone by a capability regained in the sandbox's: weaker.
+        let unlocked = if l.mounts_locked { "" } else { "; its mounts are not locked (no user namespace of its own)" };
         let filesystem = match (l.mountns, landlock) {
             (true, true) => row(
-                Level::Enforced,
+                if l.mounts_locked { Level::Enforced } else { Level::Partial },
                 format!(
-                    "private read-only root (mount namespace, pivot_root) and landlock ABI {} ({})",
+                    "private read-only root (mount namespace, pivot_root) and landlock ABI {} ({}){unlocked}",
                     l.landlock.abi, l.landlock.status
                 ),
             ),
             (true, false) => row(
                 Level::Partial,
-                format!("private read-only root (mount namespace); landlock {}", status_or_off(&l.landlock.status)),
+                format!(
+                    "private read-only root (mount namespace); landlock {}{unlocked}",
+                    status_or_off(&l.landlock.status)
+                ),
             ),
             (false, true) => row(Level::Partial, "landlock only; no private root"),
             (false, false) => row(Level::None, "no mount namespace and no landlock"),
@@ -255,6 +261,7 @@ mod tests {
             cgroup: Some("v2".into()),
             caps_dropped: true,
             no_new_privs: true,
+            mounts_locked: true,
             ..Layers::default()
         }
     }
@@ -281,6 +288,16 @@ mod tests {
         assert_eq!(g.pids.level, Level::Partial);
         assert_eq!(g.syscalls.level, Level::Enforced);
         assert_eq!(g.tree_kill.level, Level::Enforced);
+    }
+
+    #[test]
+    fn unlocked_mounts_weaken_the_filesystem_row() {
+        let mut l = full_linux();
+        l.mounts_locked = false;
+        let g = Guarantees::of(BackendKind::Linux, &l);
+        assert_eq!(g.filesystem.level, Level::Partial);
+        assert!(g.filesystem.how.contains("not locked"), "{}", g.filesystem.how);
+        assert_eq!(g.weaker().as_deref(), Some("partial: filesystem"));
     }
 
     #[test]

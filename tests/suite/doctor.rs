@@ -23,6 +23,9 @@ fn doctor_reports_this_hosts_layers() {
     let abi = std::fs::read_to_string("/sys/kernel/security/lsm").unwrap_or_default();
     assert!(landlock.starts_with("ABI "), "{landlock} (lsm: {abi})");
     assert!(find("seccomp")["detail"].as_str().unwrap().contains("libseccomp 2."));
+    // The sandbox smoke test ran a job, which needs the nested namespace
+    // unless degraded: the probe must agree with it.
+    assert_eq!(find("nested user namespaces")["ok"], true, "{v}");
 }
 
 /// `confine doctor --json | head -n 1`: a reader that goes away early ends

@@ -470,6 +470,7 @@ fn a_refused_nested_user_namespace_fails_closed_unless_degraded() {
         assert_eq!(v["layers"]["mountsLocked"], false, "{point}: {v}");
         let missing = v["layers"]["missing"].as_array().cloned().unwrap_or_default();
         assert!(missing.iter().any(|m| m == "mount lock"), "{point}: {v}");
+        assert_eq!(v["guarantees"]["filesystem"]["level"], "partial", "{point}: {v}");
     }
 }
 

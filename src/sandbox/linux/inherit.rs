@@ -184,14 +184,18 @@ fn write_own(file: &str, value: &str) -> Result<(), SysError> {
 }
 
 /// Cap the per-user-namespace counters of the calling process's user
-/// namespace (pid 1's: the job's), while it still holds CAP_SYS_RESOURCE
-/// there. A limit this kernel does not have is skipped.
+/// namespace (pid 1's: the sandbox's; the job's own, nested in it), while
+/// it still holds CAP_SYS_RESOURCE there. An inotify limit this kernel
+/// does not have is skipped.
 pub fn limit_ucounts() -> Result<(), SysError> {
     for (name, value) in UCOUNT_LIMITS {
         let path = std::path::Path::new("/proc/sys/user").join(name);
         match std::fs::write(&path, value.to_string()) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // A kernel without inotify has no inotify counters to cap;
+            // every kernel with user namespaces has their counter, and a
+            // /proc that hides it (`subset=pid`) must not go unnoticed.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && *name != "max_user_namespaces" => {}
             Err(e) => return Err(SysError::io("limit the namespace's counters", &path, e)),
         }
     }
