@@ -480,13 +480,24 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
     // The job process, in a user namespace of its own nested in this one,
     // which locks the sandbox's mounts (`namespaces::clone_nested`); made
     // while the host's /proc is still reachable for its counters.
-    let nested = match namespaces::clone_nested() {
+    let cloned = match namespaces::clone_nested() {
         Ok(Nested::Job(end)) => {
             drop(go);
             drop(proxy);
             nested_job(spec, ctl, end, built, not_idmapped)
         }
-        Ok(Nested::Pid1(end)) => match end.ready()? {
+        Ok(Nested::Pid1(end)) => Ok(end),
+        Err(e) => Err(e),
+    };
+    // While we still hold CAP_SYS_RESOURCE in the job's user namespace,
+    // after the mounts (a detached mount tree is a mount namespace) and
+    // before the pivot (the job's /proc/sys is read-only): what the job
+    // allocates in its namespaces is charged to their creator. After the
+    // clone, whose namespace a `max_user_namespaces` of 0 would refuse,
+    // and while the job caps its own.
+    inherit::limit_ucounts()?;
+    let nested = match cloned {
+        Ok(end) => match end.ready()? {
             Readiness::Ready => Some(end),
             // The job has said why.
             Readiness::Ended => return Ok(125),
@@ -501,11 +512,6 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
         }
         Err(NotNested::Failed(e)) => return Err(e),
     };
-    // While we still hold CAP_SYS_RESOURCE in the job's user namespace,
-    // after the mounts (a detached mount tree is a mount namespace too)
-    // and before the pivot (the job's /proc/sys is read-only): what the
-    // job allocates in its namespaces is charged to their creator.
-    inherit::limit_ucounts()?;
     mounts::enter()?;
     write_files(&spec.files)?;
     sys::set_not_dumpable()?;

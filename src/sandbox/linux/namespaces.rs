@@ -265,36 +265,41 @@ impl NestedJob {
     /// Map the job's own ids (the only mapping a process may write for
     /// itself without a capability in the parent namespace; its gid's
     /// needs setgroups denied, and the job has no CAP_SETGID to call it
-    /// anyway), then cap the namespace's counters as pid 1 caps its own.
-    /// Its /proc files are writable by it only while it is dumpable: a
-    /// process that changed its ids (pid 1 did) is not, and its files
-    /// belong to a root that is not mapped here.
-    fn map_and_limit(&self, uid: IdMap, gid: IdMap) -> Result<(), SysError> {
-        // /proc/self, not /proc/<pid>: this /proc is still the host's.
+    /// anyway). Its /proc files are writable by it only while it is
+    /// dumpable: a process that changed its ids (pid 1 did) is not, and
+    /// its files belong to a root that is not mapped here. Through
+    /// /proc/self, which is the host's /proc or the sandbox's, whichever
+    /// side of pid 1's pivot this runs on.
+    fn map_ids(uid: IdMap, gid: IdMap) -> Result<(), SysError> {
         let write_self = |file: &str, content: &str| {
             let path = Path::new("/proc/self").join(file);
             std::fs::write(&path, content).map_err(|e| SysError::io("write", &path, e))
         };
-        if crate::crashpoint::refused("nested-userns-caps") {
-            let path = Path::new("/proc/self/setgroups");
-            return Err(SysError::io("write", path, std::io::ErrorKind::PermissionDenied.into()));
-        }
         super::sys::set_dumpable(true)?;
         let mapped = write_self("setgroups", "deny")
             .and_then(|()| write_self("uid_map", &format!("{0} {0} 1\n", uid.inside)))
             .and_then(|()| write_self("gid_map", &format!("{0} {0} 1\n", gid.inside)));
         super::sys::set_dumpable(false)?;
-        mapped?;
-        super::inherit::limit_ucounts()
+        mapped
     }
 
-    /// In the job process: its ids and its namespace's counters, then wait for pid 1's
-    /// go (the sandbox pivoted, its files written, the sweep recorded),
-    /// then a mount namespace of its own, every mount locked. An error
-    /// here is the job's to report. `Ok(false)`: pid 1 let the job go
-    /// unstarted, or learnt it must go without (the limits were refused).
+    /// In the job process: cap its namespace's counters as pid 1 caps its
+    /// own (through the host's /proc: before pid 1's pivot, which waits
+    /// for this), tell pid 1, map its ids while pid 1 pivots, wait for
+    /// pid 1's go (the sandbox pivoted, its files written, the sweep
+    /// recorded), then make a mount namespace of its own, every mount
+    /// locked. An error here is the job's to report. `Ok(false)`: pid 1
+    /// let the job go unstarted, or learnt it must go without (the limits
+    /// were refused: an LSM that denies capabilities in nested namespaces
+    /// denies that first).
     pub fn enter(self, uid: IdMap, gid: IdMap) -> Result<bool, SysError> {
-        match self.map_and_limit(uid, gid) {
+        let limited = match crate::crashpoint::refused("nested-userns-caps") {
+            true => {
+                Err(SysError::io("write", Path::new("/proc/sys/user"), std::io::ErrorKind::PermissionDenied.into()))
+            }
+            false => super::inherit::limit_ucounts(),
+        };
+        match limited {
             Ok(()) => {}
             Err(e) if refused(&e) => {
                 let _ = nix::unistd::write(&self.ready, &[REFUSED]);
@@ -304,6 +309,7 @@ impl NestedJob {
         }
         nix::unistd::write(&self.ready, &[READY]).map_err(|e| SysError::call("tell pid 1 the job is ready", e))?;
         drop(self.ready);
+        Self::map_ids(uid, gid)?;
         let mut byte = [0u8; 1];
         let go = loop {
             match nix::unistd::read(self.go.as_fd(), &mut byte) {
@@ -344,9 +350,13 @@ impl NestedPid1 {
     }
 
     /// Let the job go on: it makes its mount namespace and confines itself.
+    /// EPIPE: the job failed after it was ready, and has reported why;
+    /// pid 1 reaps it as any job.
     pub fn release(self) -> Result<Pid, SysError> {
-        nix::unistd::write(&self.go, &[GO]).map_err(|e| SysError::call("release the job", e))?;
-        Ok(self.pid)
+        match nix::unistd::write(&self.go, &[GO]) {
+            Ok(_) | Err(Errno::EPIPE) => Ok(self.pid),
+            Err(e) => Err(SysError::call("release the job", e)),
+        }
     }
 
     /// The job must not start: killed and reaped.
