@@ -17,7 +17,8 @@
 //!
 //! No tokio here, ever: this code forks.
 
-use super::namespaces::{Nested, NestedJob, NotNested, Readiness};
+use super::namespaces::{Nested, NestedJob, NestedPid1, NotNested, Readiness};
+use super::protocol::IdMap;
 use super::protocol::{
     encode_report, read_spec, write_spec, InitReport, InitSpec, MountOp, RequestPart, CONTROL_FD, PROXY_READY,
     PROXY_SOCKET, RELEASE, SECCOMP_FD, STREAMS,
@@ -336,16 +337,24 @@ fn warm_request(
     // server without CAP_SYS_NICE builds at its own nice value, and could
     // not lower it again.
     let nice = part.nice.max(0);
-    for who in [pid1, 0] {
+    let differs = [pid1, 0].into_iter().any(|who| {
         nix::errno::Errno::clear();
         // SAFETY: getpriority takes integers; -1 is a valid value, told
         // apart from an error by errno, cleared above.
         let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, who as libc::id_t) };
-        if now == nice && nix::errno::Errno::last_raw() == 0 {
-            continue;
+        now != nice || nix::errno::Errno::last_raw() != 0
+    });
+    if differs {
+        // This stage, pid 1 and the job pid 1 cloned while it built (whose
+        // host pid is not known here) are this stage's process group, and
+        // alone in it: the supervisor spawns the stage as a group of its
+        // own, and the job leaves it (setsid) only after this.
+        if nix::unistd::getpgrp() != nix::unistd::getpid() {
+            return Err(SysError::other("set the job's nice value", "the stage is not its own process group"));
         }
-        // SAFETY: setpriority takes integers and no pointers.
-        let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, who as libc::id_t, nice) };
+        // SAFETY: setpriority takes integers and no pointers; 0 is this
+        // process's group.
+        let ret = unsafe { libc::setpriority(libc::PRIO_PGRP, 0, nice) };
         nix::errno::Errno::result(ret).map_err(|e| SysError::call("set the job's nice value", e))?;
     }
     let request_ops = part.mounts.clone();
@@ -432,6 +441,36 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
     }
     let mut built = mounts::build(&spec.mounts, &sources)?;
     drop(sources);
+    // A warm sandbox clones its job's namespace now, while nothing waits
+    // for it (`namespaces::clone_nested`): the job caps its counters and
+    // maps its ids before the request, which reaches it when it comes.
+    let early = if spec.warm {
+        match namespaces::clone_nested() {
+            Ok(Nested::Job(end)) => {
+                drop(go);
+                drop(fds_in);
+                drop(proxy);
+                warm_nested_job(ctl, end, spec.uid, spec.gid)
+            }
+            Ok(Nested::Pid1(end)) => match end.ready()? {
+                Readiness::Ready => Some(end),
+                Readiness::Ended => return Ok(125),
+                Readiness::Refused => {
+                    unlocked(spec, "the job was refused capabilities in a user namespace of its own (an LSM)")?;
+                    None
+                }
+            },
+            Err(NotNested::Refused(why)) => {
+                unlocked(spec, &format!("the kernel refused {why}"))?;
+                None
+            }
+            Err(NotNested::Failed(e)) => return Err(e),
+        }
+    } else {
+        None
+    };
+    // The streams of a warm job cloned early, sent to it with its request.
+    let mut streams_for_job = None;
     // A warm sandbox waits here, built but for its request's binds, and
     // before the pivot: its request comes on the pipe (the outer stage
     // read it), its binds on the socket.
@@ -450,23 +489,13 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
         whole = joined;
         let (sources, not_idmapped) = mounts::receive_sources(&fds_in, &request_ops)?;
         if streams {
-            // The job's stdin, stdout and stderr, inherited at its fork.
+            // The job's stdin, stdout and stderr: sent to a job cloned
+            // early, or inherited at its fork.
             let fds = receive_streams(&fds_in, "take the job's streams")?;
-            for (fd, target) in fds.into_iter().zip(0..) {
-                use std::os::fd::{AsRawFd, IntoRawFd};
-                let raw = fd.as_raw_fd();
-                // SAFETY: dup2 and fcntl take integers; `raw` is open
-                // (owned here) and 0–2 are ours to replace. A received fd
-                // already at its target only loses close-on-exec, and is
-                // kept open.
-                let ret = unsafe {
-                    if raw == target {
-                        libc::fcntl(fd.into_raw_fd(), libc::F_SETFD, 0)
-                    } else {
-                        libc::dup2(raw, target)
-                    }
-                };
-                nix::errno::Errno::result(ret).map_err(|e| SysError::call("take the job's streams", e))?;
+            if early.is_some() {
+                streams_for_job = Some(fds);
+            } else {
+                take_streams(fds)?;
             }
         }
         let more = mounts::build_request(&request_ops, &sources)?;
@@ -477,40 +506,50 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
         (spec, not_idmapped)
     };
     drop(fds_in);
-    // The job process, in a user namespace of its own nested in this one,
-    // which locks the sandbox's mounts (`namespaces::clone_nested`); made
-    // while the host's /proc is still reachable for its counters.
-    let cloned = match namespaces::clone_nested() {
-        Ok(Nested::Job(end)) => {
-            drop(go);
-            drop(proxy);
-            nested_job(spec, ctl, end, built, not_idmapped)
-        }
-        Ok(Nested::Pid1(end)) => Ok(end),
-        Err(e) => Err(e),
-    };
     // While we still hold CAP_SYS_RESOURCE in the job's user namespace,
     // after the mounts (a detached mount tree is a mount namespace) and
     // before the pivot (the job's /proc/sys is read-only): what the job
     // allocates in its namespaces is charged to their creator. After the
-    // clone, whose namespace a `max_user_namespaces` of 0 would refuse,
-    // and while the job caps its own.
-    inherit::limit_ucounts()?;
-    let nested = match cloned {
-        Ok(end) => match end.ready()? {
-            Readiness::Ready => Some(end),
-            // The job has said why.
-            Readiness::Ended => return Ok(125),
-            Readiness::Refused => {
-                unlocked(spec, "the job was refused capabilities in a user namespace of its own (an LSM)")?;
-                None
-            }
-        },
-        Err(NotNested::Refused(why)) => {
-            unlocked(spec, &format!("the kernel refused {why}"))?;
-            None
+    // job's clone, whose namespace a `max_user_namespaces` of 0 would
+    // refuse.
+    let early_job = early.is_some();
+    let nested = match early {
+        Some(end) => {
+            inherit::limit_ucounts()?;
+            Some(end)
         }
-        Err(NotNested::Failed(e)) => return Err(e),
+        None => {
+            // The job process, in a user namespace of its own nested in
+            // this one, which locks the sandbox's mounts; made while the
+            // host's /proc is still reachable for its counters, which it
+            // caps while we cap ours.
+            let cloned = match namespaces::clone_nested() {
+                Ok(Nested::Job(end)) => {
+                    drop(go);
+                    drop(proxy);
+                    nested_job(spec, ctl, end, built, not_idmapped)
+                }
+                Ok(Nested::Pid1(end)) => Ok(end),
+                Err(e) => Err(e),
+            };
+            inherit::limit_ucounts()?;
+            match cloned {
+                Ok(end) => match end.ready()? {
+                    Readiness::Ready => Some(end),
+                    // The job has said why.
+                    Readiness::Ended => return Ok(125),
+                    Readiness::Refused => {
+                        unlocked(spec, "the job was refused capabilities in a user namespace of its own (an LSM)")?;
+                        None
+                    }
+                },
+                Err(NotNested::Refused(why)) => {
+                    unlocked(spec, &format!("the kernel refused {why}"))?;
+                    None
+                }
+                Err(NotNested::Failed(e)) => return Err(e),
+            }
+        }
     };
     mounts::enter()?;
     write_files(&spec.files)?;
@@ -526,6 +565,19 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
     }
 
     let job = match nested {
+        Some(end) if early_job => {
+            let part = JobPart {
+                spec: spec.clone(),
+                protected: built.protected,
+                idmapped: built.idmapped,
+                not_idmapped,
+                streams: streams_for_job.is_some(),
+            };
+            send_request(&end, &part, streams_for_job.as_ref())?;
+            // The job holds its streams now; pid 1 keeps no copy.
+            drop(streams_for_job.take());
+            end.pid()
+        }
         Some(end) => end.release()?,
         // SAFETY: this process is single-threaded (it was cloned from the
         // single-threaded outer stage), so the child may run ordinary Rust code.
@@ -692,6 +744,89 @@ fn write_files(files: &[crate::job::JobFile]) -> Result<(), SysError> {
         std::fs::write(&f.path, &f.contents).map_err(|e| SysError::io("write job file", &f.path, e))?;
     }
     Ok(())
+}
+
+/// What a warm sandbox's job, cloned before its request
+/// (`warm_nested_job`), gets when the request comes.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct JobPart {
+    spec: InitSpec,
+    protected: Vec<String>,
+    idmapped: Vec<String>,
+    not_idmapped: Vec<String>,
+    /// The job's three streams follow ([`STREAMS`]).
+    streams: bool,
+}
+
+/// Make `fds` this process's stdin, stdout and stderr.
+fn take_streams(fds: [OwnedFd; 3]) -> Result<(), SysError> {
+    for (fd, target) in fds.into_iter().zip(0..) {
+        use std::os::fd::{AsRawFd, IntoRawFd};
+        let raw = fd.as_raw_fd();
+        // SAFETY: dup2 and fcntl take integers; `raw` is open (owned
+        // here) and 0–2 are ours to replace. A received fd already at its
+        // target only loses close-on-exec, and is kept open.
+        let ret = unsafe {
+            if raw == target {
+                libc::fcntl(fd.into_raw_fd(), libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, target)
+            }
+        };
+        nix::errno::Errno::result(ret).map_err(|e| SysError::call("take the job's streams", e))?;
+    }
+    Ok(())
+}
+
+/// Hand a warm sandbox's early job its request: [`REQUEST`], the part,
+/// then its streams. EPIPE: the job failed after it was ready and has
+/// reported why; it is reaped as any job.
+fn send_request(end: &NestedPid1, part: &JobPart, streams: Option<&[OwnedFd; 3]>) -> Result<(), SysError> {
+    let step = "hand the job its request";
+    let mut sock = File::from(end.channel().try_clone().map_err(|e| SysError::other(step, e))?);
+    let written = sock.write_all(&[namespaces::REQUEST]).and_then(|()| write_spec(&mut sock, part));
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(e) => return Err(SysError::other(step, e)),
+    }
+    match streams.map(|fds| send_streams(end.channel(), fds)) {
+        Some(Err(SysError::Call { source: nix::errno::Errno::EPIPE, .. })) | None | Some(Ok(())) => Ok(()),
+        Some(Err(e)) => Err(e),
+    }
+}
+
+/// Step 3 of a warm sandbox, in its own user namespace, cloned while the
+/// base was built: its counters and ids now, then its request (the whole
+/// spec, what the mounts did, its streams) when it comes, its mount
+/// namespace, and the rest of the job.
+fn warm_nested_job(ctl: &File, end: NestedJob, uid: IdMap, gid: IdMap) -> ! {
+    let request = (|| -> Result<Option<JobPart>, SysError> {
+        sys::set_not_dumpable()?;
+        if !end.prepare(uid, gid)? || end.wait()? != Some(namespaces::REQUEST) {
+            return Ok(None);
+        }
+        let mut sock = File::from(end.channel().try_clone().map_err(|e| SysError::other("take the job's request", e))?);
+        let part: JobPart = read_spec(&mut sock).map_err(|e| SysError::other("take the job's request", e))?;
+        if part.streams {
+            take_streams(receive_streams(end.channel(), "take the job's streams")?)?;
+        }
+        end.lock()?;
+        Ok(Some(part))
+    })();
+    match request {
+        Ok(Some(part)) => {
+            let built = mounts::Built { protected: part.protected, idmapped: part.idmapped };
+            job(&part.spec, ctl, built, part.not_idmapped, true)
+        }
+        // Refused (pid 1 knows), or let go unused.
+        Ok(None) => std::process::exit(125),
+        Err(e) => {
+            report(ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
+            std::process::exit(125)
+        }
+    }
 }
 
 /// A job that can't be given a user namespace of its own: an error, or

@@ -214,7 +214,11 @@ pub enum Readiness {
 
 const READY: u8 = 1;
 const REFUSED: u8 = 2;
-const GO: u8 = 1;
+/// pid 1's go to a job that has all it needs (cloned after the request).
+pub const GO: u8 = 1;
+/// pid 1's go to a warm sandbox's job, cloned before its request: the
+/// request follows on [`NestedJob::channel`].
+pub const REQUEST: u8 = 2;
 
 /// Clone the job process into a user namespace of its own, nested in the
 /// sandbox's (pid 1's); the job maps its ids to themselves there
@@ -239,7 +243,15 @@ pub fn clone_nested() -> Result<Nested, NotNested> {
     use nix::fcntl::OFlag;
     let failed = NotNested::Failed;
     let (ready_rd, ready_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| failed(SysError::call("pipe", e)))?;
-    let (go_rd, go_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| failed(SysError::call("pipe", e)))?;
+    // A socket, not a pipe: a warm sandbox's job gets its request on it,
+    // its streams included (`SCM_RIGHTS`).
+    let (go_rd, go_wr) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::Stream,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| failed(SysError::call("socketpair", e)))?;
     let cloned = match crate::crashpoint::refused("nested-userns") {
         true => Err(Errno::EPERM),
         false => super::sys::clone_fork(libc::CLONE_NEWUSER),
@@ -285,14 +297,11 @@ impl NestedJob {
 
     /// In the job process: cap its namespace's counters as pid 1 caps its
     /// own (through the host's /proc: before pid 1's pivot, which waits
-    /// for this), tell pid 1, map its ids while pid 1 pivots, wait for
-    /// pid 1's go (the sandbox pivoted, its files written, the sweep
-    /// recorded), then make a mount namespace of its own, every mount
-    /// locked. An error here is the job's to report. `Ok(false)`: pid 1
-    /// let the job go unstarted, or learnt it must go without (the limits
-    /// were refused: an LSM that denies capabilities in nested namespaces
-    /// denies that first).
-    pub fn enter(self, uid: IdMap, gid: IdMap) -> Result<bool, SysError> {
+    /// for this), tell pid 1, and map its ids while pid 1 goes on. An
+    /// error here is the job's to report. `Ok(false)`: the limits were
+    /// refused (an LSM that denies capabilities in nested namespaces
+    /// denies that first), and pid 1 knows.
+    pub fn prepare(&self, uid: IdMap, gid: IdMap) -> Result<bool, SysError> {
         let limited = match crate::crashpoint::refused("nested-userns-caps") {
             true => {
                 Err(SysError::io("write", Path::new("/proc/sys/user"), std::io::ErrorKind::PermissionDenied.into()))
@@ -308,20 +317,43 @@ impl NestedJob {
             Err(e) => return Err(e),
         }
         nix::unistd::write(&self.ready, &[READY]).map_err(|e| SysError::call("tell pid 1 the job is ready", e))?;
-        drop(self.ready);
         Self::map_ids(uid, gid)?;
+        Ok(true)
+    }
+
+    /// pid 1's go: [`GO`], [`REQUEST`], or `None` if pid 1 let the job go
+    /// unstarted (it closed the socket).
+    pub fn wait(&self) -> Result<Option<u8>, SysError> {
         let mut byte = [0u8; 1];
-        let go = loop {
+        let n = loop {
             match nix::unistd::read(self.go.as_fd(), &mut byte) {
                 Err(Errno::EINTR) => continue,
                 r => break r.map_err(|e| SysError::call("wait for pid 1", e))?,
             }
         };
-        if go != 1 || byte[0] != GO {
+        Ok((n == 1).then_some(byte[0]))
+    }
+
+    /// The socket pid 1's go and a warm job's request come on.
+    pub fn channel(&self) -> &OwnedFd {
+        &self.go
+    }
+
+    /// A mount namespace of the job's own: a copy of the finished tree,
+    /// made from its user namespace, so every mount in it is locked.
+    pub fn lock(self) -> Result<(), SysError> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+            .map_err(|e| SysError::call("lock the sandbox's mounts (a mount namespace of the job's own)", e))
+    }
+
+    /// [`prepare`](Self::prepare), pid 1's [`GO`], [`lock`](Self::lock):
+    /// a job cloned when all it needs was known. `Ok(false)`: the job must
+    /// not go on (refused, or let go unstarted).
+    pub fn enter(self, uid: IdMap, gid: IdMap) -> Result<bool, SysError> {
+        if !self.prepare(uid, gid)? || self.wait()? != Some(GO) {
             return Ok(false);
         }
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-            .map_err(|e| SysError::call("lock the sandbox's mounts (a mount namespace of the job's own)", e))?;
+        self.lock()?;
         Ok(true)
     }
 }
@@ -357,6 +389,15 @@ impl NestedPid1 {
             Ok(_) | Err(Errno::EPIPE) => Ok(self.pid),
             Err(e) => Err(SysError::call("release the job", e)),
         }
+    }
+
+    /// The socket the job waits on ([`NestedJob::channel`]).
+    pub fn channel(&self) -> &OwnedFd {
+        &self.go
+    }
+
+    pub fn pid(&self) -> Pid {
+        self.pid
     }
 
     /// The job must not start: killed and reaped.
