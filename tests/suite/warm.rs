@@ -382,6 +382,27 @@ fn a_server_builds_for_its_first_request_before_it_arrives() {
     assert_eq!(r["layers"]["warm"], true, "the first request ran cold: {r}");
 }
 
+/// A warm sandbox's job is cloned while the base builds, at the build's
+/// nice value; at the request pid 1 drops it if it is gone or was not
+/// reniced (a debug build's stand-in: `CONFINE_TEST_REFUSE=early-job`),
+/// and clones one for the request: it runs warm, locked, at nice 0, with
+/// its namespace's counters capped.
+#[test]
+fn a_warm_job_missed_by_the_renice_is_cloned_again_for_its_request() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let _busy = not_busy();
+    let mut server = Served::start_in("warm = 2", &["env", "CONFINE_TEST_REFUSE=early-job"]);
+    let r = server.exec_warm(
+        "echo nice=$(awk '{print $19}' /proc/self/stat); echo inotify=$(cat /proc/sys/user/max_inotify_instances)",
+    );
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(r["layers"]["mountsLocked"], true, "{r}");
+    let out = r["stdout"].as_str().unwrap_or_default();
+    assert!(out.contains("nice=0") && out.contains("inotify=16"), "{out}");
+}
+
 /// Degraded mode (`runtime.allow_degraded`, which a kernel without
 /// landlock needs) builds no sandbox before its request: each request
 /// runs cold, and runs. (Which layers a degraded job really got is known

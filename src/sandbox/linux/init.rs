@@ -337,24 +337,21 @@ fn warm_request(
     // server without CAP_SYS_NICE builds at its own nice value, and could
     // not lower it again.
     let nice = part.nice.max(0);
-    let differs = [pid1, 0].into_iter().any(|who| {
+    // pid 1, this stage, and the job pid 1 cloned while it built (its
+    // only child by now, if it is done cloning; pid 1 checks, and clones
+    // another if it was missed).
+    let children = std::fs::read_to_string(format!("/proc/{pid1}/task/{pid1}/children")).unwrap_or_default();
+    let job = children.split_whitespace().filter_map(|p| p.parse::<libc::pid_t>().ok());
+    for who in [pid1, 0].into_iter().chain(job) {
         nix::errno::Errno::clear();
         // SAFETY: getpriority takes integers; -1 is a valid value, told
         // apart from an error by errno, cleared above.
         let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, who as libc::id_t) };
-        now != nice || nix::errno::Errno::last_raw() != 0
-    });
-    if differs {
-        // This stage, pid 1 and the job pid 1 cloned while it built (whose
-        // host pid is not known here) are this stage's process group, and
-        // alone in it: the supervisor spawns the stage as a group of its
-        // own, and the job leaves it (setsid) only after this.
-        if nix::unistd::getpgrp() != nix::unistd::getpid() {
-            return Err(SysError::other("set the job's nice value", "the stage is not its own process group"));
+        if now == nice && nix::errno::Errno::last_raw() == 0 {
+            continue;
         }
-        // SAFETY: setpriority takes integers and no pointers; 0 is this
-        // process's group.
-        let ret = unsafe { libc::setpriority(libc::PRIO_PGRP, 0, nice) };
+        // SAFETY: setpriority takes integers and no pointers.
+        let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, who as libc::id_t, nice) };
         nix::errno::Errno::result(ret).map_err(|e| SysError::call("set the job's nice value", e))?;
     }
     let request_ops = part.mounts.clone();
@@ -444,27 +441,21 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
     // A warm sandbox clones its job's namespace now, while nothing waits
     // for it (`namespaces::clone_nested`): the job caps its counters and
     // maps its ids before the request, which reaches it when it comes.
-    let early = if spec.warm {
-        match namespaces::clone_nested() {
+    let mut early = if spec.warm {
+        let cloned = match namespaces::clone_nested() {
             Ok(Nested::Job(end)) => {
                 drop(go);
                 drop(fds_in);
                 drop(proxy);
                 warm_nested_job(ctl, end, spec.uid, spec.gid)
             }
-            Ok(Nested::Pid1(end)) => match end.ready()? {
-                Readiness::Ready => Some(end),
-                Readiness::Ended => return Ok(125),
-                Readiness::Refused => {
-                    unlocked(spec, "the job was refused capabilities in a user namespace of its own (an LSM)")?;
-                    None
-                }
-            },
-            Err(NotNested::Refused(why)) => {
-                unlocked(spec, &format!("the kernel refused {why}"))?;
-                None
-            }
-            Err(NotNested::Failed(e)) => return Err(e),
+            Ok(Nested::Pid1(end)) => Ok(end),
+            Err(e) => Err(e),
+        };
+        match settle(spec, cloned)? {
+            Settled::Ready(end) => Some(end),
+            Settled::Unlocked => None,
+            Settled::Ended => return Ok(125),
         }
     } else {
         None
@@ -482,6 +473,15 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
             // The outer stage failed, or was let go unused.
             Err(_) => return Ok(125),
         };
+        // The early job must be alive and at the request's nice value,
+        // which the outer stage gave us before the part: else it is
+        // dropped, and a job is cloned for the request as for a cold
+        // sandbox (below). A failure there is the request's to report.
+        if early.as_ref().is_some_and(|end| crate::crashpoint::refused("early-job") || !end.fits()) {
+            if let Some(end) = early.take() {
+                end.abandon();
+            }
+        }
         let request_ops = part.mounts.clone();
         let streams = part.streams;
         let mut joined = spec.clone();
@@ -533,21 +533,10 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
                 Err(e) => Err(e),
             };
             inherit::limit_ucounts()?;
-            match cloned {
-                Ok(end) => match end.ready()? {
-                    Readiness::Ready => Some(end),
-                    // The job has said why.
-                    Readiness::Ended => return Ok(125),
-                    Readiness::Refused => {
-                        unlocked(spec, "the job was refused capabilities in a user namespace of its own (an LSM)")?;
-                        None
-                    }
-                },
-                Err(NotNested::Refused(why)) => {
-                    unlocked(spec, &format!("the kernel refused {why}"))?;
-                    None
-                }
-                Err(NotNested::Failed(e)) => return Err(e),
+            match settle(spec, cloned)? {
+                Settled::Ready(end) => Some(end),
+                Settled::Unlocked => None,
+                Settled::Ended => return Ok(125),
             }
         }
     };
@@ -802,9 +791,13 @@ fn send_request(end: &NestedPid1, part: &JobPart, streams: Option<&[OwnedFd; 3]>
 /// spec, what the mounts did, its streams) when it comes, its mount
 /// namespace, and the rest of the job.
 fn warm_nested_job(ctl: &File, end: NestedJob, uid: IdMap, gid: IdMap) -> ! {
+    // A failure before the request is not reported: pid 1 sees this job
+    // gone when the request comes, and clones one for it then.
+    if !sys::set_not_dumpable().and_then(|()| end.prepare(uid, gid)).unwrap_or(false) {
+        std::process::exit(125)
+    }
     let request = (|| -> Result<Option<JobPart>, SysError> {
-        sys::set_not_dumpable()?;
-        if !end.prepare(uid, gid)? || end.wait()? != Some(namespaces::REQUEST) {
+        if end.wait()? != Some(namespaces::REQUEST) {
             return Ok(None);
         }
         let mut sock = File::from(end.channel().try_clone().map_err(|e| SysError::other("take the job's request", e))?);
@@ -826,6 +819,36 @@ fn warm_nested_job(ctl: &File, end: NestedJob, uid: IdMap, gid: IdMap) -> ! {
             report(ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
             std::process::exit(125)
         }
+    }
+}
+
+/// What became of a job cloned into a user namespace of its own.
+enum Settled {
+    /// It capped its counters and waits for pid 1's go.
+    Ready(NestedPid1),
+    /// It could not be made, or was refused its capabilities, and this is
+    /// a degraded run: the job is forked without the lock.
+    Unlocked,
+    /// It failed, and has reported why.
+    Ended,
+}
+
+/// Wait for a job [`namespaces::clone_nested`] made, or decide what its
+/// refusal means ([`unlocked`]).
+fn settle(spec: &InitSpec, cloned: Result<NestedPid1, NotNested>) -> Result<Settled, SysError> {
+    match cloned {
+        Ok(end) => match end.ready()? {
+            Readiness::Ready => Ok(Settled::Ready(end)),
+            Readiness::Ended => Ok(Settled::Ended),
+            Readiness::Refused => {
+                unlocked(spec, "the job was refused capabilities in a user namespace of its own (an LSM)")
+                    .map(|()| Settled::Unlocked)
+            }
+        },
+        Err(NotNested::Refused(why)) => {
+            unlocked(spec, &format!("the kernel refused {why}")).map(|()| Settled::Unlocked)
+        }
+        Err(NotNested::Failed(e)) => Err(e),
     }
 }
 

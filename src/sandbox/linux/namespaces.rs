@@ -400,6 +400,24 @@ impl NestedPid1 {
         self.pid
     }
 
+    /// Whether the job is alive and at pid 1's own nice value (a warm
+    /// sandbox's job, cloned while the base built at a lower priority,
+    /// and reniced with pid 1 at the request).
+    pub fn fits(&self) -> bool {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        if !matches!(waitpid(self.pid, Some(WaitPidFlag::WNOHANG)), Ok(WaitStatus::StillAlive)) {
+            return false;
+        }
+        let nice = |who: libc::pid_t| {
+            Errno::clear();
+            // SAFETY: getpriority takes integers; -1 is a valid value,
+            // told apart from an error by errno, cleared above.
+            let n = unsafe { libc::getpriority(libc::PRIO_PROCESS, who as libc::id_t) };
+            (Errno::last_raw() == 0).then_some(n)
+        };
+        nice(self.pid.as_raw()).is_some_and(|n| Some(n) == nice(0))
+    }
+
     /// The job must not start: killed and reaped.
     pub fn abandon(self) {
         let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
