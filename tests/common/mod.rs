@@ -12,6 +12,15 @@ pub fn bin() -> &'static str {
     BIN.get_or_init(|| std::env::var("CONFINE_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_confine").to_string()))
 }
 
+/// Whether the confine under test honours a debug build's test hooks
+/// (`CONFINE_TEST_REFUSE`, the crash points): the debug binary cargo built
+/// beside these tests does; a release one (the guests run one, named by
+/// CONFINE_TEST_BIN) has none compiled in.
+#[allow(dead_code)]
+pub fn test_hooks() -> bool {
+    cfg!(debug_assertions) && std::env::var_os("CONFINE_TEST_BIN").is_none()
+}
+
 /// `confine run ARGS…` with captured output.
 pub fn run(args: &[&str]) -> Output {
     confine().arg("run").args(args).stdin(Stdio::null()).output().expect("start confine")

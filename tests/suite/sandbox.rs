@@ -446,6 +446,11 @@ fn a_refused_nested_user_namespace_fails_closed_unless_degraded() {
     if !sandbox_available() {
         return;
     }
+    if !test_hooks() {
+        // Not a layer this host lacks: a release binary has no stand-in.
+        eprintln!("a release confine ({}): no refusal to stand in for", bin());
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let status = dir.path().join("status.json");
     for point in ["nested-userns", "nested-userns-caps"] {
