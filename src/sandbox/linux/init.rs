@@ -512,11 +512,10 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
     // allocates in its namespaces is charged to their creator. After the
     // job's clone, whose namespace a `max_user_namespaces` of 0 would
     // refuse.
-    let early_job = early.is_some();
-    let nested = match early {
+    let start = match early {
         Some(end) => {
             inherit::limit_ucounts()?;
-            Some(end)
+            Start::Request(end)
         }
         None => {
             // The job process, in a user namespace of its own nested in
@@ -534,8 +533,8 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
             };
             inherit::limit_ucounts()?;
             match settle(spec, cloned)? {
-                Settled::Ready(end) => Some(end),
-                Settled::Unlocked => None,
+                Settled::Ready(end) => Start::Go(end),
+                Settled::Unlocked => Start::Fork,
                 Settled::Ended => return Ok(125),
             }
         }
@@ -553,8 +552,8 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
         proxy_ready(&sock)?;
     }
 
-    let job = match nested {
-        Some(end) if early_job => {
+    let job = match start {
+        Start::Request(end) => {
             let part = JobPart {
                 spec: spec.clone(),
                 protected: built.protected,
@@ -567,10 +566,10 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
             drop(streams_for_job.take());
             end.pid()
         }
-        Some(end) => end.release()?,
+        Start::Go(end) => end.release()?,
         // SAFETY: this process is single-threaded (it was cloned from the
         // single-threaded outer stage), so the child may run ordinary Rust code.
-        None => match unsafe { fork() }.map_err(|e| SysError::call("fork job", e))? {
+        Start::Fork => match unsafe { fork() }.map_err(|e| SysError::call("fork job", e))? {
             ForkResult::Child => job(spec, ctl, built, not_idmapped, false),
             ForkResult::Parent { child } => child,
         },
@@ -780,9 +779,9 @@ fn send_request(end: &NestedPid1, part: &JobPart, streams: Option<&[OwnedFd; 3]>
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
         Err(e) => return Err(SysError::other(step, e)),
     }
-    match streams.map(|fds| send_streams(end.channel(), fds)) {
-        Some(Err(SysError::Call { source: nix::errno::Errno::EPIPE, .. })) | None | Some(Ok(())) => Ok(()),
-        Some(Err(e)) => Err(e),
+    match streams.map_or(Ok(()), |fds| send_streams(end.channel(), fds)) {
+        Ok(()) | Err(SysError::Call { source: nix::errno::Errno::EPIPE, .. }) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -815,11 +814,19 @@ fn warm_nested_job(ctl: &File, end: NestedJob, uid: IdMap, gid: IdMap) -> ! {
         }
         // Refused (pid 1 knows), or let go unused.
         Ok(None) => std::process::exit(125),
-        Err(e) => {
-            report(ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
-            std::process::exit(125)
-        }
+        Err(e) => setup_failed(ctl, e),
     }
+}
+
+/// How pid 1 starts the job once the sandbox is ready.
+enum Start {
+    /// A warm sandbox's job, cloned while the base built: it is sent its
+    /// request.
+    Request(NestedPid1),
+    /// A job cloned with all it needs: it is let go.
+    Go(NestedPid1),
+    /// A degraded run without a user namespace of the job's own: forked.
+    Fork,
 }
 
 /// What became of a job cloned into a user namespace of its own.
@@ -877,11 +884,14 @@ fn nested_job(spec: &InitSpec, ctl: &File, end: NestedJob, built: mounts::Built,
         Ok(true) => job(spec, ctl, built, not_idmapped, true),
         // pid 1 let the job go unstarted, or runs it unlocked instead.
         Ok(false) => std::process::exit(125),
-        Err(e) => {
-            report(ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
-            std::process::exit(125)
-        }
+        Err(e) => setup_failed(ctl, e),
     }
+}
+
+/// A job process whose setup failed: say why, and end.
+fn setup_failed(ctl: &File, e: SysError) -> ! {
+    report(ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
+    std::process::exit(125)
 }
 
 /// Step 3, the job process. Never returns.
@@ -909,10 +919,7 @@ fn job(spec: &InitSpec, ctl: &File, built: mounts::Built, not_idmapped: Vec<Stri
             );
             std::process::exit(exec::exit_code_for(errno as i32))
         }
-        Err(e) => {
-            report(ctl, &InitReport::SetupFailed { step: e.step().into(), error: e.to_string() });
-            std::process::exit(125)
-        }
+        Err(e) => setup_failed(ctl, e),
     }
 }
 

@@ -368,17 +368,13 @@ impl NestedPid1 {
                 r => break r.map_err(|e| SysError::call("wait for the job's namespace", e))?,
             }
         };
-        Ok(match (n, byte[0]) {
-            (1, READY) => Readiness::Ready,
-            (1, REFUSED) => {
-                let _ = nix::sys::wait::waitpid(self.pid, None);
-                Readiness::Refused
-            }
-            _ => {
-                let _ = nix::sys::wait::waitpid(self.pid, None);
-                Readiness::Ended
-            }
-        })
+        let gone = match (n, byte[0]) {
+            (1, READY) => return Ok(Readiness::Ready),
+            (1, REFUSED) => Readiness::Refused,
+            _ => Readiness::Ended,
+        };
+        let _ = nix::sys::wait::waitpid(self.pid, None);
+        Ok(gone)
     }
 
     /// Let the job go on: it makes its mount namespace and confines itself.
