@@ -42,6 +42,7 @@ pub struct ServeArgs {
 pub fn main(config: Option<&Path>, args: ServeArgs) -> i32 {
     // Before the runtime's threads: a long-lived supervisor's RSS must not creep.
     crate::supervisor::tune_allocator();
+    crate::supervisor::bound_arenas();
     // Relayed commands write to their clients' terminals. A server started
     // in the background of the same terminal would be stopped by SIGTTOU
     // there (`stty tostop`); ignored, the write goes through. Jobs start

@@ -186,6 +186,25 @@ pub fn release_garbage() {
     crossbeam_epoch::pin().flush();
 }
 
+/// How many rounds [`collect_garbage`] runs. Each round advances the
+/// collector's epoch by at most one and frees at most 8 of the bags handed
+/// to it; a bag is freed once the epoch is two past the bag's.
+const COLLECT_ROUNDS: usize = 8;
+
+/// Free what threads handed to the collector and no thread can still see.
+/// The collector frees handed-over bags only a few at a time, when some
+/// thread pins often enough (every 128 pins) or flushes; an idle server
+/// does neither, so what the last jobs retired (sealed 512 KiB log
+/// buffers, pages sled evicted from its cache) stayed allocated until the
+/// next burst, and an idle server's RSS moved with it from one idle spell
+/// to the next (docs/reliability.md). Run it when the server goes idle,
+/// before the allocator's trim: it costs a few epoch advances.
+pub fn collect_garbage() {
+    for _ in 0..COLLECT_ROUNDS {
+        crossbeam_epoch::pin().flush();
+    }
+}
+
 /// `f`, then [`release_garbage`]: for a blocking task that uses the store.
 pub fn releasing<T>(f: impl FnOnce() -> T) -> T {
     let out = f();

@@ -9,7 +9,15 @@
 //! output after them. A fixed 128 KiB threshold (which also turns the
 //! dynamic adjustment off) keeps large buffers in their own mappings,
 //! returned to the kernel when freed: 22–51 MiB for the same floods.
-//! `M_ARENA_MAX = 2` was measured too and did not help reliably.
+//! `M_ARENA_MAX = 2` was measured too and did not help those floods
+//! reliably.
+//!
+//! A server also bounds its arenas to one per core ([`bound_arenas`]).
+//! glibc's default is eight per core, and a server's threads come and go
+//! (the runtime's blocking pool, output readers, sled's), each taking an
+//! arena of its own when another thread holds the one it last used. Each
+//! arena keeps partly used pages of its own that no trim returns, and the
+//! idle server's RSS crept with the number of arenas (docs/reliability.md).
 //!
 //! A long-lived server also hands the allocator's free memory back to the
 //! kernel once it has gone idle after work ([`trim_when_idle`]). glibc
@@ -42,6 +50,33 @@ pub fn tune_allocator() -> bool {
         let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
         if ok != 1 {
             tracing::debug!("mallopt(M_MMAP_THRESHOLD) refused; RSS may grow over large outputs");
+        }
+        ok == 1
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+/// Bound the allocator's arenas to one per core, at least two, for a
+/// long-lived server, before its threads start. An operator's own
+/// `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` choice wins. Returns whether
+/// anything was changed. Off glibc: nothing to do.
+pub fn bound_arenas() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunables.contains("arena_max") {
+            return false;
+        }
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
+        let arenas = libc::c_int::try_from(cores).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt only sets an allocator parameter (it takes the
+        // arena locks itself); any value is validated by glibc.
+        let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
+        if ok != 1 {
+            tracing::debug!("mallopt(M_ARENA_MAX) refused; a long-running server's RSS may creep");
         }
         ok == 1
     }
@@ -134,7 +169,8 @@ impl Drop for Active<'_> {
     }
 }
 
-/// Trim ([`release_free_memory`]) each time the supervisor goes idle after
+/// Free what sled retired ([`crate::store::collect_garbage`]) and trim
+/// ([`release_free_memory`]) each time the supervisor goes idle after
 /// requests, until `stop`: when no request started since the last look and
 /// none is in the pipeline (from its first check to its answer, audit and
 /// cgroup teardown included). Best effort: a request that arrives while
@@ -154,7 +190,12 @@ pub async fn trim_when_idle(sup: std::sync::Arc<super::Supervisor>, stop: tokio_
         let (started, in_flight) = sup.activity.now();
         if watch.look(started, in_flight > 0) {
             let took = std::time::Instant::now();
-            let released = tokio::task::spawn_blocking(release_free_memory).await.unwrap_or(false);
+            let released = tokio::task::spawn_blocking(|| {
+                crate::store::collect_garbage();
+                release_free_memory()
+            })
+            .await
+            .unwrap_or(false);
             tracing::debug!(released, took_us = took.elapsed().as_micros() as u64, "idle: free memory trimmed");
         }
     }
@@ -198,6 +239,14 @@ mod tests {
         let v: Vec<Vec<u8>> = (0..64).map(|_| vec![1u8; 64 << 10]).collect();
         drop(v);
         super::release_free_memory();
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn glibc_accepts_the_arena_bound() {
+        if std::env::var_os("MALLOC_ARENA_MAX").is_none() && std::env::var_os("GLIBC_TUNABLES").is_none() {
+            assert!(super::bound_arenas());
+        }
     }
 
     #[test]

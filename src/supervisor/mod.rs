@@ -22,6 +22,7 @@ mod stores;
 #[cfg(target_os = "linux")]
 mod warm;
 
+pub use malloc::bound_arenas;
 #[cfg(target_os = "linux")]
 pub use malloc::trim_when_idle;
 pub use malloc::tune_allocator;
