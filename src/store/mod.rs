@@ -186,23 +186,48 @@ pub fn release_garbage() {
     crossbeam_epoch::pin().flush();
 }
 
-/// How many rounds [`collect_garbage`] runs. Each round advances the
-/// collector's epoch by at most one and frees at most 8 of the bags handed
-/// to it; a bag is freed once the epoch is two past the bag's.
-const COLLECT_ROUNDS: usize = 8;
+/// At most this many rounds of [`collect_garbage`]. In crossbeam-epoch
+/// 0.9 a round advances the epoch by at most one (the collecting thread is
+/// pinned in the old one) and frees at most a few of the oldest bags
+/// handed over (`COLLECT_STEPS`, private to the crate); a bag is freed
+/// once the epoch is two past its own.
+const MAX_COLLECT_ROUNDS: usize = 64;
 
 /// Free what threads handed to the collector and no thread can still see.
 /// The collector frees handed-over bags only a few at a time, when some
-/// thread pins often enough (every 128 pins) or flushes; an idle server
+/// thread pins often enough (every 128th pin) or flushes; an idle server
 /// does neither, so what the last jobs retired (sealed 512 KiB log
 /// buffers, pages sled evicted from its cache) stayed allocated until the
 /// next burst, and an idle server's RSS moved with it from one idle spell
 /// to the next (docs/reliability.md). Run it when the server goes idle,
-/// before the allocator's trim: it costs a few epoch advances.
-pub fn collect_garbage() {
-    for _ in 0..COLLECT_ROUNDS {
-        crossbeam_epoch::pin().flush();
+/// before the allocator's trim.
+///
+/// It hands over a marker of its own behind what is already queued and
+/// collects until the marker is freed: the queue is first in, first out,
+/// so everything before it was freed too. Returns whether that happened
+/// within [`MAX_COLLECT_ROUNDS`]; a thread pinned in an older epoch all
+/// that time (a long store operation) holds the collector back.
+pub fn collect_garbage() -> bool {
+    collect_with(crossbeam_epoch::pin)
+}
+
+/// [`collect_garbage`] through `pin` (a test's own collector).
+fn collect_with(pin: impl Fn() -> crossbeam_epoch::Guard) -> bool {
+    use std::sync::atomic::AtomicBool;
+    let freed = Arc::new(AtomicBool::new(false));
+    {
+        let guard = pin();
+        let marker = freed.clone();
+        guard.defer(move || marker.store(true, Ordering::SeqCst));
+        guard.flush();
     }
+    for _ in 0..MAX_COLLECT_ROUNDS {
+        if freed.load(Ordering::SeqCst) {
+            return true;
+        }
+        pin().flush();
+    }
+    freed.load(Ordering::SeqCst)
 }
 
 /// `f`, then [`release_garbage`]: for a blocking task that uses the store.

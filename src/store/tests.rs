@@ -133,6 +133,34 @@ fn an_unfinished_snapshot_does_not_make_the_store_unopenable() {
 }
 
 #[test]
+fn the_idle_collection_frees_every_bag_handed_over_in_one_call() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // A collector of the test's own: no other test pins in it.
+    let collector = crossbeam_epoch::Collector::new();
+    let (worker, idle) = (collector.register(), collector.register());
+    let freed = Arc::new(AtomicUsize::new(0));
+    // A thread pinned meanwhile holds the epoch back: the bags pile up,
+    // as they do while jobs run.
+    let busy = collector.register();
+    let held = busy.pin();
+    const BAGS: usize = 40;
+    for _ in 0..BAGS {
+        let guard = worker.pin();
+        let freed = freed.clone();
+        guard.defer(move || freed.fetch_add(1, Ordering::SeqCst));
+        guard.flush();
+    }
+    assert_eq!(freed.load(Ordering::SeqCst), 0, "nothing can be freed while a thread is pinned");
+    drop(held);
+    // Idle now: one round frees a few bags; the collection frees them all.
+    idle.pin().flush();
+    let after_one_round = freed.load(Ordering::SeqCst);
+    assert!(after_one_round < BAGS, "one round freed all {BAGS}: the test no longer shows a backlog");
+    assert!(collect_with(|| idle.pin()), "the marker was not freed");
+    assert_eq!(freed.load(Ordering::SeqCst), BAGS, "bags handed over before the marker were left");
+}
+
+#[test]
 fn what_a_finished_thread_retired_is_freed_by_the_idle_collection() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;

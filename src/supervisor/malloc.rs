@@ -4,13 +4,11 @@
 //! Why: output capture passes buffers of ~130 KiB between threads. glibc
 //! raises its mmap threshold dynamically each time such a buffer is freed,
 //! after which they come from the per-thread arenas instead, and freed
-//! memory stays there: measured (benches/output.rs, 8 floods of 1 GiB in
-//! one process), peak RSS grew to 98 MiB, and to 230 MiB with incompressible
-//! output after them. A fixed 128 KiB threshold (which also turns the
-//! dynamic adjustment off) keeps large buffers in their own mappings,
-//! returned to the kernel when freed: 22–51 MiB for the same floods.
-//! `M_ARENA_MAX = 2` was measured too and did not help those floods
-//! reliably.
+//! memory stays there: peak RSS over repeated floods grew several times
+//! over (benches/output.rs; docs/benchmarks.md has the figures). A fixed
+//! 128 KiB threshold (which also turns the dynamic adjustment off) keeps
+//! large buffers in their own mappings, returned to the kernel when freed.
+//! Fewer arenas did not help those floods reliably.
 //!
 //! A server also bounds its arenas to one per core ([`bound_arenas`]).
 //! glibc's default is eight per core, and a server's threads come and go
@@ -41,17 +39,12 @@ const MMAP_THRESHOLD: libc::c_int = 128 * 1024;
 pub fn tune_allocator() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some() || tunables.contains("mmap_threshold") {
-            return false;
-        }
-        // SAFETY: mallopt only sets an allocator parameter (it takes the
-        // arena locks itself); any value is validated by glibc.
-        let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
-        if ok != 1 {
-            tracing::debug!("mallopt(M_MMAP_THRESHOLD) refused; RSS may grow over large outputs");
-        }
-        ok == 1
+        set_unless_chosen(
+            ("MALLOC_MMAP_THRESHOLD_", "mmap_threshold"),
+            libc::M_MMAP_THRESHOLD,
+            MMAP_THRESHOLD,
+            "RSS may grow over large outputs",
+        )
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
@@ -66,24 +59,37 @@ pub fn tune_allocator() -> bool {
 pub fn bound_arenas() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-        if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunables.contains("arena_max") {
-            return false;
-        }
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
         let arenas = libc::c_int::try_from(cores).unwrap_or(libc::c_int::MAX);
-        // SAFETY: mallopt only sets an allocator parameter (it takes the
-        // arena locks itself); any value is validated by glibc.
-        let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
-        if ok != 1 {
-            tracing::debug!("mallopt(M_ARENA_MAX) refused; a long-running server's RSS may creep");
-        }
-        ok == 1
+        set_unless_chosen(
+            ("MALLOC_ARENA_MAX", "arena_max"),
+            libc::M_ARENA_MAX,
+            arenas,
+            "a long-running server's RSS may creep",
+        )
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
         false
     }
+}
+
+/// `mallopt(param, value)`, unless the operator chose the parameter: its
+/// environment variable is set, or `GLIBC_TUNABLES` names the tunable.
+/// Returns whether glibc took the value; `unless` says what a refusal risks.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn set_unless_chosen((env, tunable): (&str, &str), param: libc::c_int, value: libc::c_int, unless: &str) -> bool {
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if std::env::var_os(env).is_some() || tunables.contains(tunable) {
+        return false;
+    }
+    // SAFETY: mallopt only sets an allocator parameter (it takes the arena
+    // locks itself); any value is validated by glibc.
+    let ok = unsafe { libc::mallopt(param, value) };
+    if ok != 1 {
+        tracing::debug!(param, value, "mallopt refused; {unless}");
+    }
+    ok == 1
 }
 
 /// How often [`trim_when_idle`] looks: a trim comes one to two periods
@@ -190,13 +196,12 @@ pub async fn trim_when_idle(sup: std::sync::Arc<super::Supervisor>, stop: tokio_
         let (started, in_flight) = sup.activity.now();
         if watch.look(started, in_flight > 0) {
             let took = std::time::Instant::now();
-            let released = tokio::task::spawn_blocking(|| {
-                crate::store::collect_garbage();
-                release_free_memory()
-            })
-            .await
-            .unwrap_or(false);
-            tracing::debug!(released, took_us = took.elapsed().as_micros() as u64, "idle: free memory trimmed");
+            let (collected, released) =
+                tokio::task::spawn_blocking(|| (crate::store::collect_garbage(), release_free_memory()))
+                    .await
+                    .unwrap_or((false, false));
+            let took_us = took.elapsed().as_micros() as u64;
+            tracing::debug!(collected, released, took_us, "idle: retired memory freed, free memory trimmed");
         }
     }
 }

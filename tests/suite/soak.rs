@@ -12,7 +12,8 @@
 //! `CONFINE_SOAK_JOBS=2000 CONFINE_SOAK_BIN=target/<host>/release/confine
 //! cargo test --test all suite::soak::`; the long one is 12,000 jobs.
 //! `CONFINE_SOAK_SMAPS=<dir>` also keeps the idle server's
-//! `/proc/<pid>/smaps` at each mark, to see which mappings grew.
+//! `/proc/<pid>/smaps` at each mark (`smaps-<jobs done>`), to see which
+//! mappings grew.
 
 use crate::common;
 use common::mcp::{setup_venv, skip as mcp_skip};
@@ -64,14 +65,14 @@ struct Idle {
     threads: usize,
 }
 
-fn measure_idle(pid: u32) -> Idle {
+fn measure_idle(pid: u32, jobs_done: usize) -> Idle {
     std::thread::sleep(Duration::from_secs(2));
     let (rss_busy, threads_busy) = (rss_kib(pid), threads(pid));
     std::thread::sleep(Duration::from_secs(11));
     let anon_file = (status_kib(pid, "RssAnon:"), status_kib(pid, "RssFile:"));
     if let Ok(dir) = std::env::var("CONFINE_SOAK_SMAPS") {
-        let n = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
-        std::fs::copy(format!("/proc/{pid}/smaps"), Path::new(&dir).join(format!("smaps-{n}"))).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(format!("/proc/{pid}/smaps"), Path::new(&dir).join(format!("smaps-{jobs_done:05}"))).unwrap();
     }
     Idle { fds: fds(pid), rss_busy, threads_busy, rss: rss_kib(pid), anon_file, threads: threads(pid) }
 }
@@ -213,7 +214,7 @@ fn a_soak_through_a_real_client_leaks_nothing_and_loses_nothing() {
     // two marks between it and the end, where the idle server is measured
     // again. Until then the allocator's arenas grow to the server's
     // working set; sled's cache (4 MiB of pages) fills with audit records
-    // for longer, about 1 KiB a job on a fresh store: growth, but bounded.
+    // for longer on a fresh store: growth, but bounded.
     // What the check must catch is growth that goes on in a steady state
     // (docs/reliability.md).
     let warm = std::env::var("CONFINE_SOAK_WARMUP").ok().and_then(|n| n.parse().ok()).unwrap_or(jobs / 2).min(jobs - 3);
@@ -238,7 +239,7 @@ fn a_soak_through_a_real_client_leaks_nothing_and_loses_nothing() {
     let status = loop {
         let k = idle.len() + 1;
         if checkpoints.join(format!("checkpoint-{k}")).exists() {
-            idle.push(measure_idle(pid));
+            idle.push(measure_idle(pid, marks.get(k - 1).copied().unwrap_or(jobs)));
             std::fs::write(checkpoints.join(format!("ack-{k}")), "").unwrap();
         }
         if let Some(s) = client.try_wait().unwrap() {
@@ -281,7 +282,7 @@ fn a_soak_through_a_real_client_leaks_nothing_and_loses_nothing() {
         "more warm sandboxes than the pool holds: {:#?}",
         left.1 .1
     );
-    idle.push(measure_idle(pid));
+    idle.push(measure_idle(pid, jobs));
     let rss: Vec<u64> = idle.iter().map(|i| i.rss).collect();
     let busy: Vec<(u64, usize)> = idle.iter().map(|i| (i.rss_busy, i.threads_busy)).collect();
     let nthreads: Vec<usize> = idle.iter().map(|i| i.threads).collect();
