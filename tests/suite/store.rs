@@ -141,7 +141,11 @@ fn store_artifact(a: &Artifacts, stdout: &[u8], stderr: &[u8]) -> confine::store
 fn store_writer() {
     let Some(dir) = std::env::var_os("CONFINE_STORE_WRITER_DIR") else { return };
     let seed: u64 = std::env::var("CONFINE_STORE_WRITER_SEED").unwrap().parse().unwrap();
-    let store = Store::open_flushed_by_caller(std::path::Path::new(&dir)).unwrap();
+    // The test's own process checked the store just before: it is alive,
+    // and a child that another test in it was forking at that moment may
+    // still hold a copy of its lock's descriptor until its exec. Retried,
+    // as the check's own open is.
+    let store = common::open_store_with(std::path::Path::new(&dir), Store::open_flushed_by_caller);
     let (a, log) = (Artifacts::open(&store).unwrap(), AuditLog::open(&store).unwrap().with_block_len(8));
     let mut rng = Rng(seed | 1);
     for i in 0.. {
