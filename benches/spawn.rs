@@ -249,6 +249,8 @@ const FLOOR: &[&str] = &[
     "/bin/true",
 ];
 const FLOOR_NAME: &str = "floor: unshare(1), the same 7 namespaces, nothing else";
+const BWRAP_START: &str = "start only: bwrap --version";
+const CONFINE_START: &str = "start only: confine's init stage, exiting at main";
 
 /// The copy of the binary that every row runs (see `main`).
 static INSTALLED: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
@@ -272,6 +274,18 @@ fn print_rows(rows: &[Row], runs: usize) {
             b.map(|b| format!("{:.2}", p50.as_secs_f64() / b.as_secs_f64())).unwrap_or("–".into())
         };
         println!("| {} | {} | {} | {} | {} |", r.name, ms(p50), ms(r.pct(0.99)), ratio(plain_p50), ratio(bwrap_p50));
+    }
+    // A one-shot run starts confine twice (the command, then the init
+    // stage it re-executes) and then has at least bwrap's own work to do:
+    // bwrap's whole run less its start. That sum is a floor no cold run
+    // of confine can go under, before its cgroups, landlock and seccomp.
+    if let (Some(bwrap), Some(bwrap_start), Some(start)) = (bwrap_p50, base(BWRAP_START), base(CONFINE_START)) {
+        let floor = bwrap.as_secs_f64() - bwrap_start.as_secs_f64() + 2.0 * start.as_secs_f64();
+        println!(
+            "floor of a cold confine run (bwrap - bwrap's start + 2 x confine's start, p50s): {:.2} ms, {:.2}x bwrap",
+            floor * 1000.0,
+            floor / bwrap.as_secs_f64()
+        );
     }
 }
 
@@ -437,9 +451,25 @@ fn cli_interleaved(confine: &str, baseline: Option<&str>, runs: usize) -> Option
             status.success().then_some(())
         }) as Box<dyn FnMut() -> Option<()>>
     };
+    // A start and nothing else: the program exits with `code` at main.
+    let start_only = |argv: Vec<String>, code: i32| {
+        Box::new(move || {
+            let status = Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .ok()?;
+            (status.code() == Some(code)).then_some(())
+        }) as Box<dyn FnMut() -> Option<()>>
+    };
     let v = |s: &[&str]| s.iter().map(|a| a.to_string()).collect::<Vec<_>>();
     let mut variants: Vec<Variant<'_>> = vec![
         ("plain fork/exec", command(v(&["/bin/true"]))),
+        (BWRAP_START, start_only(v(&["bwrap", "--version"]), 0)),
+        // Without the control socket at fd 3 the init stage exits 125 at once.
+        (CONFINE_START, start_only(v(&[confine, "__init"]), 125)),
         (
             "bwrap --unshare-all",
             command(v(&["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"])),

@@ -8,11 +8,16 @@ run, interleaved round by round:
 - a governed `runtime_execute` (shell, code `true`) on each server,
   each called first on every other round;
 - the transport's floor: an MCP ping, which the server answers at once;
+- the client's floor for a tool call: `usage_stats` of the session, which
+  the server answers from counters in memory (no store, no job), but
+  which the client validates against the tool's output schema as it does
+  `runtime_execute`'s answer;
 - `bwrap --unshare-all ... /bin/true` and plain `/bin/true`, each
   started with posix_spawn and waited for, from this same process.
 
-Then throughput: 4 workers at once for a few seconds on each server and
-for bwrap, in turn, three times. Prints one JSON object.
+Then throughput: 4 workers at once for a few seconds on each server, for
+bwrap, and for the ping and the cheap tool call (the client's own
+ceilings), in turn, three times, the order turned by one each time. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -86,7 +91,8 @@ async def main() -> None:
             await c.send_ping()
             return time.perf_counter() - t
 
-        lat = {k: [] for k in ["warm", "cold", "ping", "bwrap", "plain"]}
+        cheap = {"scope": "session"}
+        lat = {k: [] for k in ["warm", "cold", "ping", "tool", "bwrap", "plain"]}
         warm_hits = 0
         for i in range(args.rounds + 10):
             # Each server called first on every other round.
@@ -97,12 +103,13 @@ async def main() -> None:
                 w, sc = await timed(warm, "runtime_execute", call)
                 c, _ = await timed(cold, "runtime_execute", call)
             n = await ping(warm)
+            u, _ = await timed(warm, "usage_stats", cheap)
             b = spawn_wait(BWRAP)
             f = spawn_wait(["/bin/true"])
             if i < 10:
                 continue
             warm_hits += bool((sc.get("layers") or {}).get("warm"))
-            for k, v in zip(["warm", "cold", "ping", "bwrap", "plain"], [w, c, n, b, f]):
+            for k, v in zip(["warm", "cold", "ping", "tool", "bwrap", "plain"], [w, c, n, u, b, f]):
                 lat[k].append(v)
 
         async def burst(fn, seconds: float) -> float:
@@ -124,7 +131,9 @@ async def main() -> None:
         async def bwrap_once() -> None:
             await anyio.to_thread.run_sync(spawn_wait, BWRAP)
 
-        tput = {"warm": [], "cold": [], "bwrap": []}
+        # The ping's rate is the client's and transport's ceiling: no
+        # request's rate at this client can exceed it.
+        tput = {"warm": [], "cold": [], "bwrap": [], "ping": [], "tool": []}
         hits = {"warm": 0, "all": 0}
 
         async def warm_call() -> None:
@@ -132,10 +141,20 @@ async def main() -> None:
             hits["all"] += 1
             hits["warm"] += bool((sc.get("layers") or {}).get("warm"))
 
-        for _ in range(3):
-            tput["warm"].append(await burst(warm_call, args.seconds))
-            tput["bwrap"].append(await burst(bwrap_once, args.seconds))
-            tput["cold"].append(await burst(lambda: timed(cold, "runtime_execute", call), args.seconds))
+        bursts = {
+            "warm": warm_call,
+            "bwrap": bwrap_once,
+            "cold": lambda: timed(cold, "runtime_execute", call),
+            "ping": lambda: ping(warm),
+            "tool": lambda: timed(warm, "usage_stats", cheap),
+        }
+        # The order turns each repetition: a burst's place in the sequence
+        # (the host's state after the burst before it) is worth several
+        # percent, which a fixed order would give one server every time.
+        order = list(bursts)
+        for rep in range(3):
+            for name in order[rep:] + order[:rep]:
+                tput[name].append(await burst(bursts[name], args.seconds))
 
     out = {"second": args.second}
     out.update({k: row(v) for k, v in lat.items()})
@@ -145,6 +164,7 @@ async def main() -> None:
         "warmOverBwrap": round(pct(lat["warm"], 0.5) / b50, 2),
         "coldOverBwrap": round(pct(lat["cold"], 0.5) / b50, 2),
         "pingOverBwrap": round(pct(lat["ping"], 0.5) / b50, 2),
+        "toolOverBwrap": round(pct(lat["tool"], 0.5) / b50, 2),
         "warmMinusPingOverBwrap": round((pct(lat["warm"], 0.5) - pct(lat["ping"], 0.5)) / b50, 2),
         "coldMinusPingOverBwrap": round((pct(lat["cold"], 0.5) - pct(lat["ping"], 0.5)) / b50, 2),
     }
@@ -153,6 +173,8 @@ async def main() -> None:
     out["throughputRatios"] = {
         "warmOverBwrap": round(statistics.median(tput["warm"]) / statistics.median(tput["bwrap"]), 2),
         "coldOverBwrap": round(statistics.median(tput["cold"]) / statistics.median(tput["bwrap"]), 2),
+        "pingOverBwrap": round(statistics.median(tput["ping"]) / statistics.median(tput["bwrap"]), 2),
+        "toolOverBwrap": round(statistics.median(tput["tool"]) / statistics.median(tput["bwrap"]), 2),
     }
     print(json.dumps(out))
 

@@ -218,27 +218,50 @@ impl BackendKind {
 }
 
 /// What is left of a job whose tree is dead: its cgroups being removed.
-/// Dropped unfinished, the removal still runs to its end on its thread.
+/// Dropped unfinished, the removal still runs to its end: on its thread,
+/// or, where it was left to `finish`, in the drop.
 #[must_use = "finish() waits for the job's cgroups to be removed"]
 pub struct Teardown {
     removal: Option<tokio::task::JoinHandle<()>>,
+    in_place: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Teardown {
     /// Nothing to tear down (a backend without cgroups).
     pub fn none() -> Teardown {
-        Teardown { removal: None }
+        Teardown { removal: None, in_place: None }
     }
 
-    /// The removal running as `task`.
-    pub fn running(task: tokio::task::JoinHandle<()>) -> Teardown {
-        Teardown { removal: Some(task) }
+    /// Start `remove` as this runtime allows. A server's workers must not
+    /// block on it: it runs on a blocking thread beside what the caller
+    /// does next. A one-shot command's runtime has a single thread, which
+    /// would start a thread only to wait for it before exiting: there it
+    /// runs in place, when the caller finishes (or drops) the teardown.
+    pub fn start(remove: impl FnOnce() + Send + 'static) -> Teardown {
+        let one_thread = tokio::runtime::Handle::try_current()
+            .map_or(true, |h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if one_thread {
+            Teardown { removal: None, in_place: Some(Box::new(remove)) }
+        } else {
+            Teardown { removal: Some(tokio::task::spawn_blocking(remove)), in_place: None }
+        }
     }
 
     /// Wait until the job's cgroups are gone (or reported left behind).
-    pub async fn finish(self) {
-        if let Some(r) = self.removal {
+    pub async fn finish(mut self) {
+        if let Some(remove) = self.in_place.take() {
+            remove();
+        }
+        if let Some(r) = self.removal.take() {
             let _ = r.await;
+        }
+    }
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        if let Some(remove) = self.in_place.take() {
+            remove();
         }
     }
 }
@@ -246,6 +269,55 @@ impl Teardown {
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    fn counted() -> (Arc<AtomicUsize>, impl FnOnce() + Send + 'static) {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let r = runs.clone();
+        (runs, move || {
+            r.fetch_add(1, Ordering::SeqCst);
+        })
+    }
+
+    /// A one-shot command's removal runs once, when it is finished, on the
+    /// caller's thread; one dropped unfinished runs in the drop.
+    #[tokio::test(flavor = "current_thread")]
+    async fn on_one_thread_the_removal_runs_in_place_at_finish_or_drop() {
+        let (runs, remove) = counted();
+        let caller = std::thread::current().id();
+        let ran_on = Arc::new(std::sync::Mutex::new(None));
+        let on = ran_on.clone();
+        let teardown = Teardown::start(move || {
+            *on.lock().unwrap() = Some(std::thread::current().id());
+            remove();
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing runs before finish");
+        teardown.finish().await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(*ran_on.lock().unwrap(), Some(caller));
+
+        let (runs, remove) = counted();
+        drop(Teardown::start(remove));
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "a dropped teardown still removes");
+    }
+
+    /// A server's removal runs beside its caller, which need not finish it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_a_server_the_removal_runs_on_a_thread_of_its_own() {
+        let (runs, remove) = counted();
+        let teardown = Teardown::start(remove);
+        for _ in 0..500 {
+            if runs.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the removal ran without finish");
+        teardown.finish().await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "and only once");
+    }
 
     #[tokio::test]
     async fn a_backend_not_built_in_is_refused_at_spawn() {

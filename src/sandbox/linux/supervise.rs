@@ -161,15 +161,15 @@ impl RunningJob {
         let mut outcome = self.outcome(status, &buf, killed || ending.is_some());
         self.account(&mut outcome, ending);
         outcome.network = self.proxy.as_mut().and_then(|p| p.finish());
-        let removal = self.cgroup.take().map(|cg| {
-            tokio::task::spawn_blocking(move || {
+        let teardown = self.cgroup.take().map_or_else(Teardown::none, |cg| {
+            Teardown::start(move || {
                 if let Err(e) = cg.remove_blocking() {
                     tracing::warn!(error = %e, "job cgroup left behind");
                 }
                 tracing::debug!("job cgroup removed");
             })
         });
-        (outcome, removal.map_or_else(Teardown::none, Teardown::running))
+        (outcome, teardown)
     }
 
     /// Usage from the cgroup's counters, and the status the supervisor
