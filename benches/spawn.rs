@@ -439,20 +439,8 @@ fn exec_cli_row(confine: &str, runs: usize) -> Option<Row> {
 
 /// `SPAWN_ROWS=cli`: whole commands, interleaved run by run.
 fn cli_interleaved(confine: &str, baseline: Option<&str>, runs: usize) -> Option<Vec<Row>> {
-    let command = |argv: Vec<String>| {
-        Box::new(move || {
-            let status = Command::new(&argv[0])
-                .args(&argv[1..])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .ok()?;
-            status.success().then_some(())
-        }) as Box<dyn FnMut() -> Option<()>>
-    };
-    // A start and nothing else: the program exits with `code` at main.
-    let start_only = |argv: Vec<String>, code: i32| {
+    // A run counts when the program exits with `code`.
+    let exiting = |argv: Vec<String>, code: i32| {
         Box::new(move || {
             let status = Command::new(&argv[0])
                 .args(&argv[1..])
@@ -464,12 +452,14 @@ fn cli_interleaved(confine: &str, baseline: Option<&str>, runs: usize) -> Option
             (status.code() == Some(code)).then_some(())
         }) as Box<dyn FnMut() -> Option<()>>
     };
+    let command = |argv: Vec<String>| exiting(argv, 0);
     let v = |s: &[&str]| s.iter().map(|a| a.to_string()).collect::<Vec<_>>();
     let mut variants: Vec<Variant<'_>> = vec![
         ("plain fork/exec", command(v(&["/bin/true"]))),
-        (BWRAP_START, start_only(v(&["bwrap", "--version"]), 0)),
+        // Starts and nothing else: each exits at main.
+        (BWRAP_START, command(v(&["bwrap", "--version"]))),
         // Without the control socket at fd 3 the init stage exits 125 at once.
-        (CONFINE_START, start_only(v(&[confine, "__init"]), 125)),
+        (CONFINE_START, exiting(v(&[confine, "__init"]), 125)),
         (
             "bwrap --unshare-all",
             command(v(&["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"])),
