@@ -72,6 +72,12 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
+    // A row runs confine's init stage with no control socket, which reads
+    // its spec from fd 3: a descriptor this bench inherited there (a make
+    // jobserver's, say) must not reach it.
+    // SAFETY: F_SETFD on a descriptor number takes no pointers; on a closed
+    // one it fails with EBADF, which is all right.
+    unsafe { libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC) };
     // `CONFINE_LOG=confine=debug`: the stages of each request, with times.
     if let Ok(spec) = std::env::var("CONFINE_LOG") {
         let _ = tracing_subscriber::fmt()
@@ -604,12 +610,14 @@ fn warm_job(
 }
 
 /// The runtime and compiled default profile of a warm supervisor. This
-/// bench binary can't be the init stage: confine's is used.
+/// bench binary can't be the init stage: confine's is used. The runtime
+/// has a server's flavor (several workers), so that a job's teardown goes
+/// as a server's does (`Teardown::start`).
 #[cfg(target_os = "linux")]
 fn warm_parts() -> Option<(tokio::runtime::Runtime, confine::sandbox::linux::seccomp::CompiledProfile)> {
     let exe = INSTALLED.get().cloned().unwrap_or_else(|| env!("CARGO_BIN_EXE_confine").into());
     confine::sandbox::linux::set_init_executable(exe);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().ok()?;
     Some((rt, confine::sandbox::linux::seccomp::compile_default().ok()?))
 }
 

@@ -3,10 +3,10 @@
 Run by benches/warm.sh, which starts two `confine serve --http` on fresh
 copies of the release binary, one with `[sandbox] warm = 2` (the
 default) and one with `warm = 0`, and passes their URLs. Measured in one
-run, interleaved round by round:
+run, interleaved round by round, each round's rows in an order drawn
+from a seeded generator (`--seed`; the output names it):
 
-- a governed `runtime_execute` (shell, code `true`) on each server,
-  each called first on every other round;
+- a governed `runtime_execute` (shell, code `true`) on each server;
 - the transport's floor: an MCP ping, which the server answers at once;
 - the client's floor for a tool call: `usage_stats` of the session, which
   the server answers from counters in memory (no store, no job), but
@@ -17,7 +17,8 @@ run, interleaved round by round:
 
 Then throughput: 4 workers at once for a few seconds on each server, for
 bwrap, and for the ping and the cheap tool call (the client's own
-ceilings), in turn, three times, the order turned by one each time. Prints one JSON object.
+ceilings), in turn, three times, each time in a drawn order. Prints one
+JSON object.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 
@@ -69,7 +71,10 @@ async def main() -> None:
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--second", default="cold", help="what the second server is, for the output")
+    p.add_argument("--seed", type=int, default=None, help="the rows' order generator's seed (default: drawn)")
     args = p.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 32)
     headers = {"Authorization": f"Bearer {args.token}"}
     call = {"repoId": "bench", "runtime": "shell", "code": "true", "verbose": True}
 
@@ -92,24 +97,42 @@ async def main() -> None:
             return time.perf_counter() - t
 
         cheap = {"scope": "session"}
-        lat = {k: [] for k in ["warm", "cold", "ping", "tool", "bwrap", "plain"]}
+        # What follows what matters (the host's state after the step
+        # before): each round runs its rows in an order of its own, drawn
+        # from a seeded generator whose seed the output names.
+        rng = random.Random(args.seed)
+
+        async def warm_row() -> tuple[float, dict]:
+            return await timed(warm, "runtime_execute", call)
+
+        async def cold_row() -> tuple[float, dict]:
+            return await timed(cold, "runtime_execute", call)
+
+        async def ping_row() -> tuple[float, dict]:
+            return await ping(warm), {}
+
+        async def tool_row() -> tuple[float, dict]:
+            return await timed(warm, "usage_stats", cheap)
+
+        async def bwrap_row() -> tuple[float, dict]:
+            return spawn_wait(BWRAP), {}
+
+        async def plain_row() -> tuple[float, dict]:
+            return spawn_wait(["/bin/true"]), {}
+
+        rows = {"warm": warm_row, "cold": cold_row, "ping": ping_row, "tool": tool_row, "bwrap": bwrap_row, "plain": plain_row}
+        lat = {k: [] for k in rows}
         warm_hits = 0
         for i in range(args.rounds + 10):
-            # Each server called first on every other round.
-            if i % 2:
-                c, _ = await timed(cold, "runtime_execute", call)
-                w, sc = await timed(warm, "runtime_execute", call)
-            else:
-                w, sc = await timed(warm, "runtime_execute", call)
-                c, _ = await timed(cold, "runtime_execute", call)
-            n = await ping(warm)
-            u, _ = await timed(warm, "usage_stats", cheap)
-            b = spawn_wait(BWRAP)
-            f = spawn_wait(["/bin/true"])
+            order = list(rows)
+            rng.shuffle(order)
+            took = {}
+            for name in order:
+                took[name] = await rows[name]()
             if i < 10:
                 continue
-            warm_hits += bool((sc.get("layers") or {}).get("warm"))
-            for k, v in zip(["warm", "cold", "ping", "tool", "bwrap", "plain"], [w, c, n, u, b, f]):
+            warm_hits += bool((took["warm"][1].get("layers") or {}).get("warm"))
+            for k, (v, _) in took.items():
                 lat[k].append(v)
 
         async def burst(fn, seconds: float) -> float:
@@ -148,15 +171,16 @@ async def main() -> None:
             "ping": lambda: ping(warm),
             "tool": lambda: timed(warm, "usage_stats", cheap),
         }
-        # The order turns each repetition: a burst's place in the sequence
-        # (the host's state after the burst before it) is worth several
-        # percent, which a fixed order would give one server every time.
-        order = list(bursts)
-        for rep in range(3):
-            for name in order[rep:] + order[:rep]:
+        # Each repetition in an order of its own, as the rounds above.
+        orders = []
+        for _ in range(3):
+            order = list(bursts)
+            rng.shuffle(order)
+            orders.append(order)
+            for name in order:
                 tput[name].append(await burst(bursts[name], args.seconds))
 
-    out = {"second": args.second}
+    out = {"second": args.second, "seed": args.seed, "burstOrders": orders}
     out.update({k: row(v) for k, v in lat.items()})
     out["warmHits"] = f"{warm_hits}/{args.rounds}"
     b50 = pct(lat["bwrap"], 0.5)

@@ -7,6 +7,7 @@
 # WARM_BASELINE=<a confine binary>: the second server runs that build
 # (copied fresh) with the same pool instead of this one with none, to set
 # two builds side by side; its rows are still named "cold".
+# WARM_SEED=N: the seed of the rows' order (default: drawn; the output names it).
 # Usage: benches/warm.sh [ROUNDS] [WARM]   (needs target/mcp-venv: ./dev test makes it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,4 +57,4 @@ else
   cold_url=$(start cold 0)
   second="cold"
 fi
-"$py" benches/warm.py "$warm_url" "$cold_url" --token "$token" --rounds "$rounds" --second "$second"
+"$py" benches/warm.py "$warm_url" "$cold_url" --token "$token" --rounds "$rounds" --second "$second" ${WARM_SEED:+--seed "$WARM_SEED"}

@@ -236,7 +236,10 @@ impl Teardown {
     /// block on it: it runs on a blocking thread beside what the caller
     /// does next. A one-shot command's runtime has a single thread, which
     /// would start a thread only to wait for it before exiting: there it
-    /// runs in place, when the caller finishes (or drops) the teardown.
+    /// runs in place, when the caller finishes (or drops) the teardown. In
+    /// a one-shot `confine exec` that moves the removal from beside the
+    /// output's seal and the audit append to after them; the thread it
+    /// saves costs more (docs/benchmarks.md).
     pub fn start(remove: impl FnOnce() + Send + 'static) -> Teardown {
         let one_thread = tokio::runtime::Handle::try_current()
             .map_or(true, |h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
@@ -303,11 +306,23 @@ mod tests {
         assert_eq!(runs.load(Ordering::SeqCst), 1, "a dropped teardown still removes");
     }
 
-    /// A server's removal runs beside its caller, which need not finish it.
+    /// A server's removal runs beside its caller, which need not finish it,
+    /// and never on the caller's (a worker's) thread.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_a_server_the_removal_runs_on_a_thread_of_its_own() {
         let (runs, remove) = counted();
-        let teardown = Teardown::start(remove);
+        // The removal waits for the caller to have its teardown back: run
+        // in place, it would wait in vain and fail the test.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let caller = std::thread::current().id();
+        let ran_on = Arc::new(std::sync::Mutex::new(None));
+        let on = ran_on.clone();
+        let teardown = Teardown::start(move || {
+            let waited = wait.recv_timeout(std::time::Duration::from_secs(5)).is_ok();
+            *on.lock().unwrap() = Some((std::thread::current().id(), waited));
+            remove();
+        });
+        go.send(()).unwrap();
         for _ in 0..500 {
             if runs.load(Ordering::SeqCst) == 1 {
                 break;
@@ -315,8 +330,19 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         assert_eq!(runs.load(Ordering::SeqCst), 1, "the removal ran without finish");
+        let (thread, waited) = ran_on.lock().unwrap().expect("ran");
+        assert!(waited && thread != caller, "the removal ran in place on the caller's thread");
         teardown.finish().await;
         assert_eq!(runs.load(Ordering::SeqCst), 1, "and only once");
+    }
+
+    /// Outside any runtime there is no thread to hand it to: the removal
+    /// runs in place, here in the drop.
+    #[test]
+    fn without_a_runtime_the_removal_runs_in_place() {
+        let (runs, remove) = counted();
+        drop(Teardown::start(remove));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

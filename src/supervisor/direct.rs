@@ -44,8 +44,9 @@ impl Supervisor {
         // that the caller sees their end when the job's tree is gone.
         drop(streams);
         // The tree is dead and counted: the caller has its outcome while
-        // the cgroups' removal goes on as a task of its own (a server
-        // stopped meanwhile leaves them to the next one's sweep).
+        // the cgroups' removal goes on as a task of its own, on a server's
+        // runtime (`Teardown::start`; a server stopped meanwhile leaves
+        // them to the next one's sweep).
         let (outcome, teardown) = job.supervise(kill_grace, stop).await;
         drop(teardown);
         Ok(outcome)

@@ -51,10 +51,12 @@ impl RunningJob {
     }
 
     /// As [`RunningJob::supervise`], but returning as soon as the tree is
-    /// dead and counted: the job's cgroups are removed on a blocking thread
-    /// meanwhile, for the caller to [`Teardown::finish`] after its own
-    /// work (the supervisor stores the output and appends the audit record
-    /// in that time, instead of after it).
+    /// dead and counted, with the removal of the job's cgroups for the
+    /// caller to [`Teardown::finish`] after its own work. On a server that
+    /// removal runs on a blocking thread meanwhile (the supervisor stores
+    /// the output and appends the audit record in that time, instead of
+    /// after it); a one-shot command removes in place at `finish`
+    /// ([`Teardown::start`]).
     pub async fn supervise_until_dead<C>(mut self, kill_grace: Duration, cancel: C) -> (Outcome, Teardown)
     where
         C: Future<Output = Signal>,

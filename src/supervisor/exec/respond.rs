@@ -76,7 +76,8 @@ impl Supervisor {
         let entry = started.finished(&outcome, captured.stdout.meta.total_bytes, captured.stderr.meta.total_bytes);
         let audit_error = self.audit_finished(entry);
         tracing::debug!("audit record flushed");
-        // The job's cgroups were removed meanwhile, on another thread.
+        // On a server the job's cgroups were removed meanwhile, on another
+        // thread; a one-shot command removes them now (`Teardown::start`).
         teardown.finish().await;
         // The artifact and the audit record are flushed: GC may run beside the answer.
         self.collect_garbage_if_due();

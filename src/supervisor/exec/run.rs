@@ -24,7 +24,7 @@ use tokio::io::AsyncWriteExt;
 
 /// What a job that ran left, before its output is sealed: its outcome,
 /// its capture with both streams' summaries, and its cgroups' removal,
-/// still under way.
+/// under way on a server, or still to run in a one-shot command.
 pub(super) struct Ended<'a> {
     pub outcome: Outcome,
     pub capture: Capture,
