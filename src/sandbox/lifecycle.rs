@@ -236,10 +236,8 @@ impl Teardown {
     /// block on it: it runs on a blocking thread beside what the caller
     /// does next. A one-shot command's runtime has a single thread, which
     /// would start a thread only to wait for it before exiting: there it
-    /// runs in place, when the caller finishes (or drops) the teardown. In
-    /// a one-shot `confine exec` that moves the removal from beside the
-    /// output's seal and the audit append to after them; the thread it
-    /// saves costs more (docs/benchmarks.md).
+    /// runs in place, when the caller finishes (or drops) the teardown,
+    /// unless the caller has work to overlap it with ([`Teardown::beside`]).
     pub fn start(remove: impl FnOnce() + Send + 'static) -> Teardown {
         let one_thread = tokio::runtime::Handle::try_current()
             .map_or(true, |h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
@@ -248,6 +246,20 @@ impl Teardown {
         } else {
             Teardown { removal: Some(tokio::task::spawn_blocking(remove)), in_place: None }
         }
+    }
+
+    /// A removal left to run in place goes to a blocking thread now, to
+    /// run beside what the caller does next: a governed job's output seal
+    /// and audit append, which take longer than the thread costs to start.
+    pub fn beside(mut self) -> Teardown {
+        if let Some(remove) = self.in_place.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.removal = Some(tokio::task::spawn_blocking(remove));
+            } else {
+                remove();
+            }
+        }
+        self
     }
 
     /// Wait until the job's cgroups are gone (or reported left behind).
@@ -304,6 +316,27 @@ mod tests {
         let (runs, remove) = counted();
         drop(Teardown::start(remove));
         assert_eq!(runs.load(Ordering::SeqCst), 1, "a dropped teardown still removes");
+    }
+
+    /// A one-shot command with work to overlap sends the removal beside it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn beside_sends_a_removal_left_in_place_to_a_thread() {
+        let (runs, remove) = counted();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let caller = std::thread::current().id();
+        let ran_on = Arc::new(std::sync::Mutex::new(None));
+        let on = ran_on.clone();
+        let teardown = Teardown::start(move || {
+            let waited = wait.recv_timeout(std::time::Duration::from_secs(5)).is_ok();
+            *on.lock().unwrap() = Some((std::thread::current().id(), waited));
+            remove();
+        })
+        .beside();
+        go.send(()).unwrap();
+        teardown.finish().await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        let (thread, waited) = ran_on.lock().unwrap().expect("ran");
+        assert!(waited && thread != caller, "the removal ran in place on the caller's thread");
     }
 
     /// A server's removal runs beside its caller, which need not finish it,

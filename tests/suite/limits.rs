@@ -327,9 +327,9 @@ fn no_cgroup_is_left_after_100_runs() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
-/// `confine exec` removes its job's cgroups after the audit append (in
-/// place: its runtime has one thread): the process must still not exit
-/// before they are gone, nor leave the job's escapees alive.
+/// `confine exec` answers while its job's cgroups are still being removed
+/// (on another thread, beside the audit append): the process must still
+/// not exit before they are gone, nor leave the job's escapees alive.
 #[test]
 fn a_governed_job_leaves_no_cgroup_and_no_process() {
     if !ready() {

@@ -56,7 +56,8 @@ impl RunningJob {
     /// removal runs on a blocking thread meanwhile (the supervisor stores
     /// the output and appends the audit record in that time, instead of
     /// after it); a one-shot command removes in place at `finish`
-    /// ([`Teardown::start`]).
+    /// ([`Teardown::start`]), unless the caller sends the removal beside
+    /// its own work ([`Teardown::beside`]).
     pub async fn supervise_until_dead<C>(mut self, kill_grace: Duration, cancel: C) -> (Outcome, Teardown)
     where
         C: Future<Output = Signal>,

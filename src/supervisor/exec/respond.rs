@@ -76,8 +76,7 @@ impl Supervisor {
         let entry = started.finished(&outcome, captured.stdout.meta.total_bytes, captured.stderr.meta.total_bytes);
         let audit_error = self.audit_finished(entry);
         tracing::debug!("audit record flushed");
-        // On a server the job's cgroups were removed meanwhile, on another
-        // thread; a one-shot command removes them now (`Teardown::start`).
+        // The job's cgroups were removed meanwhile, on another thread.
         teardown.finish().await;
         // The artifact and the audit record are flushed: GC may run beside the answer.
         self.collect_garbage_if_due();

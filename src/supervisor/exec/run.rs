@@ -24,7 +24,7 @@ use tokio::io::AsyncWriteExt;
 
 /// What a job that ran left, before its output is sealed: its outcome,
 /// its capture with both streams' summaries, and its cgroups' removal,
-/// under way on a server, or still to run in a one-shot command.
+/// still under way.
 pub(super) struct Ended<'a> {
     pub outcome: Outcome,
     pub capture: Capture,
@@ -263,6 +263,9 @@ impl Supervisor {
             Stop::Kill
         });
         let (outcome, teardown) = job.supervise(DEFAULT_KILL_GRACE, stop).await;
+        // The output's seal and the audit append come next: the removal
+        // runs beside them, in a one-shot `confine exec` too.
+        let teardown = teardown.beside();
         if let Some(p) = progress {
             p.abort();
         }
