@@ -283,6 +283,7 @@ impl Drop for Teardown {
 
 #[cfg(all(test, unix))]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -293,6 +294,42 @@ mod tests {
         (runs, move || {
             r.fetch_add(1, Ordering::SeqCst);
         })
+    }
+
+    /// A removal that first waits (5 s at most) for the caller to have its
+    /// teardown back and send `go`, then notes the thread it ran on: run in
+    /// place, it waits in vain.
+    struct Probe {
+        runs: Arc<AtomicUsize>,
+        go: std::sync::mpsc::Sender<()>,
+        ran: Arc<std::sync::Mutex<Option<(std::thread::ThreadId, bool)>>>,
+        caller: std::thread::ThreadId,
+    }
+
+    impl Probe {
+        fn new() -> (Probe, impl FnOnce() + Send + 'static) {
+            let (runs, remove) = counted();
+            let (go, wait) = std::sync::mpsc::channel::<()>();
+            let ran = Arc::new(std::sync::Mutex::new(None));
+            let on = ran.clone();
+            let removal = move || {
+                let waited = wait.recv_timeout(std::time::Duration::from_secs(5)).is_ok();
+                *on.lock().unwrap() = Some((std::thread::current().id(), waited));
+                remove();
+            };
+            (Probe { runs, go, ran, caller: std::thread::current().id() }, removal)
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+
+        /// The removal ran once, after `go`, on a thread not the caller's.
+        fn ran_beside(&self) {
+            assert_eq!(self.runs(), 1);
+            let (thread, waited) = self.ran.lock().unwrap().expect("ran");
+            assert!(waited && thread != self.caller, "the removal ran in place on the caller's thread");
+        }
     }
 
     /// A one-shot command's removal runs once, when it is finished, on the
@@ -321,52 +358,29 @@ mod tests {
     /// A one-shot command with work to overlap sends the removal beside it.
     #[tokio::test(flavor = "current_thread")]
     async fn beside_sends_a_removal_left_in_place_to_a_thread() {
-        let (runs, remove) = counted();
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        let caller = std::thread::current().id();
-        let ran_on = Arc::new(std::sync::Mutex::new(None));
-        let on = ran_on.clone();
-        let teardown = Teardown::start(move || {
-            let waited = wait.recv_timeout(std::time::Duration::from_secs(5)).is_ok();
-            *on.lock().unwrap() = Some((std::thread::current().id(), waited));
-            remove();
-        })
-        .beside();
-        go.send(()).unwrap();
+        let (probe, removal) = Probe::new();
+        let teardown = Teardown::start(removal).beside();
+        probe.go.send(()).unwrap();
         teardown.finish().await;
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
-        let (thread, waited) = ran_on.lock().unwrap().expect("ran");
-        assert!(waited && thread != caller, "the removal ran in place on the caller's thread");
+        probe.ran_beside();
     }
 
     /// A server's removal runs beside its caller, which need not finish it,
     /// and never on the caller's (a worker's) thread.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_a_server_the_removal_runs_on_a_thread_of_its_own() {
-        let (runs, remove) = counted();
-        // The removal waits for the caller to have its teardown back: run
-        // in place, it would wait in vain and fail the test.
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        let caller = std::thread::current().id();
-        let ran_on = Arc::new(std::sync::Mutex::new(None));
-        let on = ran_on.clone();
-        let teardown = Teardown::start(move || {
-            let waited = wait.recv_timeout(std::time::Duration::from_secs(5)).is_ok();
-            *on.lock().unwrap() = Some((std::thread::current().id(), waited));
-            remove();
-        });
-        go.send(()).unwrap();
+        let (probe, removal) = Probe::new();
+        let teardown = Teardown::start(removal);
+        probe.go.send(()).unwrap();
         for _ in 0..500 {
-            if runs.load(Ordering::SeqCst) == 1 {
+            if probe.runs() == 1 {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "the removal ran without finish");
-        let (thread, waited) = ran_on.lock().unwrap().expect("ran");
-        assert!(waited && thread != caller, "the removal ran in place on the caller's thread");
+        probe.ran_beside();
         teardown.finish().await;
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "and only once");
+        assert_eq!(probe.runs(), 1, "and only once");
     }
 
     /// Outside any runtime there is no thread to hand it to: the removal
