@@ -611,8 +611,9 @@ fn warm_job(
 
 /// The runtime and compiled default profile of a warm supervisor. This
 /// bench binary can't be the init stage: confine's is used. The runtime
-/// has a server's flavor (several workers), so that a job's teardown goes
-/// as a server's does (`Teardown::start`).
+/// has a server's flavor (several workers), so that a job's cgroups are
+/// removed on a blocking thread as a server's are (`Teardown::start`);
+/// the warm rows still wait for that removal, which a server overlaps.
 #[cfg(target_os = "linux")]
 fn warm_parts() -> Option<(tokio::runtime::Runtime, confine::sandbox::linux::seccomp::CompiledProfile)> {
     let exe = INSTALLED.get().cloned().unwrap_or_else(|| env!("CARGO_BIN_EXE_confine").into());

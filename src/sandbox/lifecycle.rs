@@ -219,7 +219,9 @@ impl BackendKind {
 
 /// What is left of a job whose tree is dead: its cgroups being removed.
 /// Dropped unfinished, the removal still runs to its end: on its thread,
-/// or, where it was left to `finish`, in the drop.
+/// or, where it was left to `finish`, in the drop. (A removal the runtime
+/// drops unrun at its shutdown drops the job's cgroup, which removes
+/// itself.)
 #[must_use = "finish() waits for the job's cgroups to be removed"]
 pub struct Teardown {
     removal: Option<tokio::task::JoinHandle<()>>,
@@ -366,7 +368,7 @@ mod tests {
     }
 
     /// A server's removal runs beside its caller, which need not finish it,
-    /// and never on the caller's (a worker's) thread.
+    /// and never on the caller's thread.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_a_server_the_removal_runs_on_a_thread_of_its_own() {
         let (probe, removal) = Probe::new();
@@ -384,12 +386,18 @@ mod tests {
     }
 
     /// Outside any runtime there is no thread to hand it to: the removal
-    /// runs in place, here in the drop.
+    /// runs in place, in the drop, or at once when sent beside.
     #[test]
     fn without_a_runtime_the_removal_runs_in_place() {
         let (runs, remove) = counted();
         drop(Teardown::start(remove));
         assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+        let (runs, remove) = counted();
+        let teardown = Teardown::start(remove).beside();
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "beside ran it at once");
+        drop(teardown);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "and only once");
     }
 
     #[tokio::test]

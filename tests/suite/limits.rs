@@ -327,9 +327,10 @@ fn no_cgroup_is_left_after_100_runs() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
-/// `confine exec` answers while its job's cgroups are still being removed
-/// (on another thread, beside the audit append): the process must still
-/// not exit before they are gone, nor leave the job's escapees alive.
+/// `confine exec` removes its job's cgroups on another thread, beside the
+/// output's seal and the audit append, and waits for them before it
+/// answers: the process must not exit before they are gone, nor leave
+/// the job's escapees alive.
 #[test]
 fn a_governed_job_leaves_no_cgroup_and_no_process() {
     if !ready() {
