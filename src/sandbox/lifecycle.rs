@@ -223,15 +223,20 @@ impl BackendKind {
 /// drops unrun at its shutdown drops the job's cgroup, which removes
 /// itself.)
 #[must_use = "finish() waits for the job's cgroups to be removed"]
-pub struct Teardown {
-    removal: Option<tokio::task::JoinHandle<()>>,
-    in_place: Option<Box<dyn FnOnce() + Send>>,
+pub struct Teardown(Removal);
+
+enum Removal {
+    Nothing,
+    /// On a blocking thread, under way.
+    Running(tokio::task::JoinHandle<()>),
+    /// To run on the caller's thread, at `finish` or in the drop.
+    InPlace(Box<dyn FnOnce() + Send>),
 }
 
 impl Teardown {
     /// Nothing to tear down (a backend without cgroups).
     pub fn none() -> Teardown {
-        Teardown { removal: None, in_place: None }
+        Teardown(Removal::Nothing)
     }
 
     /// Start `remove` as this runtime allows. A server's workers must not
@@ -244,9 +249,9 @@ impl Teardown {
         let one_thread = tokio::runtime::Handle::try_current()
             .map_or(true, |h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
         if one_thread {
-            Teardown { removal: None, in_place: Some(Box::new(remove)) }
+            Teardown(Removal::InPlace(Box::new(remove)))
         } else {
-            Teardown { removal: Some(tokio::task::spawn_blocking(remove)), in_place: None }
+            Teardown(Removal::Running(tokio::task::spawn_blocking(remove)))
         }
     }
 
@@ -254,30 +259,39 @@ impl Teardown {
     /// run beside what the caller does next: a governed job's output seal
     /// and audit append, which take longer than the thread costs to start.
     pub fn beside(mut self) -> Teardown {
-        if let Some(remove) = self.in_place.take() {
-            if tokio::runtime::Handle::try_current().is_ok() {
-                self.removal = Some(tokio::task::spawn_blocking(remove));
-            } else {
-                remove();
+        self.0 = match self.take() {
+            Removal::InPlace(remove) if tokio::runtime::Handle::try_current().is_ok() => {
+                Removal::Running(tokio::task::spawn_blocking(remove))
             }
-        }
+            Removal::InPlace(remove) => {
+                remove();
+                Removal::Nothing
+            }
+            other => other,
+        };
         self
     }
 
     /// Wait until the job's cgroups are gone (or reported left behind).
     pub async fn finish(mut self) {
-        if let Some(remove) = self.in_place.take() {
-            remove();
+        match self.take() {
+            Removal::InPlace(remove) => remove(),
+            Removal::Running(task) => {
+                let _ = task.await;
+            }
+            Removal::Nothing => {}
         }
-        if let Some(r) = self.removal.take() {
-            let _ = r.await;
-        }
+    }
+
+    fn take(&mut self) -> Removal {
+        std::mem::replace(&mut self.0, Removal::Nothing)
     }
 }
 
 impl Drop for Teardown {
     fn drop(&mut self) {
-        if let Some(remove) = self.in_place.take() {
+        // A running removal goes on without us; one left in place runs now.
+        if let Removal::InPlace(remove) = self.take() {
             remove();
         }
     }
@@ -383,6 +397,19 @@ mod tests {
         probe.ran_beside();
         teardown.finish().await;
         assert_eq!(probe.runs(), 1, "and only once");
+    }
+
+    /// `beside` leaves a server's running removal as it is: `finish` still
+    /// waits for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn beside_keeps_a_running_removal_to_wait_for() {
+        let (runs, remove) = counted();
+        let teardown = Teardown::start(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            remove();
+        });
+        teardown.beside().finish().await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "finish returned before the removal ended");
     }
 
     /// Outside any runtime there is no thread to hand it to: the removal
