@@ -29,8 +29,9 @@ pub struct RunArgs {
     /// Mount the workspace read-write.
     #[arg(long, requires = "workspace")]
     pub rw: bool,
-    /// Network: `none` (only lo), `host` (the host's network), or
-    /// `allow:HOST,…` (only lo, and a proxy in confine that reaches these
+    /// Network: `none` (only the job's own lo, where its local servers
+    /// work), `host` (the host's network), or
+    /// `allow:HOST,…` (the same lo, and a proxy in confine that reaches these
     /// hosts on ports 443 and 80: `name`, `*.suffix`, `host:port`, an
     /// address, `@list` of confine.toml's [network.allow]).
     #[arg(long, visible_alias = "network", value_name = "MODE", default_value = "none", value_parser = Network::parse_arg)]
