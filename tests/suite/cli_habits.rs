@@ -114,6 +114,34 @@ fn a_relative_command_without_a_workspace_gets_a_hint() {
     );
 }
 
+/// A tool the caller runs from a toolchain home (`~/.cargo/bin/…`), which
+/// the sandbox does not bind: "not found" prints the flags that fix it,
+/// and they do.
+#[test]
+fn a_command_not_found_inside_prints_the_bind_that_fixes_it() {
+    if !sandbox() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let home = readable_repo(dir.path());
+    let tool = home.join(".cargo/bin/hello-tool");
+    std::fs::create_dir_all(tool.parent().unwrap()).unwrap();
+    std::fs::write(&tool, "#!/bin/sh\necho hello from the toolchain\n").unwrap();
+    for d in [home.join(".cargo"), home.join(".cargo/bin")] {
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", tool.parent().unwrap().display());
+    let out = confine().args(["run", "--", "hello-tool"]).env("HOME", &home).env("PATH", &path).output().unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    let err = stderr(&out);
+    let fix = err.split("run it with ").nth(1).unwrap_or_else(|| panic!("no hint: {err}")).trim();
+    let cargo = home.join(".cargo");
+    assert!(fix.starts_with(&format!("--ro-bind {0}:{0} ", cargo.display())), "{fix}");
+    let fixed = confine().arg("run").args(fix.split(' ')).env("HOME", &home).env("PATH", &path).output().unwrap();
+    assert_eq!(stdout(&fixed), "hello from the toolchain\n", "{}", stderr(&fixed));
+}
+
 /// A bind under /tmp is there inside, on top of the private /tmp, which
 /// still works around it.
 #[test]

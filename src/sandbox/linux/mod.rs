@@ -844,7 +844,16 @@ impl RunningJob {
                              in /tmp); did you mean --workspace . ?"
                         )
                         } else if exec::exit_code_for(errno) == 127 {
-                            format!("{command}: command not found in the sandbox ({reason})")
+                            // Never a bind into the workspace: what lies there the job chose.
+                            let host = crate::runtimes::toolchain::Host::from_env()
+                                .with_repos(self.spec.workspace.iter().map(|w| w.as_path()));
+                            match crate::runtimes::toolchain::bind_hint(&command, &host) {
+                                Some(fix) => format!(
+                                    "{command}: command not found in the sandbox ({reason}); the host has it \
+                                     outside what the sandbox binds: run it with {fix}"
+                                ),
+                                None => format!("{command}: command not found in the sandbox ({reason})"),
+                            }
                         } else {
                             format!("{command}: cannot execute ({reason})")
                         });
