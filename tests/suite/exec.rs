@@ -476,16 +476,24 @@ fn stdin_beyond_the_limit_is_an_error_not_a_truncation() {
     let args = shell_args(&[], "echo ran; wc -c");
     let out = env.exec_with(&args, piped(), Some(&[b'a'; 1000]), &[]);
     assert_eq!(stdout(&out), "ran\n1000\n", "{}", stderr(&out));
-    for (bytes, says) in [(1001, "stdin is 1001 bytes"), (3 << 20, "stdin is more than")] {
+    // Just past it a request, refused and audited; far past it none.
+    for (bytes, says, audited) in [(1001, "stdin is 1001 bytes", 1), (3 << 20, "stdin is more than", 0)] {
+        let before = env.audit_count();
         let out = env.exec_with(&args, piped(), Some(&vec![b'a'; bytes]), &[]);
         assert_eq!(out.status.code(), Some(125), "{bytes}");
         let err = stderr(&out);
         assert!(err.contains(says) && err.contains("limits.max_stdin_bytes"), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
         assert!(!stdout(&out).contains("ran"), "no job runs on a part of its stdin");
+        assert_eq!(env.audit_count(), before + audited, "{bytes}");
     }
     let out = env.exec_with(&args, piped(), Some(b"\xff\xfe"), &[]);
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("not UTF-8"), "{}", stderr(&out));
+    let out = env.exec_with(&shell_args(&["--env-file", "no-such.env"], "true"), piped(), Some(b""), &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).starts_with("confine: --env-file no-such.env"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
 }
 
 /// What nobody meant as input is not waited on: a terminal, /dev/null,
