@@ -38,8 +38,9 @@ pub struct RunArgs {
     /// Hostname inside the sandbox.
     #[arg(long, default_value = "confine")]
     pub hostname: String,
-    /// Pass KEY from this environment, or set KEY=VAL. Repeatable.
-    /// Nothing else of confine's environment reaches the job.
+    /// Pass KEY from this environment, or set KEY=VAL (KEY: letters,
+    /// digits and _, not starting with a digit). Repeatable. Nothing else
+    /// of confine's environment reaches the job.
     #[arg(long = "env", short = 'e', value_name = "KEY[=VAL]")]
     pub env: Vec<EnvArg>,
     /// Read --env arguments from FILE, one per line, as docker does:
