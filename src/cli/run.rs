@@ -327,6 +327,9 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
             if let Some(msg) = limit_message(o) {
                 eprintln!("confine: {msg}");
             }
+            if let Some(full) = &o.tmp_full {
+                eprintln!("confine: {}", full.message);
+            }
             for line in network_denials(o) {
                 eprintln!("confine: {line}");
             }

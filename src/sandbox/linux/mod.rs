@@ -815,6 +815,7 @@ impl RunningJob {
             error: None,
             setup_step: None,
             network: None,
+            tmp_full: None,
         };
         let mut exited = false;
         for r in reports {
