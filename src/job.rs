@@ -416,6 +416,16 @@ pub struct TmpFull {
 }
 
 impl TmpFull {
+    /// The note for a Linux job's /tmp of `size_bytes` that ran out of `out`.
+    #[cfg(target_os = "linux")]
+    pub fn of(size_bytes: u64, out: crate::sandbox::linux::protocol::TmpOut) -> TmpFull {
+        use crate::sandbox::linux::protocol::TmpOut;
+        match out {
+            TmpOut::Space => TmpFull::new(size_bytes, None),
+            TmpOut::Files { total } => TmpFull::new(size_bytes, Some(total)),
+        }
+    }
+
     /// The note for a /tmp of `size_bytes` that ran out of space, or, with
     /// `files` (its inode cap), out of inodes.
     pub fn new(size_bytes: u64, files: Option<u64>) -> TmpFull {

@@ -344,6 +344,27 @@ fn a_full_tmp_is_named_with_its_cap_and_flag() {
             }
         }
     }
+    // A job killed past its grace period: pid 1 dies without a word, and
+    // the supervisor's own measure, on the tmpfs it holds, names it.
+    let script = "trap '' TERM; head -c 2000000 /dev/zero > /tmp/big; sleep 10";
+    let (status_s, tmp) = (status.to_str().unwrap(), "1M");
+    let out = run(&[
+        "--tmp-size",
+        tmp,
+        "--timeout",
+        "300ms",
+        "--kill-grace",
+        "100ms",
+        "--json-status",
+        status_s,
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(out.status.code(), Some(124), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    assert_eq!(json["tmpFull"]["outOf"], "space", "{json}");
 }
 
 #[test]

@@ -1036,6 +1036,23 @@ fn bind_read_only_onto_itself(fd: &OwnedFd, shown: &Path) -> Result<(), SysError
     }
 }
 
+/// What the tmpfs at `fd` (a job's /tmp) has run out of, if anything: no
+/// block, or no inode, left.
+pub fn tmp_out(fd: &OwnedFd) -> Option<super::protocol::TmpOut> {
+    use super::protocol::TmpOut;
+    let st = nix::sys::statfs::fstatfs(fd).ok()?;
+    if st.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return None;
+    }
+    if st.blocks_available() == 0 {
+        Some(TmpOut::Space)
+    } else if st.files_free() == 0 {
+        Some(TmpOut::Files { total: st.files() })
+    } else {
+        None
+    }
+}
+
 /// Pivot into the built root, detach the host's root, and make `/` itself
 /// read-only (its submounts keep their own flags).
 pub fn enter() -> Result<(), SysError> {

@@ -342,8 +342,26 @@ pub enum InitReport {
     ExecFailed { errno: i32, command: String },
     /// Building the sandbox failed; `step` names the step.
     SetupFailed { step: String, error: String },
-    /// The job's main process ended.
-    Exited { code: Option<i32>, signal: Option<i32> },
+    /// The job's main process ended. `tmp_out`: what its /tmp had run
+    /// out of then, as pid 1 measured it (the supervisor measures again
+    /// after the tree is dead when it could hold the tmpfs itself, which a
+    /// rootless one can't).
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tmp_out: Option<TmpOut>,
+    },
+}
+
+/// What a job's /tmp ran out of ([`super::mounts::tmp_out`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum TmpOut {
+    /// No block left.
+    Space,
+    /// No inode left, of `total`.
+    Files { total: u64 },
 }
 
 pub fn write_spec(w: &mut impl Write, spec: &impl Serialize) -> io::Result<()> {
@@ -418,9 +436,9 @@ mod tests {
 
     #[test]
     fn report_is_one_line() {
-        let line = encode_report(&InitReport::Exited { code: Some(3), signal: None });
+        let line = encode_report(&InitReport::Exited { code: Some(3), signal: None, tmp_out: None });
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
         let r: InitReport = serde_json::from_slice(&line).unwrap();
-        assert_eq!(r, InitReport::Exited { code: Some(3), signal: None });
+        assert_eq!(r, InitReport::Exited { code: Some(3), signal: None, tmp_out: None });
     }
 }

@@ -98,7 +98,7 @@ impl RunningJob {
                 // Ending the outer stage now lets its exit overlap pid 1's
                 // namespace teardown instead of following it.
                 let mut reports = read_until_exited(ctl, &mut buf, outer).await;
-                tmp = reports.tmp.take();
+                tmp = reports.tmp.take().flatten();
                 if reports.exited {
                     send(outer, Signal::SIGKILL);
                 }
@@ -167,7 +167,12 @@ impl RunningJob {
         let mut outcome = self.outcome(status, &buf, killed || ending.is_some());
         self.account(&mut outcome, ending);
         // Nothing writes there any more; the tmpfs goes with the fd.
-        outcome.tmp_full = tmp.and_then(|fd| tmp_full(&fd, self.spec.limits.tmp_size_bytes));
+        // Without one (rootless: pid 1's root is out of our reach), pid 1's
+        // measure of the job's end stands (`outcome`).
+        if let Some(fd) = tmp {
+            let out = super::mounts::tmp_out(&fd);
+            outcome.tmp_full = out.map(|o| crate::job::TmpFull::of(self.spec.limits.tmp_size_bytes, o));
+        }
         outcome.network = self.proxy.as_mut().and_then(|p| p.finish());
         let teardown = self.cgroup.take().map_or_else(Teardown::none, |cg| {
             Teardown::start(move || {
@@ -216,8 +221,9 @@ struct Seen {
     pid1: Option<(i32, OwnedFd)>,
     /// The job's `Confined` report arrived: pid 1 has pivoted into its root.
     confined: bool,
-    /// The job's /tmp ([`job_tmp`]), once both of the above are known.
-    tmp: Option<OwnedFd>,
+    /// The job's /tmp ([`job_tmp`]), once both of the above are known;
+    /// looked for once.
+    tmp: Option<Option<OwnedFd>>,
 }
 
 /// Read reports into `buf` until pid 1's `Exited` (or EOF, or an error).
@@ -243,7 +249,7 @@ async fn read_until_exited(ctl: &mut tokio::net::UnixStream, buf: &mut Vec<u8>, 
         // The outer stage's `Started` and the job's `Confined` may come in
         // either order.
         if let (true, None, Some((pid, fd))) = (seen.confined, &seen.tmp, &seen.pid1) {
-            seen.tmp = job_tmp(*pid, fd);
+            seen.tmp = Some(job_tmp(*pid, fd));
         }
     }
     seen
@@ -283,19 +289,6 @@ fn job_tmp(pid1: i32, pidfd: &OwnedFd) -> Option<OwnedFd> {
     }
     let st = nix::sys::statfs::fstatfs(&tmp).ok()?;
     (st.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC).then_some(tmp)
-}
-
-/// Whether the tmpfs at `fd` (the job's /tmp, capped at `size`) is full:
-/// no block, or no inode, left.
-fn tmp_full(fd: &OwnedFd, size: u64) -> Option<crate::job::TmpFull> {
-    let st = nix::sys::statfs::fstatfs(fd).ok()?;
-    if st.blocks_available() == 0 {
-        Some(crate::job::TmpFull::new(size, None))
-    } else if st.files_free() == 0 {
-        Some(crate::job::TmpFull::new(size, Some(st.files())))
-    } else {
-        None
-    }
 }
 
 /// The mount points the job's `Confined` report says were idmapped (sent
