@@ -244,3 +244,26 @@ fn reply_error(e: std::io::Error) -> RelayError {
         _ => RelayError::Malformed(e.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Closed before a byte of the reply: the server never took the
+    /// request (the client may try again). Closed within a frame: an
+    /// answer cut off, which is never taken for that.
+    #[test]
+    fn a_connection_closed_before_the_reply_is_told_from_one_cut_off() {
+        let (client, server) = UnixStream::pair().unwrap();
+        drop(server);
+        assert!(matches!(read_reply(&client), Err(RelayError::Closed)));
+        let (client, mut server) = UnixStream::pair().unwrap();
+        server.write_all(&[9, 0]).unwrap();
+        drop(server);
+        assert!(matches!(read_reply(&client), Err(RelayError::Malformed(_))));
+        let (client, mut server) = UnixStream::pair().unwrap();
+        server.write_all(&super::super::frame(&Reply { taken: true, ..Reply::default() }).unwrap()).unwrap();
+        assert!(read_reply(&client).unwrap().taken);
+    }
+}

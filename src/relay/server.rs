@@ -197,6 +197,11 @@ impl Listener {
                 }
             }
         }
+        if own_done.is_some() && !ctx.shutdown.is_cancelled() {
+            // The race the clients retry for: this holder has stopped
+            // accepting, and still listens (tests/suite/parallel_exec.rs).
+            crate::crashpoint::linger("exec-holder-leaving").await;
+        }
         // Relayed jobs were cancelled by the same token: their records are
         // written before the server's store closes.
         let drained = tokio::time::timeout(SHUTDOWN_WAIT, async { while clients.join_next().await.is_some() {} });
@@ -606,6 +611,7 @@ async fn exec(
         }
         Err(err) => return refused(err.to_string()),
     }
+    crate::crashpoint::reached("relayed-exec-taken");
     let watch = stream.clone();
     let shutdown = ctx.shutdown.clone();
     let cancel = Box::pin(async move {

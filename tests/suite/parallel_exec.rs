@@ -212,3 +212,67 @@ fn a_holder_answers_at_its_own_jobs_end_and_stays_for_a_relayed_one() {
     assert_eq!(status.code(), Some(7));
     assert!(!f.root.join("store/serve.sock").exists(), "the holder left its socket behind");
 }
+
+/// The race, made to happen: the holder's job is done and it has stopped
+/// accepting, but still listens (a debug build lingers there), when a
+/// newcomer connects. Its connection is closed unanswered; it tries again,
+/// takes the store itself, and its job runs once.
+#[test]
+fn a_newcomer_to_a_holder_that_is_leaving_tries_again() {
+    let Some(f) = fixture() else { return };
+    let mut holder = Command::new(common::bin())
+        .arg("--config")
+        .arg(&f.config)
+        .args(["exec", "--repo-id", "t", "--runtime", "shell", "--code", "echo own"])
+        .env("CONFINE_TEST_LINGER_AT", "exec-holder-leaving:1500")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its summary line: its job is done, and it is lingering now.
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.starts_with("confine: success exit=0"), "{line}");
+    assert!(f.root.join("store/serve.sock").exists(), "the holder stopped listening before it lingered");
+    let started = Instant::now();
+    let out = finish(spawn_exec(&f, None, "echo newcomer"), RUN_LIMIT);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(common::stdout(&out), "newcomer\n");
+    assert!(started.elapsed() >= Duration::from_millis(500), "the newcomer never met the leaving holder");
+    assert_eq!(finish(holder, RUN_LIMIT).status.code(), Some(0));
+    let ls = common::output_within(
+        Command::new(common::bin()).arg("--config").arg(&f.config).args(["audit", "ls", "--json"]),
+        RUN_LIMIT,
+    );
+    assert_eq!(common::stdout(&ls).lines().count(), 2, "{}", common::stdout(&ls));
+}
+
+/// A holder killed after it took a relayed request: the client says so at
+/// once, and does not send the request again (its job may have run).
+#[test]
+fn a_holder_killed_after_it_took_a_request_is_reported_not_retried() {
+    let Some(f) = fixture() else { return };
+    let mut holder = Command::new(common::bin())
+        .arg("--config")
+        .arg(&f.config)
+        .args(["exec", "--repo-id", "t", "--runtime", "shell", "--code", "echo started; exec sleep 30"])
+        .env("CONFINE_TEST_CRASH_AT", "relayed-exec-taken:1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _own = watch_started(0, &mut holder, tx);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(0), "the holder's job never started");
+    let started = Instant::now();
+    let out = finish(spawn_exec(&f, None, "echo relayed"), RUN_LIMIT);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let err = common::stderr(&out);
+    assert!(err.contains(&format!("(pid {}) closed the connection while it ran the command", holder.id())), "{err}");
+    assert_eq!(common::stdout(&out), "");
+    assert!(started.elapsed() < Duration::from_secs(5), "reported only after {:?}", started.elapsed());
+    let status = finish(holder, RUN_LIMIT).status;
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+}
