@@ -140,10 +140,7 @@ fn start_relay(
     };
     tracing::info!(socket = %listener.path().display(), "the CLI's store commands are relayed here");
     let ctx = Context::new(services.config.clone(), services.supervisor.clone(), memory, shutdown);
-    let ctx = std::sync::Arc::new(ctx);
-    Some(tokio::spawn(async move {
-        listener.serve(ctx).await;
-    }))
+    Some(tokio::spawn(listener.serve(std::sync::Arc::new(ctx))))
 }
 
 /// No governed runtime off Linux, so no server to relay to (`services` fails first).

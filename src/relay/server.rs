@@ -153,10 +153,8 @@ impl Listener {
     /// own job is done and no client is being served ([`Holder::Exec`]).
     /// Connections then left unaccepted are closed with the listener: their
     /// clients were told nothing, and try again (`relay::client`).
-    /// Returns the number of clients served.
-    pub async fn serve(self, ctx: Arc<Context>) -> usize {
+    pub async fn serve(self, ctx: Arc<Context>) {
         let mut clients = tokio::task::JoinSet::new();
-        let mut served = 0;
         let own_done = match &ctx.holder {
             Holder::Serve => None,
             Holder::Exec { own_done } => Some(own_done.clone()),
@@ -178,7 +176,6 @@ impl Listener {
                 Some(_) = clients.join_next(), if !clients.is_empty() => continue,
                 () = done, if idle(&clients) => break,
             };
-            served += 1;
             match accepted {
                 Ok(_) if clients.len() >= MAX_CLIENTS => {
                     tracing::warn!("store socket: {MAX_CLIENTS} clients at once; one more was closed unanswered");
@@ -208,7 +205,6 @@ impl Listener {
         if drained.await.is_err() {
             tracing::warn!("store socket: relayed commands still running at shutdown were stopped");
         }
-        served
     }
 }
 
@@ -546,8 +542,8 @@ fn not_here(theirs: &Config, stream: &tokio::net::UnixStream, ctx: &Context) -> 
                 .into(),
         );
     }
-    let peer = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
-    (!same_namespace(peer.pid(), "mnt")).then(|| {
+    let peer = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials);
+    (!peer.is_ok_and(|p| same_namespace(p.pid(), "mnt"))).then(|| {
         "this client is in another mount namespace, where its paths may name other files: run it beside the \
          holder, or let that command end first"
             .into()
