@@ -38,8 +38,13 @@ fn fixture() -> Option<Fixture> {
 /// `confine exec` of `code` in `repo` (`--repo`, or `--repo-id t`), its
 /// stdout and stderr piped.
 fn spawn_exec(f: &Fixture, repo: Option<&Path>, code: &str) -> Child {
+    spawn_exec_with(&f.config, repo, code)
+}
+
+/// [`spawn_exec`] with the configuration `config`.
+fn spawn_exec_with(config: &Path, repo: Option<&Path>, code: &str) -> Child {
     let mut cmd = Command::new(common::bin());
-    cmd.arg("--config").arg(&f.config).arg("exec");
+    cmd.arg("--config").arg(config).arg("exec");
     match repo {
         Some(r) => cmd.arg("--repo").arg(r),
         None => cmd.args(["--repo-id", "t"]),
@@ -179,22 +184,34 @@ fn short_execs_in_concurrent_loops_never_find_the_store_in_use() {
 /// and output come then (its pipes end), and its exit status is its own,
 /// given when the relayed job is done. The relayed job names another
 /// repository (`--repo`), which a `confine exec` holding the store runs
-/// as its client would have.
+/// as its client would have, under the client's own configuration (one
+/// a `confine serve` would refuse). Store commands meanwhile are relayed
+/// to the holder too.
 #[test]
 fn a_holder_answers_at_its_own_jobs_end_and_stays_for_a_relayed_one() {
     let Some(f) = fixture() else { return };
     let other = f.root.join("other");
     std::fs::create_dir(&other).unwrap();
     std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let other_config = f.root.join("other.toml");
+    let text = std::fs::read_to_string(&f.config).unwrap().replace("enabled = true", "enabled = true\nmax_queued = 3");
+    std::fs::write(&other_config, text).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let mut holder = spawn_exec(&f, None, "echo started; while [ ! -e /workspace/own ]; do sleep 0.02; done; exit 7");
     let holder_out = watch_started(0, &mut holder, tx.clone());
     assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(0), "the holder's job never started");
-    let mut client = spawn_exec(&f, Some(&other), WAIT_FOR_GO);
+    let mut client = spawn_exec_with(&other_config, Some(&other), WAIT_FOR_GO);
     let client_out = watch_started(1, &mut client, tx);
     assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(1), "the relayed job never started");
     let holder_pid = holder.id().to_string();
     assert_eq!(std::fs::read_to_string(f.root.join("store/LOCK")).unwrap().trim(), holder_pid);
+    // The trail, read through the holder (no job has ended yet).
+    let ls = common::output_within(
+        Command::new(common::bin()).arg("--config").arg(&f.config).args(["audit", "ls", "--json"]),
+        RUN_LIMIT,
+    );
+    assert!(ls.status.success(), "{}", common::stderr(&ls));
+    assert_eq!(common::stdout(&ls), "");
 
     // The holder's job ends: its output ends with it, its process stays.
     std::fs::write(f.repo.join("own"), "").unwrap();
@@ -210,6 +227,11 @@ fn a_holder_answers_at_its_own_jobs_end_and_stays_for_a_relayed_one() {
     assert_eq!(client_out.join().unwrap(), "started\ndone\n");
     let status = finish(holder, Duration::from_secs(20)).status;
     assert_eq!(status.code(), Some(7));
+    let ls = common::output_within(
+        Command::new(common::bin()).arg("--config").arg(&f.config).args(["audit", "ls", "--json"]),
+        RUN_LIMIT,
+    );
+    assert_eq!(common::stdout(&ls).lines().count(), 2, "{}", common::stdout(&ls));
     assert!(!f.root.join("store/serve.sock").exists(), "the holder left its socket behind");
 }
 
