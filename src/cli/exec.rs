@@ -220,12 +220,17 @@ fn hold_or_relay(store: &Path, loaded: &Config, command: &RelayedCommand, args: 
     let deadline = Instant::now() + HANDOVER_WAIT;
     let mut pause = Duration::from_millis(1);
     let mut not_holder = 0;
+    // The last holder that closed a connection unanswered.
+    let mut not_taken = None;
     loop {
         match crate::relay::client::connect(store) {
             Some(Ok(conn)) => {
                 let pid = conn.pid();
                 match conn.call(loaded, command) {
-                    Err(RelayError::NotTaken { pid }) => tracing::debug!(pid, "the holder left; trying again"),
+                    Err(RelayError::NotTaken { pid }) => {
+                        tracing::debug!(pid, "the holder was stopping, or full; trying again");
+                        not_taken = Some(pid);
+                    }
                     r => return Turn::Relayed(relayed(r, pid, args)),
                 }
             }
@@ -240,6 +245,15 @@ fn hold_or_relay(store: &Path, loaded: &Config, command: &RelayedCommand, args: 
         }
         match StoreLock::take(store) {
             Ok(lock) => return Turn::Hold(lock),
+            Err(StoreError::Busy { .. }) if Instant::now() >= deadline && not_taken.is_some() => {
+                return Turn::Relayed(fail(format!(
+                    "the process holding the store (pid {}) took no more commands within {} s: it serves at \
+                     most {} at once; try again when fewer run",
+                    not_taken.unwrap_or_default(),
+                    HANDOVER_WAIT.as_secs(),
+                    crate::relay::server::MAX_CLIENTS
+                )))
+            }
             Err(e @ StoreError::Busy { .. }) if Instant::now() >= deadline => {
                 return Turn::Relayed(fail(format!(
                     "{e} (it did not take this command on the store's socket within {} s: a `confine exec \

@@ -24,7 +24,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once; one more is closed unanswered. Each holds
 /// a few descriptors, and a command being run a thread.
-const MAX_CLIENTS: usize = 64;
+pub const MAX_CLIENTS: usize = 64;
 /// How long a stopping server waits for its relayed commands to end.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 /// Descriptors one message can carry (`SCM_MAX_FD`): room for all of
@@ -450,6 +450,12 @@ async fn answer(
         return refused(e.to_string());
     }
     let command = match request.command {
+        // A holder that is a `confine exec` runs no `confine run`: it would
+        // start it just as the client does, and outlive its own job for
+        // it. The client runs it itself.
+        RelayedCommand::Run(_) if matches!(ctx.holder, Holder::Exec { .. }) => {
+            return refused("a `confine exec` holds the store; a `confine run` runs in its own process".into())
+        }
         RelayedCommand::Run(r) => {
             let Ok(streams) = <[OwnedFd; 3]>::try_from(fds) else {
                 return refused("`run` passes three descriptors: the job's stdin, stdout and stderr".into());
@@ -468,12 +474,6 @@ async fn answer(
     let stdio = Stdio(out, err);
     match command {
         RelayedCommand::Exec(e) => exec(e, None, stdio, stream, ctx).await,
-        // A holder that is a `confine exec` runs no `confine run`: it would
-        // start it just as the client does, and outlive its own job for
-        // it. The client runs it itself.
-        RelayedCommand::Run(_) if matches!(ctx.holder, Holder::Exec { .. }) => {
-            refused("a `confine exec` holds the store; a `confine run` runs in its own process".into())
-        }
         command => {
             let ctx = ctx.clone();
             let ran = tokio::task::spawn_blocking(move || {

@@ -302,3 +302,31 @@ fn a_holder_killed_after_it_took_a_request_is_reported_not_retried() {
     let status = finish(holder, RUN_LIMIT).status;
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
 }
+
+/// A `confine run` beside a `confine exec` holding the store runs in its
+/// own process: the holder, whose job ends first, does not stay for it.
+#[test]
+fn a_run_beside_an_exec_holder_is_not_relayed_to_it() {
+    let Some(f) = fixture() else { return };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut holder = spawn_exec(&f, None, WAIT_FOR_GO);
+    let _own = watch_started(0, &mut holder, tx.clone());
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(0), "the holder's job never started");
+    let mut run = Command::new(common::bin())
+        .arg("--config")
+        .arg(&f.config)
+        .args(["run", "--", "/bin/sh", "-c", "echo started; exec sleep 5"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run_out = watch_started(1, &mut run, tx);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(1), "the run's job never started");
+    std::fs::write(f.repo.join("go"), "").unwrap();
+    let held = finish(holder, Duration::from_secs(4));
+    assert!(held.status.success(), "{}", common::stderr(&held));
+    assert!(run.try_wait().unwrap().is_none(), "the run ended before the holder: was it relayed?");
+    assert!(finish(run, RUN_LIMIT).status.success());
+    assert_eq!(run_out.join().unwrap(), "started\n");
+}
