@@ -7,10 +7,16 @@ use crate::env::EnvArg;
 use crate::job::{Network, Status};
 use crate::output::modes::RenderOptions;
 use crate::output::OutputMode;
+use crate::relay::server::{Context, Listener};
+use crate::relay::{ExecRelay, RelayError, RelayedCommand};
+use crate::store::{StoreError, StoreLock};
 use crate::supervisor::exec::{JobControl, JobRequest, JobResponse, Live};
 use crate::supervisor::Supervisor;
 use clap::Args;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  confine exec --repo . --runtime python --code 'print(6*7)'\n  \
@@ -87,10 +93,12 @@ pub struct ExecArgs {
     /// [runtime] in confine.toml.
     #[arg(long)]
     pub allow_degraded: bool,
-    /// Open the store in this process even when a `confine serve` holds it
-    /// (the command then fails on the store's lock, naming the server).
-    /// Without it, such a server runs the request: its queue, policy and
-    /// store, its warm sandboxes.
+    /// Neither relay to the store's holder nor serve others: open the
+    /// store in this process (failing on its lock, naming the holder, if
+    /// another process has it). Without it, a `confine serve` holding the
+    /// store runs the request (its queue, policy, warm sandboxes); a
+    /// `confine exec` holding it runs it as this command would have; and
+    /// an `exec` that takes the store runs the others' meanwhile.
     #[arg(long)]
     pub no_server: bool,
     /// Arguments of the runtime's executable (args mode).
@@ -163,7 +171,10 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         },
         (None, id) => id.clone(),
     };
-    let adhoc = config.repos != loaded.repos;
+    // A root no repository of the configuration has: registered ad hoc.
+    let adhoc_repo = (config.repos != loaded.repos)
+        .then(|| repo_id.as_deref().and_then(|id| config.repo(id).ok()).map(|r| r.root.clone()))
+        .flatten();
     let mut given = Vec::new();
     for file in &args.env_file {
         // Every name is checked against the allowlist by the pipeline.
@@ -196,41 +207,165 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         ..JobRequest::default()
     };
     let live = args.output_mode.is_none() && !args.json;
-    if let Some(conn) = crate::relay::client::connect(&config.store_path()).filter(|_| !args.no_server) {
-        return relay(conn, &loaded, req, live, adhoc, &args);
+    if args.no_server {
+        return run_here(config, req, live, &args, None);
     }
+    let relayed = ExecRelay {
+        request: req,
+        live,
+        adhoc_repo,
+        allow_degraded: args.allow_degraded,
+        path: std::env::var_os("PATH"),
+        home: std::env::var_os("HOME").map(PathBuf::from),
+    };
+    let command = RelayedCommand::Exec(relayed);
+    match hold_or_relay(&config.store_path(), &loaded, &command, &args) {
+        Turn::Relayed(code) => code,
+        Turn::Hold(lock) => {
+            let RelayedCommand::Exec(relayed) = command else { return fail("not an exec") };
+            run_here(config, relayed.request, live, &args, Some((lock, loaded)))
+        }
+    }
+}
+
+/// How long a `confine exec` keeps trying to either take the store or
+/// reach its holder: the holder may be starting (the lock taken, its
+/// socket not bound yet) or stopping (its socket gone, the lock not yet
+/// released), each a matter of milliseconds. Past it, a holder that does
+/// not serve (a `--no-server` exec, `confine audit`…) is named.
+const HANDOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Answers from a socket whose server does not hold the store, taken as a
+/// holder that just left before the socket is reported (planted?).
+const NOT_HOLDER_TRIES: u32 = 8;
+
+/// What this `confine exec` does: run its request here, holding the store
+/// (and serving others'), or have the store's holder run it.
+enum Turn {
+    Hold(StoreLock),
+    Relayed(i32),
+}
+
+/// Relay `command` to the store's holder, or take the store. A holder
+/// that closes the connection before it took the command was stopping: it
+/// ran nothing, and the store is tried again, until [`HANDOVER_WAIT`].
+fn hold_or_relay(store: &Path, loaded: &Config, command: &RelayedCommand, args: &ExecArgs) -> Turn {
+    let deadline = Instant::now() + HANDOVER_WAIT;
+    let mut pause = Duration::from_millis(1);
+    let mut not_holder = 0;
+    // The last holder that closed a connection unanswered.
+    let mut not_taken = None;
+    loop {
+        match crate::relay::client::connect(store) {
+            Some(Ok(conn)) => {
+                let pid = conn.pid();
+                match conn.call(loaded, command) {
+                    Err(RelayError::NotTaken { pid }) => {
+                        tracing::debug!(pid, "the holder was stopping, or full; trying again");
+                        not_taken = Some(pid);
+                    }
+                    r => return Turn::Relayed(relayed(r, pid, args)),
+                }
+            }
+            Some(Err(e @ RelayError::NotHolder { .. })) => {
+                not_holder += 1;
+                if not_holder >= NOT_HOLDER_TRIES {
+                    return Turn::Relayed(fail(e));
+                }
+            }
+            Some(Err(e)) => return Turn::Relayed(fail(e)),
+            None => {}
+        }
+        match StoreLock::take(store) {
+            Ok(lock) => return Turn::Hold(lock),
+            Err(StoreError::Busy { .. }) if Instant::now() >= deadline && not_taken.is_some() => {
+                return Turn::Relayed(fail(format!(
+                    "the process holding the store (pid {}) took no more commands within {} s: it serves at \
+                     most {} at once; try again when fewer run",
+                    not_taken.unwrap_or_default(),
+                    HANDOVER_WAIT.as_secs(),
+                    crate::relay::server::MAX_CLIENTS
+                )))
+            }
+            Err(e @ StoreError::Busy { .. }) if Instant::now() >= deadline => {
+                return Turn::Relayed(fail(format!(
+                    "{e} (it did not take this command on the store's socket within {} s: a `confine exec \
+                     --no-server`, or a confine older than this one?)",
+                    HANDOVER_WAIT.as_secs()
+                )))
+            }
+            Err(StoreError::Busy { .. }) => {}
+            Err(e) => return Turn::Relayed(fail(e)),
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Run the request in this process. With `hold` (the store's lock, and
+/// the configuration as loaded), serve the store's socket meanwhile: other
+/// `confine exec`s relay their requests here, and this process stays
+/// until the last of them ends. Its own job's answer and exit status are
+/// its own; its output streams are let go when its job ends.
+fn run_here(config: Config, req: JobRequest, live: bool, args: &ExecArgs, hold: Option<(StoreLock, Config)>) -> i32 {
     // Before the runtime's threads: output capture must not grow the heap.
     crate::supervisor::tune_allocator();
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
-    let resp = rt.block_on(async move {
+    let store = config.store_path();
+    let (lock, listener) = match hold {
+        Some((lock, loaded)) => {
+            let _entered = rt.enter();
+            // Bound before anything else: a client waits from the moment
+            // the lock is ours until this socket answers.
+            match Listener::bind(&store) {
+                Ok(l) => (Some(lock), Some((l, loaded))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen on the store's socket: other `confine exec`s wait for this one");
+                    (Some(lock), None)
+                }
+            }
+        }
+        None => (None, None),
+    };
+    let own_cancel = CancellationToken::new();
+    let shutdown = CancellationToken::new();
+    let own_done = CancellationToken::new();
+    let resp = rt.block_on(async {
+        watch_signals(own_cancel.clone(), own_done.clone(), shutdown.clone());
         // One request: the store opens while it is admitted and sandboxed,
         // and its sandbox is built while the policy compiles and decides
         // (held before the job's execve until both are done).
-        let sup = Supervisor::open_one_shot(config, Some(&req)).await?;
-        let cancel = Box::pin(async {
-            use tokio::signal::unix::{signal, SignalKind};
-            match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-                (Ok(mut i), Ok(mut t)) => {
-                    tokio::select! { _ = i.recv() => {}, _ = t.recv() => {} }
-                }
-                _ => std::future::pending::<()>().await,
-            }
+        let sup = Arc::new(Supervisor::open_one_shot_locked(config, Some(&req), lock).await?);
+        let relay = listener.map(|(listener, loaded)| {
+            let ctx = Context::for_exec(loaded, sup.clone(), shutdown.clone(), own_done.clone());
+            tokio::spawn(listener.serve(Arc::new(ctx)))
         });
+        let cancel = Box::pin(own_cancel.clone().cancelled_owned());
         let ctl = JobControl { live: live.then_some(Live::Own), cancel: Some(cancel), ..JobControl::default() };
-        Ok::<_, crate::supervisor::SupervisorError>((sup.execute(req, ctl).await, sup))
+        let resp = sup.execute(req, ctl).await;
+        // A stage or held sandbox left unused (the request was denied) is killed now.
+        sup.discard_prestarted();
+        let code = report(&resp, args);
+        // After the answer: a GC run the job started finishes before we exit.
+        sup.wait_for_gc().await;
+        own_done.cancel();
+        if let Some(relay) = relay {
+            if !relay.is_finished() {
+                // The caller has all of this command's output: its pipes
+                // see their end now, while relayed jobs still run here.
+                let_go_of_output();
+            }
+            let _ = relay.await;
+        }
+        Ok::<_, crate::supervisor::SupervisorError>((code, sup))
     });
-    let (resp, sup) = match resp {
+    let (code, sup) = match resp {
         Ok(r) => r,
         Err(e) => return fail(e.to_string()),
     };
-    // A stage or held sandbox left unused (the request was denied) is killed now.
-    sup.discard_prestarted();
-    let code = report(&resp, &args);
-    // After the answer: a GC run the job started finishes before we exit.
-    rt.block_on(sup.wait_for_gc());
     // The audit record and the artifact were flushed (one fsync) before the
     // answer, and the GC is done: the process exits now, without sled's
     // drop-time flush and fsync or the joins of its and tokio's threads
@@ -240,41 +375,50 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     code
 }
 
-/// Run the request on the `confine serve` that holds the store: the job
-/// is that server's, its output comes here as it runs, and Ctrl-C here
-/// kills it.
-fn relay(
-    conn: Result<crate::relay::client::Connection, crate::relay::RelayError>,
-    loaded: &Config,
-    request: JobRequest,
-    live: bool,
-    adhoc: bool,
-    args: &ExecArgs,
-) -> i32 {
-    let conn = match conn {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let pid = conn.pid();
-    if adhoc {
-        return fail(format!(
-            "the store is held by `confine serve` (pid {pid}), which runs only the repositories of its \
-             configuration, and --repo is not one of them: add it under [[repos]] in the configuration, \
-             or stop the server"
-        ));
+/// Cancel `own` on SIGINT or SIGTERM: this command's job ends, and jobs
+/// relayed here run on (they are other commands', each cancelled by its
+/// own client). A second one, or one after the own job is `done`, cancels
+/// `all`, which ends them too.
+fn watch_signals(own: CancellationToken, done: CancellationToken, all: CancellationToken) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut i), Ok(mut t)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+            return;
+        };
+        loop {
+            tokio::select! { _ = i.recv() => {}, _ = t.recv() => {} }
+            if own.is_cancelled() || done.is_cancelled() {
+                all.cancel();
+                return;
+            }
+            own.cancel();
+        }
+    });
+}
+
+/// Point standard output and error at /dev/null: what a caller reads
+/// from them ends, while this process stays for jobs relayed to it.
+fn let_go_of_output() {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else { return };
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: dup2 onto a standard descriptor from one we own; the
+        // old description is closed by the kernel.
+        unsafe {
+            libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd);
+        }
     }
-    if args.allow_degraded && !loaded.runtime.allow_degraded {
-        return fail(format!(
-            "the store is held by `confine serve` (pid {pid}), whose configuration does not allow degraded \
-             runs: set allow_degraded = true under [runtime] there, or stop the server"
-        ));
-    }
-    let command = crate::relay::RelayedCommand::Exec(crate::relay::ExecRelay { request, live });
-    match conn.call(loaded, &command) {
-        Ok(reply) => match reply.exec {
-            Some(resp) => report(&resp, args),
-            None => fail(format!("the running `confine serve` (pid {pid}) answered without a response")),
-        },
+}
+
+/// The answer of the store's holder to a relayed request, reported as
+/// this process's own.
+fn relayed(r: Result<crate::relay::Reply, RelayError>, pid: u32, args: &ExecArgs) -> i32 {
+    match r {
+        Ok(crate::relay::Reply { exec: Some(resp), .. }) => report(&resp, args),
+        Ok(crate::relay::Reply { error: Some(e), .. }) => fail(e),
+        Ok(_) => fail(format!("the process holding the store (pid {pid}) answered without a response")),
         Err(e) => fail(e),
     }
 }

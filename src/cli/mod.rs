@@ -109,18 +109,24 @@ pub(crate) fn with_store(
     local: impl FnOnce(crate::store::Store, crate::relay::RelayedCommand, &mut Io) -> i32,
 ) -> i32 {
     let path = cfg.store_path();
+    // A holder that closed the connection before it took the command was
+    // stopping (a `confine exec` whose jobs all ended): the store is
+    // tried again, a bounded number of times.
     #[cfg(target_os = "linux")]
-    if let Some(r) = crate::relay::client::call(&path, cfg, &command) {
-        return relayed(r);
+    for _ in 0..RELAY_TRIES {
+        match crate::relay::client::call(&path, cfg, &command) {
+            Some(Err(crate::relay::RelayError::NotTaken { .. })) => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                if let Ok(store) = crate::store::Store::open(&path) {
+                    return run_local(cfg, store, command, local);
+                }
+            }
+            Some(r) => return relayed(r),
+            None => break,
+        }
     }
     match crate::store::Store::open(&path) {
-        Ok(store) => {
-            store.set_min_free(cfg.store.min_free_bytes);
-            let mut io = Io::std();
-            let code = local(store, command, &mut io);
-            io.flush();
-            code
-        }
+        Ok(store) => run_local(cfg, store, command, local),
         Err(e) => {
             // A server that took the store a moment ago listens by now.
             #[cfg(target_os = "linux")]
@@ -133,6 +139,24 @@ pub(crate) fn with_store(
             EXIT_CONFINE_FAILED
         }
     }
+}
+
+/// How many times a store command tries a holder that was stopping.
+#[cfg(target_os = "linux")]
+const RELAY_TRIES: usize = 100;
+
+/// A store command, run here on the store opened for it.
+fn run_local(
+    cfg: &crate::config::Config,
+    store: crate::store::Store,
+    command: crate::relay::RelayedCommand,
+    local: impl FnOnce(crate::store::Store, crate::relay::RelayedCommand, &mut Io) -> i32,
+) -> i32 {
+    store.set_min_free(cfg.store.min_free_bytes);
+    let mut io = Io::std();
+    let code = local(store, command, &mut io);
+    io.flush();
+    code
 }
 
 #[cfg(target_os = "linux")]

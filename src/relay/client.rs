@@ -59,9 +59,7 @@ fn check(path: std::path::PathBuf, store: &Path, stream: UnixStream) -> Result<C
     let pid = u32::try_from(peer.pid()).unwrap_or(0);
     if holder != Some(pid) {
         let held = holder.map(|h| format!("pid {h}")).unwrap_or_else(|| "nobody".into());
-        let message =
-            format!("it is served by pid {pid}, but the store is held by {held}: remove the socket if no server runs");
-        return Err(untrusted(path, message));
+        return Err(RelayError::NotHolder { path, pid, held });
     }
     Ok(Connection { stream, path, pid })
 }
@@ -79,8 +77,28 @@ impl Connection {
         let cwd = std::env::current_dir().map_err(io)?;
         let request = RequestRef { protocol: PROTOCOL, cwd: &cwd, config, command };
         let bytes = super::frame(&request).map_err(io)?;
-        send_with_stdio(&self.stream, &bytes).map_err(io)?;
-        let reply = read_reply(&self.stream)?;
+        let not_taken = RelayError::NotTaken { pid: self.pid };
+        match send_with_stdio(&self.stream, &bytes) {
+            // Closed unread: a holder that stopped listening meanwhile.
+            Err(e) if closed(&e) => return Err(not_taken),
+            r => r.map_err(io)?,
+        }
+        let mut reply = match read_reply(&self.stream) {
+            Err(RelayError::Closed) => return Err(not_taken),
+            r => r?,
+        };
+        if reply.taken {
+            reply = match read_reply(&self.stream) {
+                Err(RelayError::Closed) => {
+                    return Err(RelayError::Malformed(format!(
+                        "the process holding the store (pid {}) closed the connection while it ran the command: \
+                     did it die? (nothing was run twice)",
+                        self.pid
+                    )))
+                }
+                r => r?,
+            };
+        }
         match reply.refused {
             Some(message) => Err(RelayError::Refused { pid: self.pid, message }),
             None => Ok(reply),
@@ -179,11 +197,30 @@ fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[std::os::fd::RawFd]) 
 /// output).
 const MAX_REPLY_BYTES: u32 = 256 << 20;
 
-/// Read the server's one frame.
+/// Whether `e` says the peer closed the connection.
+fn closed(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Read one frame of the server's. [`RelayError::Closed`]: the connection
+/// was closed before its first byte.
 fn read_reply(mut stream: &UnixStream) -> Result<Reply, RelayError> {
     use std::io::Read;
     let mut head = [0u8; 4];
-    stream.read_exact(&mut head).map_err(reply_error)?;
+    let mut got = 0;
+    while got < head.len() {
+        match stream.read(&mut head[got..]) {
+            Ok(0) if got == 0 => return Err(RelayError::Closed),
+            Ok(0) => return Err(reply_error(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if got == 0 && closed(&e) => return Err(RelayError::Closed),
+            Err(e) => return Err(reply_error(e)),
+        }
+    }
     let mut body = vec![0u8; reply_len(head)?];
     stream.read_exact(&mut body).map_err(reply_error)?;
     serde_json::from_slice(&body).map_err(|e| RelayError::Malformed(e.to_string()))
@@ -205,5 +242,28 @@ fn reply_error(e: std::io::Error) -> RelayError {
             "the server closed the connection without an answer (too many clients at once, or it is stopping)".into(),
         ),
         _ => RelayError::Malformed(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Closed before a byte of the reply: the server never took the
+    /// request (the client may try again). Closed within a frame: an
+    /// answer cut off, which is never taken for that.
+    #[test]
+    fn a_connection_closed_before_the_reply_is_told_from_one_cut_off() {
+        let (client, server) = UnixStream::pair().unwrap();
+        drop(server);
+        assert!(matches!(read_reply(&client), Err(RelayError::Closed)));
+        let (client, mut server) = UnixStream::pair().unwrap();
+        server.write_all(&[9, 0]).unwrap();
+        drop(server);
+        assert!(matches!(read_reply(&client), Err(RelayError::Malformed(_))));
+        let (client, mut server) = UnixStream::pair().unwrap();
+        server.write_all(&super::super::frame(&Reply { taken: true, ..Reply::default() }).unwrap()).unwrap();
+        assert!(read_reply(&client).unwrap().taken);
     }
 }

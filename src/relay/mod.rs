@@ -24,6 +24,13 @@
 //! with one frame, a [`Reply`].
 //! A client that goes away (Ctrl-C) closes the connection: a relayed job
 //! is killed then, as a cancelled MCP call's is.
+//!
+//! Holders. `confine serve` listens for as long as it runs. A `confine
+//! exec` that takes the store's lock listens too, for as long as a job of
+//! its own or a relayed one runs (docs/design.md, "Parallel `confine
+//! exec`"): each `exec` it relays runs as its client would have run it,
+//! under the client's configuration, PATH and HOME, in a supervisor of its
+//! own on the holder's store.
 
 // Off Linux (no `SO_PEERCRED`, no governed runtime) nothing is relayed:
 // the framing is unused there.
@@ -45,7 +52,8 @@ pub const SOCKET_NAME: &str = "serve.sock";
 
 /// The wire's version: a server refuses a request of another version
 /// (3: an exec's `envUnset`, which an older server would ignore, and let
-/// a name off its allowlist pass unchecked).
+/// a name off its allowlist pass unchecked; and the `taken` frame before a
+/// relayed exec's job starts, which tells a retry from a job that ran).
 pub const PROTOCOL: u32 = 3;
 
 /// A command a client relays.
@@ -83,6 +91,20 @@ pub struct ExecRelay {
     pub request: crate::supervisor::exec::JobRequest,
     /// Copy the job's output to the client's descriptors as it comes.
     pub live: bool,
+    /// `--repo`: the root the client registered ad hoc (as id `cli`).
+    /// A `confine exec` that holds the store runs it, as the client
+    /// would have; `confine serve` runs only its configured repositories.
+    #[serde(default)]
+    pub adhoc_repo: Option<std::path::PathBuf>,
+    /// `--allow-degraded`.
+    #[serde(default)]
+    pub allow_degraded: bool,
+    /// The client's PATH and HOME, where a `confine exec` that holds the
+    /// store resolves the job's toolchain, as the client would have.
+    #[serde(default)]
+    pub path: Option<std::ffi::OsString>,
+    #[serde(default)]
+    pub home: Option<std::path::PathBuf>,
 }
 
 /// What a client sends.
@@ -102,6 +124,12 @@ pub struct Request {
 /// What the server answers.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Reply {
+    /// Sent alone before a relayed `exec` starts, the final reply after:
+    /// a connection closed before it was never taken (its holder was
+    /// stopping), and the client may try again; closed after it, the job
+    /// may have run, and it is not run twice.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub taken: bool,
     /// The command's exit status.
     pub exit: i32,
     /// Why the server did not run the command (nothing was run then).
@@ -128,10 +156,21 @@ pub enum RelayError {
     Io { path: std::path::PathBuf, source: std::io::Error },
     #[error("the store's socket {path}: {message}")]
     Untrusted { path: std::path::PathBuf, message: String },
-    #[error("the running `confine serve` (pid {pid}) did not run the command: {message}")]
+    #[error("the process holding the store (pid {pid}) did not run the command: {message}")]
     Refused { pid: u32, message: String },
+    /// The holder closed the connection before it took the request: it
+    /// was stopping (or had too many clients). Nothing ran; try again.
+    #[error("the process holding the store (pid {pid}) closed the connection before it took the command")]
+    NotTaken { pid: u32 },
+    /// The socket answers, but from a process that does not hold the store
+    /// (now): a holder that just left, or a socket planted there.
+    #[error("the store's socket {path}: it is served by pid {pid}, but the store is held by {held}: remove the socket if no server runs")]
+    NotHolder { path: std::path::PathBuf, pid: u32, held: String },
     #[error("the store's socket: a malformed message: {0}")]
     Malformed(String),
+    /// The connection was closed before a reply's first byte.
+    #[error("the store's socket: the server closed the connection without an answer (too many clients at once, or it is stopping)")]
+    Closed,
 }
 
 /// An option of a relayed command that its client should have resolved,

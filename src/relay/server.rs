@@ -6,6 +6,7 @@
 use super::{ExecRelay, RelayError, RelayedCommand, Reply, Request, PROTOCOL, SOCKET_NAME};
 use crate::cli::Io;
 use crate::config::Config;
+use crate::runtimes::toolchain::Host;
 use crate::store::memory::MemoryService;
 use crate::supervisor::exec::{JobControl, Live};
 use crate::supervisor::Supervisor;
@@ -23,7 +24,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once; one more is closed unanswered. Each holds
 /// a few descriptors, and a command being run a thread.
-const MAX_CLIENTS: usize = 64;
+pub const MAX_CLIENTS: usize = 64;
 /// How long a stopping server waits for its relayed commands to end.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 /// Descriptors one message can carry (`SCM_MAX_FD`): room for all of
@@ -42,6 +43,21 @@ pub struct Context {
     memory: OnceLock<Result<Arc<MemoryService>, Arc<MemoryUnavailable>>>,
     /// Cancelled when the server shuts down: relayed jobs are killed.
     shutdown: CancellationToken,
+    /// Which process this is.
+    holder: Holder,
+}
+
+/// The process that holds the store and serves its socket.
+#[derive(Debug, Clone)]
+pub enum Holder {
+    /// `confine serve`: its configuration, queue and warm sandboxes serve
+    /// every relayed command, for as long as it runs.
+    Serve,
+    /// A `confine exec` that took the store's lock: it serves for as long
+    /// as anything runs. Its own job's end cancels `own_done`; then it
+    /// stops listening as soon as no client is being served. A relayed
+    /// `exec` runs under its client's own configuration, PATH and HOME.
+    Exec { own_done: CancellationToken },
 }
 
 impl Context {
@@ -56,7 +72,18 @@ impl Context {
             let _ = slot.set(Ok(m));
         }
         let absolute = super::absolute(config.clone(), &std::env::current_dir().unwrap_or_default());
-        Context { config, absolute, supervisor, memory: slot, shutdown }
+        Context { config, absolute, supervisor, memory: slot, shutdown, holder: Holder::Serve }
+    }
+
+    /// The context of a `confine exec` holding the store ([`Holder::Exec`]):
+    /// `config` as it loaded it (before its own `--repo` and flags).
+    pub fn for_exec(
+        config: Config,
+        supervisor: Arc<Supervisor>,
+        shutdown: CancellationToken,
+        own_done: CancellationToken,
+    ) -> Context {
+        Context { holder: Holder::Exec { own_done }, ..Context::new(config, supervisor, None, shutdown) }
     }
 
     /// The memory service, opened at the first use; a failure is kept, so
@@ -122,14 +149,32 @@ impl Listener {
         &self.path
     }
 
-    /// Serve clients until `ctx`'s shutdown.
+    /// Serve clients until `ctx`'s shutdown; a `confine exec`'s, until its
+    /// own job is done and no client is being served ([`Holder::Exec`]).
+    /// Connections then left unaccepted are closed with the listener: their
+    /// clients were told nothing, and try again (`relay::client`).
     pub async fn serve(self, ctx: Arc<Context>) {
         let mut clients = tokio::task::JoinSet::new();
+        let own_done = match &ctx.holder {
+            Holder::Serve => None,
+            Holder::Exec { own_done } => Some(own_done.clone()),
+        };
+        let idle = |clients: &tokio::task::JoinSet<()>| clients.is_empty() && own_done.is_some();
         loop {
+            let done = async {
+                match &own_done {
+                    Some(t) => t.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
             let accepted = tokio::select! {
+                // A client already waiting is taken before the holder
+                // leaves: fewer clients have to try again.
+                biased;
                 () = ctx.shutdown.cancelled() => break,
-                Some(_) = clients.join_next(), if !clients.is_empty() => continue,
                 a = self.listener.accept() => a,
+                Some(_) = clients.join_next(), if !clients.is_empty() => continue,
+                () = done, if idle(&clients) => break,
             };
             match accepted {
                 Ok(_) if clients.len() >= MAX_CLIENTS => {
@@ -148,6 +193,11 @@ impl Listener {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
+        }
+        if own_done.is_some() && !ctx.shutdown.is_cancelled() {
+            // The race the clients retry for: this holder has stopped
+            // accepting, and still listens (tests/suite/parallel_exec.rs).
+            crate::crashpoint::linger("exec-holder-leaving").await;
         }
         // Relayed jobs were cancelled by the same token: their records are
         // written before the server's store closes.
@@ -228,11 +278,16 @@ async fn handle(stream: tokio::net::UnixStream, ctx: Arc<Context>) -> Result<(),
     }
 }
 
-/// Whether `pid` is in our user namespace. Unknown (it left, or its
-/// `/proc` entry can't be read): no.
+/// Whether `pid` is in our user namespace.
 fn same_user_namespace(pid: i32) -> bool {
+    same_namespace(pid, "user")
+}
+
+/// Whether `pid` is in our namespace of `kind`. Unknown (it left, or its
+/// `/proc` entry can't be read): no.
+fn same_namespace(pid: i32, kind: &str) -> bool {
     let ns = |p: &str| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
-    match (ns(&format!("/proc/{pid}/ns/user")), ns("/proc/self/ns/user")) {
+    match (ns(&format!("/proc/{pid}/ns/{kind}")), ns(&format!("/proc/self/ns/{kind}"))) {
         (Ok(theirs), Ok(ours)) => theirs == ours,
         _ => false,
     }
@@ -367,6 +422,23 @@ async fn answer(
         ));
     }
     let mut theirs = super::absolute(request.config, &request.cwd);
+    // A `confine exec` holding the store runs a relayed `exec` under the
+    // client's own configuration, as the client would have run it.
+    let own_config = matches!((&ctx.holder, &request.command), (Holder::Exec { .. }, RelayedCommand::Exec(_)));
+    if own_config {
+        if let Some(why) = not_here(&theirs, stream, ctx) {
+            return refused(why);
+        }
+        let command = match request.command {
+            RelayedCommand::Exec(e) => e,
+            _ => return refused("not an exec".into()),
+        };
+        let mut fds = fds.into_iter();
+        let (Some(out), Some(err), None) = (fds.next(), fds.next(), fds.next()) else {
+            return refused("the request must pass exactly two descriptors (stdout, stderr)".into());
+        };
+        return exec(command, Some(theirs), Stdio(out, err), stream, ctx).await;
+    }
     theirs.source = ctx.config.source.clone();
     if theirs != ctx.absolute {
         let file = ctx.config.source.as_ref().map_or("the built-in defaults".into(), |p| p.display().to_string());
@@ -378,6 +450,12 @@ async fn answer(
         return refused(e.to_string());
     }
     let command = match request.command {
+        // A holder that is a `confine exec` runs no `confine run`: it would
+        // start it just as the client does, and outlive its own job for
+        // it. The client runs it itself.
+        RelayedCommand::Run(_) if matches!(ctx.holder, Holder::Exec { .. }) => {
+            return refused("a `confine exec` holds the store; a `confine run` runs in its own process".into())
+        }
         RelayedCommand::Run(r) => {
             let Ok(streams) = <[OwnedFd; 3]>::try_from(fds) else {
                 return refused("`run` passes three descriptors: the job's stdin, stdout and stderr".into());
@@ -395,13 +473,25 @@ async fn answer(
     };
     let stdio = Stdio(out, err);
     match command {
-        RelayedCommand::Exec(e) => exec(e, stdio, stream, ctx).await,
+        RelayedCommand::Exec(e) => exec(e, None, stdio, stream, ctx).await,
         command => {
             let ctx = ctx.clone();
             let ran = tokio::task::spawn_blocking(move || {
                 crate::store::releasing(|| {
                     let mut io = stdio.io();
                     let exit = run(&ctx, command, &mut io);
+                    // A `confine exec` opens the store without sled's
+                    // flusher, and may be killed before its own exit's
+                    // flush: what a command wrote is made durable before
+                    // it is answered, as its own process would have.
+                    if let (Holder::Exec { .. }, Ok(stores)) = (&ctx.holder, ctx.supervisor.stores()) {
+                        if let Err(e) = stores.store.flush() {
+                            use std::io::Write;
+                            let _ = writeln!(io.err, "confine: {e}");
+                            io.flush();
+                            return crate::cli::EXIT_CONFINE_FAILED;
+                        }
+                    }
                     io.flush();
                     exit
                 })
@@ -440,9 +530,84 @@ fn run(ctx: &Context, command: RelayedCommand, io: &mut Io) -> i32 {
     }
 }
 
-/// A relayed `exec` on the server's supervisor. The job is killed when
-/// the client goes away, or the server shuts down.
-async fn exec(e: ExecRelay, stdio: Stdio, stream: &Arc<tokio::net::UnixStream>, ctx: &Arc<Context>) -> Reply {
+/// Why a `confine exec` holding the store can't run a client's `exec` as
+/// the client would have, if it can't: a cgroup parent is chosen once per
+/// process, and paths (the repository, the toolchain) are looked up in
+/// this process's mount namespace.
+fn not_here(theirs: &Config, stream: &tokio::net::UnixStream, ctx: &Context) -> Option<String> {
+    if theirs.sandbox.cgroup_parent != ctx.config.sandbox.cgroup_parent {
+        return Some(
+            "it runs its jobs under another cgroup parent (sandbox.cgroup_parent): give this command the same \
+             configuration, or let that command end first"
+                .into(),
+        );
+    }
+    let peer = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials);
+    (!peer.is_ok_and(|p| same_namespace(p.pid(), "mnt"))).then(|| {
+        "this client is in another mount namespace, where its paths may name other files: run it beside the \
+         holder, or let that command end first"
+            .into()
+    })
+}
+
+/// A relayed `exec`: on the server's supervisor, or, for a `confine exec`
+/// holding the store, on a supervisor of the client's configuration
+/// (`own`) and host. The job is killed when the client goes away, or the
+/// server shuts down.
+async fn exec(
+    e: ExecRelay,
+    own: Option<Config>,
+    stdio: Stdio,
+    stream: &Arc<tokio::net::UnixStream>,
+    ctx: &Arc<Context>,
+) -> Reply {
+    let pid = std::process::id();
+    let supervisor = match own {
+        Some(mut config) => {
+            if e.allow_degraded {
+                config.runtime.allow_degraded = true;
+            }
+            if let Some(root) = &e.adhoc_repo {
+                config.add_adhoc_repo("cli", root);
+            }
+            let host = Host::from_parts(e.path.clone(), e.home.clone())
+                .with_repos(config.repos.iter().map(|r| r.root.as_path()));
+            match ctx.supervisor.for_relayed(config, host).await {
+                Ok(s) => Arc::new(s),
+                // As the client's own process would have failed.
+                Err(err) => {
+                    let error = Some(err.to_string());
+                    return Reply { exit: crate::cli::EXIT_CONFINE_FAILED, error, ..Reply::default() };
+                }
+            }
+        }
+        None if e.adhoc_repo.is_some() => {
+            return refused(format!(
+                "the store is held by `confine serve` (pid {pid}), which runs only the repositories of its \
+                 configuration, and --repo is not one of them: add it under [[repos]] in the configuration, \
+                 or stop the server"
+            ))
+        }
+        None if e.allow_degraded && !ctx.config.runtime.allow_degraded => {
+            return refused(format!(
+                "the store is held by `confine serve` (pid {pid}), whose configuration does not allow degraded \
+                 runs: set allow_degraded = true under [runtime] there, or stop the server"
+            ))
+        }
+        None => ctx.supervisor.clone(),
+    };
+    // Taken: from here on, a connection closed without the final reply
+    // means the job may have run (the client does not send it again).
+    let taken = Reply { taken: true, ..Reply::default() };
+    match super::frame(&taken) {
+        Ok(bytes) => {
+            if write_all(stream, &bytes).await.is_err() {
+                return refused("the client left".into());
+            }
+        }
+        Err(err) => return refused(err.to_string()),
+    }
+    crate::crashpoint::reached("relayed-exec-taken");
     let watch = stream.clone();
     let shutdown = ctx.shutdown.clone();
     let cancel = Box::pin(async move {
@@ -467,7 +632,10 @@ async fn exec(e: ExecRelay, stdio: Stdio, stream: &Arc<tokio::net::UnixStream>, 
     let ctl = JobControl { live, cancel: Some(cancel), ..JobControl::default() };
     // The job's id is the server's to give: never one a client chose.
     let request = crate::supervisor::exec::JobRequest { job_id: None, ..e.request };
-    let resp = ctx.supervisor.execute(request, ctl).await;
+    let resp = supervisor.execute(request, ctl).await;
+    if !Arc::ptr_eq(&supervisor, &ctx.supervisor) {
+        supervisor.wait_for_gc().await;
+    }
     Reply { exit: 0, exec: Some(Box::new(resp)), ..Reply::default() }
 }
 

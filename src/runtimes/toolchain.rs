@@ -75,16 +75,18 @@ impl Host {
     /// backend binds into every sandbox. No repositories: add them with
     /// [`Host::with_repos`].
     pub fn from_env() -> Host {
+        Host::from_parts(std::env::var_os("PATH"), std::env::var_os("HOME").map(PathBuf::from))
+    }
+
+    /// As [`Host::from_env`], with another process's PATH and HOME (a
+    /// relayed `confine exec`'s: its job is resolved as it would have been
+    /// in the client's own process).
+    pub fn from_parts(path: Option<OsString>, home: Option<PathBuf>) -> Host {
         #[cfg(target_os = "linux")]
         let bound = crate::sandbox::linux::mounts::SYSTEM_PATHS.iter().map(PathBuf::from).collect();
         #[cfg(not(target_os = "linux"))]
         let bound = Vec::new();
-        Host {
-            path: std::env::var_os("PATH").unwrap_or_else(|| crate::env::SANDBOX_PATH.into()),
-            home: std::env::var_os("HOME").map(PathBuf::from),
-            bound,
-            repos: Vec::new(),
-        }
+        Host { path: path.unwrap_or_else(|| crate::env::SANDBOX_PATH.into()), home, bound, repos: Vec::new() }
     }
 
     /// The same host, knowing the repositories' roots (canonicalised here).

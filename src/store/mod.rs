@@ -241,25 +241,28 @@ impl Store {
     /// Open (or create) the store at `path`. sled's flusher thread writes
     /// what was written every 500 ms, whether or not anyone flushed it.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        Store::open_with(path, Some(500))
+        Store::open_with(path, Some(500), None)
     }
 
     /// Open (or create) the store at `path` for a process that flushes
     /// everything it writes before it exits (`confine exec`): no flusher
     /// thread, which would start while the job's sandbox is built.
     pub fn open_flushed_by_caller(path: &Path) -> Result<Store, StoreError> {
-        Store::open_with(path, None)
+        Store::open_with(path, None, None)
     }
 
-    fn open_with(path: &Path, flush_every_ms: Option<u64>) -> Result<Store, StoreError> {
+    /// As [`Store::open_flushed_by_caller`], under a lock the caller took
+    /// already ([`StoreLock::take`]).
+    pub fn open_locked_flushed_by_caller(path: &Path, lock: StoreLock) -> Result<Store, StoreError> {
+        Store::open_with(path, None, Some(lock))
+    }
+
+    fn open_with(path: &Path, flush_every_ms: Option<u64>, lock: Option<StoreLock>) -> Result<Store, StoreError> {
         let io = |source| StoreError::Io { path: path.to_path_buf(), source };
-        let mut builder = std::fs::DirBuilder::new();
-        builder.recursive(true);
-        // Artifacts hold jobs' output: the store is its owner's alone.
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        builder.create(path).map_err(io)?;
-        let lock = lock(path)?;
+        let lock = match lock {
+            Some(l) => l.0,
+            None => StoreLock::take(path)?.0,
+        };
         check_format(path)?;
         let sled_path = path.join(SLED_DIR);
         let db = open_sled(&sled_path, flush_every_ms)
@@ -522,6 +525,27 @@ pub(crate) fn open_dir(path: &Path) -> std::io::Result<Option<File>> {
         return Ok(None);
     }
     File::open(path).map(Some)
+}
+
+/// The store's lock, held: whoever has it may open the store.
+#[derive(Debug)]
+pub struct StoreLock(File);
+
+impl StoreLock {
+    /// Make the store's directory if it is missing, take its lock and
+    /// write our pid into it, or say who has it ([`StoreError::Busy`]).
+    /// Cheap (no database is opened): a `confine exec` takes it first, to
+    /// know at once whether it holds the store or relays to its holder.
+    pub fn take(path: &Path) -> Result<StoreLock, StoreError> {
+        let io = |source| StoreError::Io { path: path.to_path_buf(), source };
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        // Artifacts hold jobs' output: the store is its owner's alone.
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(path).map_err(io)?;
+        lock(path).map(StoreLock)
+    }
 }
 
 /// Take the store's lock and write our pid into it, or say who has it.

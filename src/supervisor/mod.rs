@@ -146,6 +146,7 @@ impl Supervisor {
         let (backend, seccomp) = Supervisor::backend(&config)?;
         let stores = StoreSlot::open_in_background(
             config.store_path(),
+            None,
             config.output.gc_interval_secs,
             config.store.min_free_bytes,
         )?;

@@ -24,7 +24,9 @@ use super::plan::{self, Planner};
 use super::stores::StoreSlot;
 use super::{Prestart, Supervisor, SupervisorError};
 use crate::config::Config;
+use crate::runtimes::toolchain::Host;
 use crate::sandbox::{Early, SeccompProfile};
+use crate::store::StoreLock;
 use std::time::Duration;
 
 /// What a one-shot supervisor started before its request was decided:
@@ -52,12 +54,24 @@ impl Supervisor {
     /// decides (this module's doc). `execute` may still be given another
     /// request: then nothing started here is used, and it is killed.
     pub async fn open_one_shot(config: Config, first: Option<&JobRequest>) -> Result<Supervisor, SupervisorError> {
+        Supervisor::open_one_shot_locked(config, first, None).await
+    }
+
+    /// As [`Supervisor::open_one_shot`], with `lock`, the store's lock the
+    /// caller took already (`confine exec`, which must know whether it
+    /// holds the store before it starts anything).
+    pub async fn open_one_shot_locked(
+        config: Config,
+        first: Option<&JobRequest>,
+        lock: Option<StoreLock>,
+    ) -> Result<Supervisor, SupervisorError> {
         // The store opens first of all: upstream sled's start (its I/O
         // pool's threads, its recovery) is the longest part of a cold
         // request, longer than the sandbox's build, so it is started before
         // it (docs/benchmarks.md).
         let stores = StoreSlot::open_in_background(
             config.store_path(),
+            lock,
             config.output.gc_interval_secs,
             config.store.min_free_bytes,
         )?;
@@ -91,6 +105,20 @@ impl Supervisor {
             *slot = prestarted;
         }
         Ok(sup)
+    }
+
+    /// A supervisor for one relayed request (a `confine exec` whose store
+    /// this process holds): the request's own configuration and host
+    /// (PATH, HOME), as its command would have had in its own process, on
+    /// this supervisor's store, once it is open. Its own policy, backend
+    /// and queue, as a one-shot supervisor has; no warm sandboxes. The
+    /// policy runs on a blocking thread: other jobs of this process wait
+    /// on the same runtime.
+    pub(crate) async fn for_relayed(&self, mut config: Config, host: Host) -> Result<Supervisor, SupervisorError> {
+        let stores = self.stores.share().await?;
+        config.sandbox.warm = Some(0);
+        let (backend, seccomp) = Supervisor::backend(&config)?;
+        Supervisor::build_with(config, stores, backend, seccomp, false, host)
     }
 
     /// Kill whatever was started early for a request and left unused.

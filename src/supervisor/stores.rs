@@ -18,7 +18,7 @@ use super::gc::GcSchedule;
 use super::SupervisorError;
 use crate::store::artifacts::Artifacts;
 use crate::store::audit::{AuditEntry, AuditError, AuditLog, AuditSink, RECORDED_LATE_NOTE};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, StoreLock};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -123,8 +123,10 @@ impl StoreSlot {
     /// Start opening the store at `path` on a thread of its own, for a
     /// supervisor of one request: without sled's flusher thread
     /// ([`Store::open_flushed_by_caller`]), since it flushes what it writes.
+    /// With `lock`, the store's lock the caller took already.
     pub(crate) fn open_in_background(
         path: PathBuf,
+        lock: Option<StoreLock>,
         gc_interval_secs: u64,
         min_free_bytes: u64,
     ) -> Result<StoreSlot, SupervisorError> {
@@ -136,7 +138,11 @@ impl StoreSlot {
             .spawn(move || {
                 // A supervisor for one request flushes every write it makes
                 // before it answers (the audit append) or exits (GC).
-                let opened = Store::open_flushed_by_caller(&path)
+                let opened = match lock {
+                    Some(lock) => Store::open_locked_flushed_by_caller(&path, lock),
+                    None => Store::open_flushed_by_caller(&path),
+                };
+                let opened = opened
                     .map_err(SupervisorError::from)
                     .and_then(|s| Stores::open(s, gc_interval_secs, min_free_bytes))
                     .map_err(Arc::new);
@@ -146,6 +152,15 @@ impl StoreSlot {
             })
             .map_err(|e| SupervisorError::StoreUnavailable(format!("cannot start the thread that opens it: {e}")))?;
         Ok(StoreSlot { ready, opener: Mutex::new(Some(opener)), done })
+    }
+
+    /// The same stores, for another supervisor of this process (a relayed
+    /// `confine exec`'s): once this slot's store is open (waited for
+    /// here), or the failure it opened with.
+    #[cfg(target_os = "linux")]
+    pub(crate) async fn share(&self) -> Result<StoreSlot, SupervisorError> {
+        self.wait().await?;
+        Ok(StoreSlot { ready: self.ready.clone(), opener: Mutex::new(None), done: self.done.clone() })
     }
 
     /// Whether the store is open (or failed to open) already.

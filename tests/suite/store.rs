@@ -440,10 +440,11 @@ fn a_failure_at_the_end_of_a_flood_is_kept_and_found() {
     assert!(text.contains("dropped here: the output passed its stored cap of 64.0 MiB"), "{text}");
 }
 
-/// While a one-shot `confine exec` has the store (it serves nobody else),
-/// another command is told which pid has it; once that process is killed
-/// with SIGKILL, the next command takes the store over. (`confine serve`
-/// relays commands instead: tests/suite/relay.rs.)
+/// While a `confine exec --no-server` has the store (it serves nobody
+/// else), another command is told which pid has it; once that process is
+/// killed with SIGKILL, the next command takes the store over. (Without
+/// `--no-server`, `confine exec` and `confine serve` relay commands
+/// instead: tests/suite/relay.rs, tests/suite/parallel_exec.rs.)
 #[test]
 fn a_held_store_names_its_holder_and_is_taken_over_after_sigkill() {
     if !common::is_root() {
@@ -460,7 +461,16 @@ fn a_held_store_names_its_holder_and_is_taken_over_after_sigkill() {
     let mut holder = Command::new(common::bin())
         .arg("--config")
         .arg(&config)
-        .args(["exec", "--repo-id", "t", "--runtime", "shell", "--code", "echo started; exec sleep 1000"])
+        .args([
+            "exec",
+            "--no-server",
+            "--repo-id",
+            "t",
+            "--runtime",
+            "shell",
+            "--code",
+            "echo started; exec sleep 1000",
+        ])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
