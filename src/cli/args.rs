@@ -94,8 +94,11 @@ pub(crate) fn runtime_names() -> Suggest<clap::builder::StringValueParser> {
     Suggest::new(clap::builder::StringValueParser::new(), &crate::runtimes::NAMES)
 }
 
+/// `--net`'s own parser.
+type ParseNetwork = fn(&str) -> Result<crate::job::Network, crate::job::NetworkArgError>;
+
 /// What completion offers for `--net`: the modes (`allow:` goes on with hosts).
-pub(crate) fn network_modes() -> Suggest<fn(&str) -> Result<crate::job::Network, crate::job::NetworkArgError>> {
+pub(crate) fn network_modes() -> Suggest<ParseNetwork> {
     Suggest::new(crate::job::Network::parse_arg, &["none", "host", "allow:"])
 }
 

@@ -39,12 +39,6 @@ impl<W: AsyncWrite + Send + Unpin + 'static> AnsweringTransport<W> {
     }
 }
 
-/// What [`AnsweringTransport::receive`] got first.
-enum Next {
-    Unparsable(String),
-    Message(Option<RxJsonRpcMessage<RoleServer>>),
-}
-
 impl<W: AsyncWrite + Send + Unpin + 'static> Transport<RoleServer> for AnsweringTransport<W> {
     type Error = std::io::Error;
 
@@ -59,14 +53,9 @@ impl<W: AsyncWrite + Send + Unpin + 'static> Transport<RoleServer> for Answering
         loop {
             // Both are cancel-safe (rmcp's keeps a partial line): this
             // future is polled in rmcp's `select!` and may be dropped.
-            let next = tokio::select! {
+            tokio::select! {
                 biased;
-                Some(why) = self.unparsable.recv() => Next::Unparsable(why),
-                m = self.inner.receive() => Next::Message(m),
-            };
-            match next {
-                Next::Message(m) => return m,
-                Next::Unparsable(why) => {
+                Some(why) = self.unparsable.recv() => {
                     let error = JsonRpcMessage::error(ErrorData::parse_error(why, None), None);
                     // Sent on its own: a reader cancelled meanwhile must not lose it.
                     let sending = self.inner.send(error);
@@ -76,6 +65,7 @@ impl<W: AsyncWrite + Send + Unpin + 'static> Transport<RoleServer> for Answering
                         }
                     });
                 }
+                m = self.inner.receive() => return m,
             }
         }
     }

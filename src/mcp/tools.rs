@@ -166,7 +166,7 @@ impl ConfineServer {
 impl ConfineServer {
     #[tool(
         name = "info",
-        description = "Call first: runtimes, limits, env allowlist, isolation here; with repoId, that workspace; verbose: every layer and check.",
+        description = "Call first: runtimes, limits, env allowlist, isolation here; repoId: that workspace; verbose: all details.",
         input_schema = input::<InfoRequest>(),
         output_schema = schema_for_output::<Info>(),
         annotations(read_only_hint = true, open_world_hint = false)

@@ -7,10 +7,13 @@ use serde_json::Value;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InfoRequest {
-    /// Describe this workspace too.
+    // Both described in the tool's description alone: `tools/list` is in
+    // every session's context, and has a budget (tests/suite/mcp_wire.rs).
+    // repoId: describe this workspace too.
     #[serde(default)]
     pub repo_id: Option<String>,
-    /// Also each runtime's executable and the missing ones, the isolation layers and guarantees, every host check, the policy digest.
+    // verbose: also each runtime's executable and the missing ones, the
+    // isolation layers and guarantees, every host check, the policy digest.
     #[serde(default)]
     pub verbose: Option<bool>,
 }
