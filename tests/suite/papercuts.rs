@@ -129,6 +129,19 @@ fn a_missing_file_is_named_with_no_such_file_or_directory() {
         assert!(err.contains(m) && err.contains("No such file or directory"), "{args:?}: {err}");
         assert!(!err.contains("entity not found"), "{args:?}: {err}");
     }
+    // A repository root that is gone: no host path to name to an MCP
+    // client, the OS's words still.
+    let gone = dir.path().join("gone.toml");
+    let text = format!(
+        "[store]\npath = \"{}\"\n\n[[repos]]\nid = \"gone\"\nroot = \"{}\"\n",
+        dir.path().join("store-gone").display(),
+        dir.path().join("gone").display()
+    );
+    std::fs::write(&gone, text).unwrap();
+    let out = confine().arg("--config").arg(&gone).args(["memory", "sync", "--repo-id", "gone"]).output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("the repository root is unavailable: No such file or directory"), "{err}");
 }
 
 /// `exec --repo FILE`: the hint names `--repo`, not `[[repos]]` of a
