@@ -20,12 +20,15 @@ use tokio::sync::mpsc;
 
 /// Bytes of lines between the reader and rmcp (a pipe's worth).
 const PIPE_BYTES: usize = 64 << 10;
+/// Parse errors waiting to be sent: past them, a flood of garbage waits
+/// (stdin is read no further) instead of growing a queue.
+const PENDING_ERRORS: usize = 64;
 
 /// rmcp's transport over the lines [`sort_lines`] lets through, and the
 /// parse errors it sends for those it did not.
 pub struct AnsweringTransport<W: AsyncWrite + Send + Unpin + 'static> {
     inner: AsyncRwTransport<RoleServer, DuplexStream, W>,
-    unparsable: mpsc::UnboundedReceiver<String>,
+    unparsable: mpsc::Receiver<String>,
 }
 
 impl<W: AsyncWrite + Send + Unpin + 'static> AnsweringTransport<W> {
@@ -33,7 +36,7 @@ impl<W: AsyncWrite + Send + Unpin + 'static> AnsweringTransport<W> {
     /// reader runs as a task of its own until `input` ends.
     pub fn new<R: AsyncRead + Send + Unpin + 'static>(input: R, output: W) -> Self {
         let (to_rmcp, from_reader) = tokio::io::duplex(PIPE_BYTES);
-        let (tx, unparsable) = mpsc::unbounded_channel();
+        let (tx, unparsable) = mpsc::channel(PENDING_ERRORS);
         tokio::spawn(sort_lines(input, to_rmcp, tx, DEFAULT_MAX_LINE_LENGTH));
         AnsweringTransport { inner: AsyncRwTransport::new(from_reader, output), unparsable }
     }
@@ -82,7 +85,7 @@ impl<W: AsyncWrite + Send + Unpin + 'static> Transport<RoleServer> for Answering
 async fn sort_lines<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     input: R,
     mut out: W,
-    unparsable: mpsc::UnboundedSender<String>,
+    unparsable: mpsc::Sender<String>,
     max: usize,
 ) {
     let mut input = BufReader::new(input);
@@ -121,7 +124,7 @@ async fn sort_lines<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         match why {
             Some(why) => {
                 tracing::debug!(%why, "stdin: an unparsable line");
-                if unparsable.send(why).is_err() {
+                if unparsable.send(why).await.is_err() {
                     return;
                 }
             }
@@ -158,7 +161,7 @@ mod tests {
 
     async fn sorted(input: &'static [u8], max: usize) -> (String, Vec<String>) {
         let (mut rx_end, tx_end) = tokio::io::duplex(1 << 16);
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::channel(16);
         sort_lines(input, tx_end, tx, max).await;
         let mut passed = String::new();
         rx_end.read_to_string(&mut passed).await.unwrap();
