@@ -80,6 +80,18 @@ fn symlink_refused() -> std::io::Error {
     std::io::Error::other(Refusal::Symlink)
 }
 
+/// Why an operation failed, in the C library's words (`No such file or
+/// directory`), for messages that must not name a host path: never an
+/// `ErrorKind`'s own words (`entity not found`), which no user searches
+/// for, nor Rust's `(os error N)`.
+pub fn reason(e: &std::io::Error) -> String {
+    let shown = e.to_string();
+    match e.raw_os_error() {
+        Some(code) => shown.strip_suffix(&format!(" (os error {code})")).unwrap_or(&shown).to_string(),
+        None => shown,
+    }
+}
+
 /// Whether `e` is the refusal of a symlink on the way (`ELOOP`, from
 /// `O_NOFOLLOW` or `RESOLVE_NO_SYMLINKS`), or of a way out of the
 /// directory (`EXDEV`, from `RESOLVE_BENEATH`).

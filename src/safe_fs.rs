@@ -130,7 +130,9 @@ pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, SafeFsError> {
     let dir = Dir::open(parent).map_err(|e| SafeFsError::io(parent, e))?;
     match dir.read_regular(Path::new(name), max) {
         Ok(Some(read)) => Ok(read.bytes),
-        Ok(None) => Err(SafeFsError::io(path, io::ErrorKind::NotFound.into())),
+        // The OS's words (`No such file or directory`), as every other
+        // missing path is shown; a bare `ErrorKind` says `entity not found`.
+        Ok(None) => Err(SafeFsError::io(path, io::Error::from_raw_os_error(libc::ENOENT))),
         Err(e) if dirfd::is_too_large(&e) => Err(SafeFsError::TooLarge { path: path.to_path_buf(), max }),
         Err(e) => Err(SafeFsError::io(path, e)),
     }

@@ -49,6 +49,57 @@ pub enum ArgError {
     /// `(uid_t)-1` means "unchanged" to the id syscalls.
     #[error("4294967295 is not a valid id")]
     ReservedId,
+    #[error(
+        "invalid hostname '{0}': use letters, digits and '-' (not first or last) in dot-separated labels of \
+         1 to 63 characters, at most {HOST_NAME_MAX} in all, e.g. build-1"
+    )]
+    Hostname(String),
+}
+
+/// A value parser that offers `values` to completion scripts (`confine
+/// completions`) and leaves the checking to `inner`: `--runtime` is
+/// checked, and refused with the list, by the pipeline that audits it, and
+/// `--net allow:` goes on with hosts no list can hold.
+#[derive(Clone)]
+pub(crate) struct Suggest<P> {
+    inner: P,
+    values: &'static [&'static str],
+}
+
+impl<P> Suggest<P> {
+    pub(crate) fn new(inner: P, values: &'static [&'static str]) -> Suggest<P> {
+        Suggest { inner, values }
+    }
+}
+
+impl<P: clap::builder::TypedValueParser> clap::builder::TypedValueParser for Suggest<P> {
+    type Value = P::Value;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        self.inner.parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(self.values.iter().map(|v| clap::builder::PossibleValue::new(*v))))
+    }
+}
+
+/// What completion offers for `--runtime`.
+pub(crate) fn runtime_names() -> Suggest<clap::builder::StringValueParser> {
+    Suggest::new(clap::builder::StringValueParser::new(), &crate::runtimes::NAMES)
+}
+
+/// `--net`'s own parser.
+type ParseNetwork = fn(&str) -> Result<crate::job::Network, crate::job::NetworkArgError>;
+
+/// What completion offers for `--net`: the modes (`allow:` goes on with hosts).
+pub(crate) fn network_modes() -> Suggest<ParseNetwork> {
+    Suggest::new(crate::job::Network::parse_arg, &["none", "host", "allow:"])
 }
 
 fn unlimited<T>(s: &str, parse: impl Fn(&str) -> Result<T, ArgError>) -> Result<Limit<T>, ArgError> {
@@ -102,6 +153,26 @@ fn user_ids(s: &str, passwd: &str, group: &str) -> Result<(u32, u32), ArgError> 
         return Err(ArgError::ReservedId);
     }
     Ok((uid, gid))
+}
+
+/// The longest hostname a UTS namespace holds (`__NEW_UTS_LEN`).
+const HOST_NAME_MAX: usize = 64;
+
+/// `--hostname`: RFC 1123 labels (letters, digits, `-` inside), and no
+/// longer than the kernel keeps, so that a name `sethostname` would
+/// refuse or one a job's tools would choke on is a usage error here, not
+/// a failed start.
+pub(crate) fn parse_hostname(s: &str) -> Result<String, ArgError> {
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if s.is_empty() || s.len() > HOST_NAME_MAX || !s.split('.').all(label_ok) {
+        return Err(ArgError::Hostname(s.to_string()));
+    }
+    Ok(s.to_string())
 }
 
 /// `256M`, `1G`, `1.5G`, `4096`: bytes, with K, M, G, T as powers of 1024
@@ -231,6 +302,18 @@ mod tests {
         assert!(parse_cpus("0").unwrap_err().to_string().contains("between 0.01"));
         assert!(parse_cpus("100000").is_err());
         assert!(parse_cpus("nan").is_err());
+    }
+
+    #[test]
+    fn hostnames_follow_rfc_1123() {
+        for good in ["confine", "build-1", "a", "ci.example.com", "9lives", &"a".repeat(63)] {
+            assert_eq!(parse_hostname(good).as_deref(), Ok(good), "{good}");
+        }
+        let long = format!("{}.{}", "a".repeat(40), "b".repeat(30));
+        for bad in ["", "-x", "x-", "a_b", "a..b", ".a", "a.", "bad host", "h\u{e9}", &"a".repeat(64), &long] {
+            let e = parse_hostname(bad).unwrap_err().to_string();
+            assert!(e.contains("invalid hostname") && e.contains("e.g. build-1"), "{bad}: {e}");
+        }
     }
 
     const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\nci:x:1001:1500::/home/ci:/bin/sh\n";

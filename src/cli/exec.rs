@@ -27,7 +27,7 @@ Execution must be enabled in confine.toml ([runtime] enabled = true). Exit statu
 125 when the request was denied, confine failed, or the job ran and its audit record could not be written.")]
 pub struct ExecArgs {
     /// Runtime: node typescript python shell go java kotlin rust c cpp csharp ruby php perl r elixir.
-    #[arg(long)]
+    #[arg(long, value_parser = super::args::runtime_names(), hide_possible_values = true)]
     pub runtime: String,
     /// Inline source to run (code mode).
     #[arg(long, conflicts_with_all = ["code_file", "args"])]
@@ -70,7 +70,7 @@ pub struct ExecArgs {
     pub env_file: Vec<PathBuf>,
     /// Network: none, host, or allow:HOST,… (a proxy reaching only those
     /// hosts; see `confine run --help`). host and allow need the policy's consent.
-    #[arg(long, value_name = "MODE", default_value = "none", value_parser = Network::parse_arg)]
+    #[arg(long, value_name = "MODE", default_value = "none", value_parser = super::args::network_modes(), hide_possible_values = true)]
     pub net: Network,
     /// Render the output (minimal, summary, intent, digest) instead of passing it through.
     #[arg(long, value_name = "MODE")]
@@ -160,6 +160,14 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         None => None,
     };
     let repo_id = match (&args.repo, &args.repo_id) {
+        // Said here, naming the flag: the pipeline would name [[repos]].
+        (Some(dir), _) if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) => {
+            return fail(format!(
+                "--repo {}: not a directory; give the repository's root directory (a file to run goes to \
+                 --code-file)",
+                dir.display()
+            ))
+        }
         (Some(dir), _) => match std::fs::canonicalize(dir) {
             // Through a symlink, the path as given is kept, so that the
             // plan sees the link and never idmaps where it leads.

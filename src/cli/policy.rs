@@ -33,7 +33,7 @@ Exit status: 0 allowed, 1 denied, 2 malformed request, 125 configuration or poli
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// One of: node typescript python shell go java kotlin rust c cpp csharp ruby php perl r elixir.
-    #[arg(long)]
+    #[arg(long, value_parser = super::args::runtime_names(), hide_possible_values = true)]
     pub runtime: String,
     /// Inline source (code mode). Exclusive with ARGS.
     #[arg(long, value_name = "SRC", conflicts_with = "code_file")]
@@ -54,7 +54,7 @@ pub struct CheckArgs {
     #[arg(long, value_name = "REL")]
     pub cwd: Option<String>,
     /// none, host, or allow:HOST,… (as `confine exec --net`).
-    #[arg(long, value_name = "MODE", default_value = "none", value_parser = Network::parse_arg)]
+    #[arg(long, value_name = "MODE", default_value = "none", value_parser = super::args::network_modes(), hide_possible_values = true)]
     pub net: Network,
     #[arg(long, value_name = "MS")]
     pub timeout_ms: Option<u64>,

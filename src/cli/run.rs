@@ -2,7 +2,8 @@
 //! job's exit status returned (docker/podman conventions).
 
 use super::args::{
-    parse_cpus, parse_duration, parse_memory, parse_pids, parse_positive_duration, parse_tmp_size, parse_user, Limit,
+    parse_cpus, parse_duration, parse_hostname, parse_memory, parse_pids, parse_positive_duration, parse_tmp_size,
+    parse_user, Limit,
 };
 use crate::config::Config;
 use crate::env::{scrubbed, EnvArg};
@@ -34,10 +35,18 @@ pub struct RunArgs {
     /// `allow:HOST,…` (the same lo, and a proxy in confine that reaches these
     /// hosts on ports 443 and 80: `name`, `*.suffix`, `host:port`, an
     /// address, `@list` of confine.toml's [network.allow]).
-    #[arg(long, visible_alias = "network", value_name = "MODE", default_value = "none", value_parser = Network::parse_arg)]
+    #[arg(
+        long,
+        visible_alias = "network",
+        value_name = "MODE",
+        default_value = "none",
+        value_parser = super::args::network_modes(),
+        hide_possible_values = true
+    )]
     pub net: Network,
-    /// Hostname inside the sandbox.
-    #[arg(long, default_value = "confine")]
+    /// Hostname inside the sandbox: letters, digits and '-' in
+    /// dot-separated labels (RFC 1123), at most 64 characters.
+    #[arg(long, default_value = "confine", value_parser = parse_hostname)]
     pub hostname: String,
     /// Pass KEY from this environment, or set KEY=VAL (KEY: letters,
     /// digits and _, not starting with a digit). Repeatable. Nothing else
@@ -62,9 +71,10 @@ pub struct RunArgs {
     /// /workspace (default: /workspace, else /tmp).
     #[arg(long, short = 'w', visible_alias = "workdir", value_name = "DIR")]
     pub cwd: Option<PathBuf>,
-    /// Write the outcome as JSON to FILE when the job ends. FILE's
-    /// directory is opened before the job starts, and the file is replaced
-    /// (never opened): what the job leaves at that name is not followed.
+    /// Write the outcome as JSON to FILE when the job ends (`-`: to
+    /// stdout, after the job's output). FILE's directory is opened before
+    /// the job starts, and the file is replaced (never opened): what the
+    /// job leaves at that name is not followed.
     #[arg(long, value_name = "FILE")]
     pub json_status: Option<PathBuf>,
     /// In a --rw workspace, keep PATH (relative to it) read-only as well.
@@ -293,7 +303,15 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
     // Before any job code runs: the job may own the directory by the time
     // it ends (a --rw workspace), and must not choose where we write then.
     // A symlink an earlier job left on the way there is refused.
-    let status_file = match args.json_status.as_deref().map(|p| StatusFile::prepare(p, &args)).transpose() {
+    // `-`: the outcome goes to stdout after the job's own output.
+    let status_to_stdout = args.json_status.as_deref() == Some(Path::new("-"));
+    let status_file = match args
+        .json_status
+        .as_deref()
+        .filter(|_| !status_to_stdout)
+        .map(|p| StatusFile::prepare(p, &args))
+        .transpose()
+    {
         Ok(f) => f,
         Err(e) => {
             eprintln!("confine: cannot write --json-status: {e}");
@@ -355,6 +373,12 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
             return super::EXIT_CONFINE_FAILED;
         }
     }
+    if let (true, Some(o)) = (status_to_stdout, outcome.as_ref().ok().or(failed.as_ref())) {
+        if let Err(e) = write_status_to_stdout(o) {
+            eprintln!("confine: cannot write --json-status to stdout: {e}");
+            return super::EXIT_CONFINE_FAILED;
+        }
+    }
     code
 }
 
@@ -391,6 +415,17 @@ fn network_denials(o: &Outcome) -> Vec<String> {
         lines.push(format!("network: {more} more denied (the outcome's network lists them, --json-status)"));
     }
     lines
+}
+
+/// `--json-status -`: the outcome as one JSON document on stdout, after
+/// everything the job wrote there (its relays are drained by now).
+fn write_status_to_stdout(o: &Outcome) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let bytes = serde_json::to_vec_pretty(o).map_err(std::io::Error::other)?;
+    out.write_all(&bytes)?;
+    out.write_all(b"\n")?;
+    out.flush()
 }
 
 /// The `--json-status` file: its directory is opened up front and the file

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 #[command(
     after_help = "Examples:\n  confine serve                                  # stdio, for an MCP client that spawns it\n  \
 confine serve --http 127.0.0.1:8765            # streamable HTTP at http://127.0.0.1:8765/mcp, token generated\n  \
+confine serve --http :8765                     # the same: no host (or localhost) means loopback, never all interfaces\n  \
 confine serve --http 0.0.0.0:8765 --token-file /etc/confine/token\n\n\
 HTTP always requires a bearer token (Authorization: Bearer <token>), on loopback too: any local process, a job \
 run with --net host included, can reach it. The tokens are --token-file (else $CONFINE_TOKEN) and the \
@@ -25,8 +26,10 @@ without one, on a loopback address only, with a warning.\n\n\
 Logs go to stderr (filter with CONFINE_LOG, e.g. CONFINE_LOG=debug); stdout carries only the protocol."
 )]
 pub struct ServeArgs {
-    /// Serve streamable HTTP on ADDR (path /mcp) instead of stdio. Port 0 picks a free port; the address is printed on stderr.
-    #[arg(long, value_name = "ADDR")]
+    /// Serve streamable HTTP on ADDR (path /mcp) instead of stdio: IP:PORT, localhost:PORT or :PORT, the last
+    /// two meaning 127.0.0.1:PORT (loopback only; every interface is 0.0.0.0:PORT, said in full). Port 0 picks a
+    /// free port; the address is printed on stderr.
+    #[arg(long, value_name = "ADDR", value_parser = parse_http_addr)]
     pub http: Option<SocketAddr>,
     /// File whose first line is the bearer token HTTP clients must send, for every repository [default: $CONFINE_TOKEN; none given: one is generated].
     #[arg(long, value_name = "FILE", requires = "http", conflicts_with = "no_token")]
@@ -37,6 +40,24 @@ pub struct ServeArgs {
     /// Also accept requests from this browser Origin, as scheme://host[:port]; repeatable. Loopback origins are always accepted.
     #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
     pub allow_origin: Vec<String>,
+}
+
+/// `--http`'s address. A host left out (`:PORT`) or named `localhost` is
+/// IPv4 loopback: all interfaces are never reached by leaving something
+/// out, only by writing `0.0.0.0` or `[::]`.
+pub(crate) fn parse_http_addr(s: &str) -> Result<SocketAddr, String> {
+    let loopback = |port: &str| port.parse::<u16>().ok().map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
+    let parsed = match s.rsplit_once(':') {
+        Some(("", port)) => loopback(port),
+        Some((host, port)) if host.eq_ignore_ascii_case("localhost") => loopback(port),
+        _ => s.parse().ok(),
+    };
+    parsed.ok_or_else(|| {
+        format!(
+            "'{s}' is not an address to listen on: use IP:PORT, localhost:PORT or :PORT (both loopback), \
+             e.g. 127.0.0.1:8765, or [::1]:8765"
+        )
+    })
 }
 
 pub fn main(config: Option<&Path>, args: ServeArgs) -> i32 {
@@ -179,4 +200,24 @@ fn watch_signals(shutdown: CancellationToken) {
         }
         shutdown.cancel();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_addresses_without_a_host_are_loopback() {
+        let lo = |p| SocketAddr::from(([127, 0, 0, 1], p));
+        assert_eq!(parse_http_addr(":8765"), Ok(lo(8765)));
+        assert_eq!(parse_http_addr("localhost:0"), Ok(lo(0)));
+        assert_eq!(parse_http_addr("LocalHost:80"), Ok(lo(80)));
+        assert_eq!(parse_http_addr("127.0.0.1:9"), Ok(lo(9)));
+        assert_eq!(parse_http_addr("[::1]:9"), Ok("[::1]:9".parse().unwrap()));
+        assert_eq!(parse_http_addr("0.0.0.0:9"), Ok("0.0.0.0:9".parse().unwrap()));
+        for bad in ["", ":", "8765", ":99999", "localhost", "localhost:x", "example.com:80", "::1:80"] {
+            let e = parse_http_addr(bad).unwrap_err();
+            assert!(e.contains("IP:PORT, localhost:PORT or :PORT"), "{bad}: {e}");
+        }
+    }
 }

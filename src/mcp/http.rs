@@ -159,11 +159,19 @@ async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Respon
             }
             let deleting = req.method() == axum::http::Method::DELETE;
             let principal = caller.principal.clone();
+            let (mut req, json_body) = match buffer_json_body(req).await {
+                Ok(r) => r,
+                Err(refused) => return refused,
+            };
             // rmcp hands the request's parts, extensions included, to the
             // tool handlers: they read the caller there.
-            let mut req = req;
             req.extensions_mut().insert(caller);
             let mut resp = next.run(req).await;
+            // rmcp answers a body it can't read as a message 415, as if
+            // its type were wrong; JSON-RPC says what it is.
+            if let (Some(body), axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE) = (&json_body, resp.status()) {
+                return unreadable_message(body);
+            }
             // rmcp answers a closed session 202; clients (the Python SDK)
             // expect 200 or 204 and warn otherwise.
             if deleting && resp.status() == axum::http::StatusCode::ACCEPTED {
@@ -201,4 +209,48 @@ async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Respon
             resp
         }
     }
+}
+
+/// A POST that says it carries JSON, with its body read (at most
+/// [`MAX_BODY_BYTES`], however it is sent) and put back, so that what
+/// rmcp refuses can be answered as JSON-RPC says ([`unreadable_message`]);
+/// any other request as it came.
+async fn buffer_json_body(req: Request) -> Result<(Request, Option<axum::body::Bytes>), Response> {
+    let json = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    if req.method() != axum::http::Method::POST || !json {
+        return Ok((req, None));
+    }
+    let (parts, body) = req.into_parts();
+    match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(bytes) => Ok((Request::from_parts(parts, axum::body::Body::from(bytes.clone())), Some(bytes))),
+        Err(e) => {
+            let too_large = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                .any(|e| e.is::<http_body_util::LengthLimitError>());
+            Err(if too_large {
+                (axum::http::StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {MAX_BODY_BYTES} bytes\n"))
+                    .into_response()
+            } else {
+                (axum::http::StatusCode::BAD_REQUEST, format!("cannot read the request body: {e}\n")).into_response()
+            })
+        }
+    }
+}
+
+/// JSON-RPC's answer to a body that is no message, with HTTP 400: a parse
+/// error (-32700) when it is not JSON at all, an invalid request (-32600)
+/// when it is JSON of another shape. No id can be known: it is left out,
+/// as MCP's error responses leave it (and as rmcp writes them on stdio).
+fn unreadable_message(body: &[u8]) -> Response {
+    let (code, message) = match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+        Err(e) => (-32700, format!("Parse error: the body is not JSON ({e})")),
+        Ok(_) => (-32600, "Invalid Request: the body is JSON, but not a JSON-RPC message".to_string()),
+    };
+    let error = serde_json::json!({ "jsonrpc": "2.0", "error": { "code": code, "message": message } });
+    let json = axum::http::HeaderValue::from_static("application/json");
+    (axum::http::StatusCode::BAD_REQUEST, [(axum::http::header::CONTENT_TYPE, json)], error.to_string()).into_response()
 }

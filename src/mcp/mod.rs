@@ -9,6 +9,7 @@
 //! `server.rs` + `tools.rs` the rmcp handler, `access.rs` who is calling
 //! and what they may touch, `progress.rs`, `usage.rs`, `http.rs` +
 //! `http_guard.rs` + `token.rs` the HTTP transport and its tokens,
+//! `stdio.rs` the stdio transport,
 //! `fake/` the test double (tests only: the `test-double` feature, which
 //! the crate's dev-dependency on itself turns on for the test binaries).
 
@@ -24,6 +25,7 @@ pub mod real;
 mod schema;
 pub mod server;
 pub mod service;
+mod stdio;
 pub mod token;
 mod tools;
 pub mod types;
@@ -109,12 +111,14 @@ pub fn default_service(config_path: Option<&Path>) -> Result<Arc<dyn RuntimeServ
 }
 
 /// Serve MCP over stdin/stdout until the client closes stdin or `shutdown`
-/// fires. Nothing but protocol goes to stdout. A client that goes away
+/// fires. Nothing but protocol goes to stdout; a line that is not JSON is
+/// answered with a parse error ([`stdio`]). A client that goes away
 /// mid-call gets its calls cancelled (rmcp waits up to 5 s for them to
 /// answer first); `shutdown` cancels them at once.
 pub async fn serve_stdio(server: ConfineServer, shutdown: CancellationToken) -> Result<(), McpError> {
     let ct = shutdown.child_token();
-    let transport = rmcp::transport::stdio_pipes();
+    let (input, output) = rmcp::transport::stdio_pipes();
+    let transport = stdio::AnsweringTransport::new(input, output);
     let running = tokio::select! {
         biased;
         () = ct.cancelled() => return Ok(()),

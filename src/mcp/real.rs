@@ -34,8 +34,9 @@ struct BackgroundJob {
     mirror: Mirror,
     /// The final response, once the job ended.
     done: watch::Receiver<Option<ExecuteResponse>>,
-    /// Ended by `runtime_kill`: listed as killed, as the kill answered.
-    killed: bool,
+    /// Set by `runtime_kill` before it cancels: the supervisor then ends
+    /// the job `killed` (its answer, its listing and its audit record).
+    kill_requested: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The supervisor behind MCP.
@@ -216,6 +217,7 @@ impl RuntimeService for SupervisorService {
         // cancellation (or its client leaving) ends a foreground one.
         let cancel = if background { CancellationToken::new() } else { ctl.cancel.clone() };
         let mirror: Mirror = Arc::default();
+        let kill_requested = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (tx, rx) = watch::channel(None);
         self.register(BackgroundJob {
             summary: running(&job_id, &req, background),
@@ -223,7 +225,7 @@ impl RuntimeService for SupervisorService {
             cancel: cancel.clone(),
             mirror: mirror.clone(),
             done: rx,
-            killed: false,
+            kill_requested: kill_requested.clone(),
         })?;
 
         let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel::<sup::JobProgress>();
@@ -237,6 +239,7 @@ impl RuntimeService for SupervisorService {
         let token = cancel.clone();
         let sctl = sup::JobControl {
             cancel: Some(Box::pin(async move { token.cancelled().await })),
+            kill_requested: Some(kill_requested),
             progress: forward.as_ref().map(|_| ptx),
             progress_every: Some(std::time::Duration::from_secs(1)),
             mirror: Some(mirror),
@@ -324,10 +327,7 @@ impl RuntimeService for SupervisorService {
         let mut jobs = self.jobs.lock().map_err(internal)?;
         for job in jobs.values_mut().filter(|j| caller.owns(&j.owner)) {
             if let Some(done) = job.done.borrow().clone() {
-                job.summary.status = match done.status {
-                    ExecStatus::Cancelled if job.killed => ExecStatus::Killed,
-                    other => other,
-                };
+                job.summary.status = done.status;
                 job.summary.exit_code = done.exit_code;
                 job.summary.duration_ms = done.duration_ms;
                 job.summary.artifact_handle = done.artifact_handle.clone();
@@ -369,18 +369,15 @@ impl RuntimeService for SupervisorService {
             let job = jobs.get_mut(job_id).filter(|j| caller.owns(&j.owner)).ok_or_else(|| {
                 ServiceError::NotFound(format!("job '{job_id}' not found (list jobs with runtime_jobs)"))
             })?;
-            // A job that had already ended keeps its own status.
-            job.killed = job.done.borrow().is_none();
+            // Before the cancel: a job it ends is `killed` in its answer
+            // and its audit record alike ("cancelled" is for a caller's own
+            // cancellation); one that had already ended keeps its status.
+            job.kill_requested.store(true, std::sync::atomic::Ordering::SeqCst);
             job.cancel.cancel();
             job.done.clone()
         };
         let ended = done.wait_for(|d| d.is_some()).await.map_err(internal)?;
-        let mut resp = ended.clone().ok_or_else(|| internal("the job ended without a response"))?;
-        // Ended by this call: say so ("cancelled" is for a caller's own cancellation).
-        if resp.status == ExecStatus::Cancelled {
-            resp.status = ExecStatus::Killed;
-        }
-        Ok(resp)
+        ended.clone().ok_or_else(|| internal("the job ended without a response"))
     }
 
     fn sole_repo(&self) -> Option<String> {

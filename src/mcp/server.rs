@@ -108,6 +108,21 @@ impl ConfineServer {
         }
     }
 
+    /// `value` as structured content, and beside it `text`, a short
+    /// rendering for a reader (not the JSON again).
+    pub(crate) fn structured_with_text(
+        &self,
+        tool: &str,
+        value: serde_json::Value,
+        text: String,
+        call: CallOutcome<'_>,
+    ) -> CallToolResult {
+        let mut result = CallToolResult::structured(value);
+        result.content = vec![ContentBlock::text(text)];
+        result.is_error = Some(call.is_error);
+        self.count(tool, result, call)
+    }
+
     /// A job's answer: `resp` as structured content, and beside it a short
     /// rendering for a reader (`ExecuteResponse::text`), not the JSON again.
     pub(crate) fn job_answer(

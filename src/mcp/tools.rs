@@ -166,7 +166,7 @@ impl ConfineServer {
 impl ConfineServer {
     #[tool(
         name = "info",
-        description = "Call first: runtimes, limits, env allowlist, isolation here; with repoId, that workspace.",
+        description = "Call first: runtimes, limits, env allowlist, isolation here; repoId: that workspace; verbose: all details.",
         input_schema = input::<InfoRequest>(),
         output_schema = schema_for_output::<Info>(),
         annotations(read_only_hint = true, open_world_hint = false)
@@ -183,9 +183,11 @@ impl ConfineServer {
         }
         match self.service.info(req.repo_id.as_deref()).await {
             Ok(resp) => {
+                let resp = resp.lean(req.verbose == Some(true));
+                let text = resp.text();
                 // With a memory service and a repoId: `staleMemories` too.
-                let resp = self.info_with_memory(req.repo_id.as_deref(), &resp).await;
-                self.structured(TOOL, &resp, CallOutcome::default())
+                let value = self.info_with_memory(req.repo_id.as_deref(), &resp).await;
+                self.structured_with_text(TOOL, value, text, CallOutcome::default())
             }
             Err(e) => self.error(TOOL, &e),
         }

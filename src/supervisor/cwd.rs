@@ -68,10 +68,10 @@ pub fn jail(root: &Path, relative: Option<&str>) -> Result<JailedCwd, CwdError> 
     if p.components().any(|c| c == Component::ParentDir) {
         return Err(CwdError::ParentDir(rel.into()));
     }
-    let dir = crate::dirfd::Dir::open(root).map_err(|e| CwdError::Root(e.kind().to_string()))?;
+    let dir = crate::dirfd::Dir::open(root).map_err(|e| CwdError::Root(crate::dirfd::reason(&e)))?;
     let root = match dir.current_path() {
         Some(real) => real,
-        None => std::fs::canonicalize(root).map_err(|e| CwdError::Root(e.kind().to_string()))?,
+        None => std::fs::canonicalize(root).map_err(|e| CwdError::Root(crate::dirfd::reason(&e)))?,
     };
     if crate::dirfd::components(p).is_none() {
         // "." (or "./"): the root itself.

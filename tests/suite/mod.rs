@@ -37,6 +37,8 @@ mod network;
 #[cfg(target_os = "linux")]
 mod one_shot;
 #[cfg(target_os = "linux")]
+mod papercuts;
+#[cfg(target_os = "linux")]
 mod parallel_exec;
 #[cfg(target_os = "linux")]
 mod pty;

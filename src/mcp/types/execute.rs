@@ -284,8 +284,9 @@ fn is_zero(n: &u64) -> bool {
 
 impl ExecuteResponse {
     /// Drop what `info` already says of every job (backend, usage,
-    /// layers, guarantees, limits), an allowing policy decision, and a
-    /// finished job's id, unless the caller asked for them.
+    /// layers, guarantees, limits), an allowing policy decision's hash
+    /// (a denial keeps its own), and a finished job's id, unless the
+    /// caller asked for them.
     pub fn lean(mut self, verbose: bool) -> Self {
         if !verbose {
             self.backend = None;
@@ -293,7 +294,11 @@ impl ExecuteResponse {
             self.layers = None;
             self.guarantees = None;
             self.limits = None;
-            self.policy_decision.audit_hash = None;
+            // A refusal keeps its hash: the key of the record that says
+            // why, which a denied caller has nothing else to find it by.
+            if self.policy_decision.allowed && self.status != ExecStatus::Denied {
+                self.policy_decision.audit_hash = None;
+            }
             // A finished job is known by its artifactHandle; a running
             // one by its jobId (runtime_jobs, runtime_kill).
             if self.status != ExecStatus::Running {

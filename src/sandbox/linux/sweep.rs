@@ -420,7 +420,9 @@ pub fn write_record(job_id: &str, rec: &SweepRecord, idmapped: &[PathBuf]) -> Re
         return Ok(());
     }
     let fail = RecordError::Write;
-    let dir = record_dir(true).map_err(fail)?.ok_or_else(|| fail(std::io::ErrorKind::NotFound.into()))?;
+    let dir = record_dir(true)
+        .map_err(fail)?
+        .ok_or_else(|| fail(std::io::Error::other(format!("{RECORD_DIR}: No such file or directory"))))?;
     let bytes = serde_json::to_vec(&rec).map_err(|e| fail(std::io::Error::other(e)))?;
     let name = record_name(job_id);
     let tmp = OsString::from(format!(".{job_id}.tmp"));

@@ -178,7 +178,7 @@ fn refuse(repo_id: &str, what: &str) -> MemoryError {
 }
 
 fn dir_error(e: std::io::Error) -> MemoryError {
-    MemoryError::File { path: MEMORY_DIR.into(), message: e.kind().to_string() }
+    MemoryError::File { path: MEMORY_DIR.into(), message: dirfd::reason(&e) }
 }
 
 /// `.confine-memory/` of the repository open at `root`, if it is there.
@@ -252,7 +252,7 @@ pub(crate) fn read(dir: &Dir, name: &str) -> Result<Option<(Vec<u8>, i64)>, Unre
         Err(e) if dirfd::is_not_regular(&e) => Err(Unreadable::NotRegular),
         // Too large: its message names the limit.
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(Unreadable::Invalid(e)),
-        Err(e) => Err(Unreadable::Io(e.kind())),
+        Err(e) => Err(Unreadable::Io(dirfd::reason(&e))),
     }
 }
 
@@ -265,8 +265,9 @@ pub(crate) enum Unreadable {
     NotRegular,
     #[error("{0}")]
     Invalid(std::io::Error),
+    /// The OS's words ([`dirfd::reason`]).
     #[error("{0}")]
-    Io(std::io::ErrorKind),
+    Io(String),
 }
 
 /// A `memoryId` from a file name `<id>.md` (hidden and other files: `None`).

@@ -165,7 +165,7 @@ pub(crate) fn rel_path(raw: &str) -> Result<String, MemoryError> {
 pub(crate) fn repo_root(repo: &RepoRef) -> Result<Dir, MemoryError> {
     Dir::open(&repo.root).map_err(|e| MemoryError::Repo {
         repo: repo.id.clone(),
-        message: format!("the repository root is unavailable: {} (check [[repos]] in confine.toml)", e.kind()),
+        message: format!("the repository root is unavailable: {} (check [[repos]] in confine.toml)", dirfd::reason(&e)),
     })
 }
 
@@ -185,7 +185,7 @@ pub(crate) fn open_linked(root: &Dir, rel: &str) -> Result<Option<(std::fs::File
         Err(e) if dirfd::is_not_regular(&e) => Err(invalid(format!(
             "fileRelPath '{shown}' is not a regular file; link files, not directories, FIFOs or devices"
         ))),
-        Err(e) => Err(invalid(format!("fileRelPath '{shown}' can't be read: {}", e.kind()))),
+        Err(e) => Err(invalid(format!("fileRelPath '{shown}' can't be read: {}", dirfd::reason(&e)))),
     }
 }
 

@@ -131,6 +131,10 @@ pub struct JobControl {
     pub live: Option<Live>,
     /// Resolves when the caller cancels: the tree is killed at once.
     pub cancel: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// Set before `cancel` resolves when the cancellation is a kill
+    /// request (`runtime_kill`): the job then ends `killed`, in its answer
+    /// and in its audit record alike, not `cancelled`.
+    pub kill_requested: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Receives the byte count and elapsed time every `progress_every`.
     pub progress: Option<tokio::sync::mpsc::UnboundedSender<JobProgress>>,
     pub progress_every: Option<Duration>,

@@ -262,7 +262,12 @@ impl Supervisor {
             }
             Stop::Kill
         });
-        let (outcome, teardown) = job.supervise(DEFAULT_KILL_GRACE, stop).await;
+        let (mut outcome, teardown) = job.supervise(DEFAULT_KILL_GRACE, stop).await;
+        if outcome.status == crate::job::Status::Cancelled
+            && ctl.kill_requested.as_ref().is_some_and(|k| k.load(Ordering::SeqCst))
+        {
+            outcome.status = crate::job::Status::Killed;
+        }
         // The output's seal and the audit append come next: the removal
         // runs beside them, in a one-shot `confine exec` too.
         let teardown = teardown.beside();
