@@ -33,6 +33,12 @@ pub struct ExecArgs {
     /// A repository of [[repos]] in confine.toml.
     #[arg(long, value_name = "ID")]
     pub repo_id: Option<String>,
+    /// Where the repository is inside: `/workspace`, `host` (its own real
+    /// path, for a virtualenv or an editable install that holds it), or
+    /// an absolute PATH (see `confine run --help`) [default: the
+    /// repository's workspace_at in confine.toml, else /workspace].
+    #[arg(long, value_name = "host|PATH")]
+    pub workspace_at: Option<crate::sandbox::workspace_at::WorkspaceAt>,
     /// Working directory relative to the repository root.
     #[arg(long, value_name = "REL")]
     pub cwd: Option<String>,
@@ -141,6 +147,16 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         (None, id) => id.clone(),
     };
     let adhoc = config.repos != loaded.repos;
+    if let Some(at) = &args.workspace_at {
+        let Some(id) = &repo_id else {
+            return fail(format!("--workspace-at {at}: name the repository with --repo or --repo-id"));
+        };
+        // An unknown id is the pipeline's to refuse, audited.
+        if let Some(repo) = config.repos.iter_mut().find(|r| &r.id == id) {
+            repo.workspace_at = at.clone();
+        }
+    }
+    let moved = !adhoc && config.repos != loaded.repos;
     let env = args.env.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v))).collect();
     let req = JobRequest {
         repo_id,
@@ -164,6 +180,14 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     };
     let live = args.output_mode.is_none() && !args.json;
     if let Some(conn) = crate::relay::client::connect(&config.store_path()).filter(|_| !args.no_server) {
+        if moved {
+            return fail(format!(
+                "--workspace-at: the store is held by a `confine serve`, which mounts its repositories where its \
+                 configuration says: set workspace_at = \"{}\" in that repository's [[repos]] entry, or stop the \
+                 server",
+                args.workspace_at.as_ref().map(ToString::to_string).unwrap_or_default()
+            ));
+        }
         return relay(conn, &loaded, req, live, adhoc, &args);
     }
     // Before the runtime's threads: output capture must not grow the heap.
