@@ -57,7 +57,10 @@ pub struct RunArgs {
     /// Repeatable; --env wins over it.
     #[arg(long, value_name = "FILE")]
     pub env_file: Vec<PathBuf>,
-    /// Bind a host path read-only: SRC or SRC:DEST. Repeatable.
+    /// Bind a host path read-only: SRC or SRC:DEST. Repeatable. A DEST in
+    /// the read-only /usr or /etc must exist there (as with bwrap); `/` as
+    /// SRC is the host's root file system alone, without what is mounted
+    /// below it.
     #[arg(long = "ro-bind", value_name = "SRC[:DEST]")]
     pub ro_bind: Vec<String>,
     /// Bind a host path read-write: SRC or SRC:DEST. Repeatable.

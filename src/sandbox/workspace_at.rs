@@ -119,6 +119,10 @@ fn check(p: &Path) -> Result<(), WorkspaceAtError> {
     if NOT_REPLACED.iter().any(|d| p == Path::new(d)) {
         return collides("the workspace would hide that whole directory of the sandbox");
     }
+    let source = Path::new(crate::runtimes::plan::SOURCE_DIR);
+    if p.starts_with(source) || source.starts_with(p) {
+        return collides("code mode writes its source there");
+    }
     Ok(())
 }
 
@@ -146,6 +150,9 @@ mod tests {
             assert!(matches!(e, Err(WorkspaceAtError::Collides { .. })), "{own}: {e:?}");
             let e = WorkspaceAt::Host.resolve(Path::new(own));
             assert!(matches!(e, Err(WorkspaceAtError::Collides { .. })), "host {own}: {e:?}");
+        }
+        for own in ["/tmp/confine-src", "/tmp/confine-src/x"] {
+            assert!(matches!(own.parse::<WorkspaceAt>(), Err(WorkspaceAtError::Collides { .. })), "{own}");
         }
         for fine in ["/tmp/ci/checkout", "/usr/src/app", "/home/u/proj", "/root/proj"] {
             assert_eq!(WorkspaceAt::Host.resolve(Path::new(fine)).unwrap(), Path::new(fine));

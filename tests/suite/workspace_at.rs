@@ -80,10 +80,17 @@ fn a_read_write_workspace_at_its_host_path_keeps_git_read_only() {
         "--",
         "/bin/sh",
         "-c",
-        "echo x > made; touch .git/hook 2>/dev/null || echo git-ro",
+        "echo x > made; touch .git/hook 2>/dev/null || echo git-ro; mkdir -p sub/.git",
     ]);
     assert_eq!(stdout(&out), "git-ro\n", "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(ws.join("made")).unwrap(), "x\n");
+    if is_root() {
+        // Idmapped (root's directory, a job of another uid) and swept at
+        // its path: the repository the job made is handed to its ids.
+        use std::os::unix::fs::MetadataExt;
+        let made = std::fs::metadata(ws.join("sub/.git")).unwrap();
+        assert_eq!((made.uid(), made.gid()), (65534, 65534), "the job's repository is disowned");
+    }
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
     assert_eq!(v["layers"]["protected"], serde_json::json!([format!("{w}/.git")]), "{v}");
 }
