@@ -3,6 +3,7 @@
 //! default, or rendered in a response mode with `--output-mode`.
 
 use crate::config::Config;
+use crate::env::EnvArg;
 use crate::job::{Network, Status};
 use crate::output::modes::RenderOptions;
 use crate::output::OutputMode;
@@ -14,7 +15,8 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  confine exec --repo . --runtime python --code 'print(6*7)'\n  \
 confine exec --repo . --runtime shell -- -c 'make test'\n  \
-confine exec --repo . --runtime rust --code-file main.rs --output-mode digest\n\n\
+confine exec --repo . --runtime rust --code-file main.rs --output-mode digest\n  \
+echo data | confine exec --repo . --runtime shell -e MODE=ci -- -c 'echo \"$MODE\"; wc -c'\n\n\
 Execution must be enabled in confine.toml ([runtime] enabled = true). Exit status follows `confine run`; \
 125 when the request was denied, confine failed, or the job ran and its audit record could not be written.")]
 pub struct ExecArgs {
@@ -42,7 +44,13 @@ pub struct ExecArgs {
     /// Working directory relative to the repository root.
     #[arg(long, value_name = "REL")]
     pub cwd: Option<String>,
-    /// Feed FILE to the job's stdin.
+    /// Feed FILE to the job's stdin; `-` reads this process's stdin, a
+    /// terminal too (until end of file, Ctrl-D). Without it, a pipe or a
+    /// file on stdin is read whole before the job starts, as `confine run`
+    /// passes them; a terminal, /dev/null or a socket is not read, and the
+    /// job's stdin is empty. Either way at most limits.max_stdin_bytes of
+    /// UTF-8 text (more is an error). To keep exec from waiting on a pipe
+    /// that never ends, give it </dev/null.
     #[arg(long, value_name = "FILE")]
     pub stdin_file: Option<PathBuf>,
     /// Hard timeout (e.g. 30s, 500ms, 2m); the queue wait counts against it.
@@ -51,9 +59,15 @@ pub struct ExecArgs {
     /// Override the runtime's executable (must be compatible, e.g. pypy3 for python).
     #[arg(long)]
     pub executable: Option<String>,
-    /// Pass KEY from this environment (it must be in sandbox.env_allowlist). Repeatable.
-    #[arg(long = "env", value_name = "KEY")]
-    pub env: Vec<String>,
+    /// Pass KEY from this environment, or set KEY=VAL; every KEY must be
+    /// in sandbox.env_allowlist, set here or not. Repeatable.
+    #[arg(long = "env", short = 'e', value_name = "KEY[=VAL]")]
+    pub env: Vec<EnvArg>,
+    /// Read --env arguments from FILE, one per line, as `confine run
+    /// --env-file` does (KEY=VAL or a bare KEY; every KEY must be in
+    /// sandbox.env_allowlist). Repeatable; --env wins over it.
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Vec<PathBuf>,
     /// Network: none, host, or allow:HOST,… (a proxy reaching only those
     /// hosts; see `confine run --help`). host and allow need the policy's consent.
     #[arg(long, value_name = "MODE", default_value = "none", value_parser = Network::parse_arg)]
@@ -127,10 +141,19 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         },
         (None, None) => None,
     };
-    let stdin = match &args.stdin_file {
-        Some(f) => match crate::safe_fs::read_regular_string(f, bound(config.limits.max_stdin_bytes)) {
+    let max_stdin = config.limits.max_stdin_bytes;
+    let stdin = match args.stdin_file.as_deref() {
+        Some(f) if f == Path::new("-") => match read_stdin(bound(max_stdin), max_stdin) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(format!("--stdin-file -: {e}")),
+        },
+        Some(f) => match crate::safe_fs::read_regular_string(f, bound(max_stdin)) {
             Ok(s) => Some(s),
             Err(e) => return fail(format!("--stdin-file: {e}")),
+        },
+        None if stdin_is_input() => match read_stdin(bound(max_stdin), max_stdin) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(e),
         },
         None => None,
     };
@@ -157,7 +180,16 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         }
     }
     let moved = !adhoc && config.repos != loaded.repos;
-    let env = args.env.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v))).collect();
+    let mut given = Vec::new();
+    for file in &args.env_file {
+        // Every name is checked against the allowlist by the pipeline.
+        match crate::env::read_env_file(file, |_| true) {
+            Ok(args) => given.extend(args),
+            Err(e) => return fail(e),
+        }
+    }
+    given.extend(args.env.iter().cloned());
+    let (env, env_unset) = request_env(&given, |k| std::env::var(k).ok());
     let req = JobRequest {
         repo_id,
         runtime: args.runtime.clone(),
@@ -169,6 +201,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         timeout_ms: args.timeout,
         network: args.net.clone(),
         env,
+        env_unset,
         persist_output: Some(!args.no_persist),
         render: RenderOptions {
             output_mode: args.output_mode.unwrap_or_default(),
@@ -270,6 +303,69 @@ fn relay(
     }
 }
 
+/// The variables of a request, later arguments winning, and the names
+/// given bare that `lookup` does not know: those set nothing (as docker's
+/// `-e KEY` for an unset KEY) but still go to the allowlist.
+fn request_env(given: &[EnvArg], lookup: impl Fn(&str) -> Option<String>) -> (Vec<(String, String)>, Vec<String>) {
+    let (mut env, mut unset): (Vec<(String, String)>, Vec<String>) = (Vec::new(), Vec::new());
+    for arg in given {
+        match arg.value.clone().or_else(|| lookup(&arg.key)) {
+            Some(value) => match env.iter_mut().find(|(k, _)| *k == arg.key) {
+                Some(slot) => slot.1 = value,
+                None => env.push((arg.key.clone(), value)),
+            },
+            None if !unset.contains(&arg.key) => unset.push(arg.key.clone()),
+            None => {}
+        }
+    }
+    (env, unset)
+}
+
+/// Whether this process's stdin is input someone gave it (a pipe or a
+/// file), as opposed to a terminal, /dev/null or a socket an agent's
+/// harness leaves open: only the first is read unasked, so that exec
+/// never waits on a stdin nobody meant for the job.
+fn stdin_is_input() -> bool {
+    use nix::sys::stat::{fstat, SFlag};
+    use std::io::IsTerminal;
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return false;
+    }
+    match fstat(stdin.as_fd()) {
+        Ok(st) => {
+            let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+            kind == SFlag::S_IFIFO || kind == SFlag::S_IFREG
+        }
+        Err(_) => false,
+    }
+}
+
+/// This process's stdin, to end of file: at most `bound` bytes (more is
+/// refused here; between `max` and `bound` the pipeline refuses it, and
+/// audits the refusal), UTF-8, as a request carries it.
+fn read_stdin(bound: u64, max: u64) -> Result<String, String> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(bound.saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read stdin: {e}"))?;
+    if buf.len() as u64 > bound {
+        return Err(format!(
+            "stdin is more than {bound} bytes, above the limit of {max} bytes (limits.max_stdin_bytes); \
+             pass less, raise the limit, or run it with `confine run`, which streams stdin"
+        ));
+    }
+    String::from_utf8(buf).map_err(|_| {
+        "stdin is not UTF-8 text, which is all a request carries: run it with `confine run`, which passes any \
+         bytes"
+            .to_string()
+    })
+}
+
 fn report(resp: &JobResponse, args: &ExecArgs) -> i32 {
     if args.json {
         match serde_json::to_string_pretty(resp) {
@@ -360,6 +456,34 @@ fn print_view(view: &crate::output::modes::OutputView) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_arguments_become_values_and_unset_names() {
+        let host = |k: &str| (k == "EDITOR").then(|| "vi".to_string());
+        let given: Vec<EnvArg> =
+            ["A=1", "EDITOR", "NOPE", "A=2", "NOPE", "B="].iter().map(|s| s.parse().unwrap()).collect();
+        let (env, unset) = request_env(&given, host);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(env, [("A", "2"), ("EDITOR", "vi"), ("B", "")]);
+        assert_eq!(unset, ["NOPE"]);
+    }
+
+    #[test]
+    fn exec_takes_env_as_run_does() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            exec: ExecArgs,
+        }
+        let cli = Cli::try_parse_from(["x", "--runtime", "shell", "-e", "FOO=bar", "--env", "HOME", "--env-file", "f"])
+            .unwrap();
+        assert_eq!(cli.exec.env[0], EnvArg { key: "FOO".into(), value: Some("bar".into()) });
+        assert_eq!(cli.exec.env[1], EnvArg { key: "HOME".into(), value: None });
+        assert_eq!(cli.exec.env_file, [PathBuf::from("f")]);
+        let e = Cli::try_parse_from(["x", "--runtime", "shell", "-e", "A-B=1"]).err().unwrap().to_string();
+        assert!(e.contains("'A-B' is not a variable name"), "{e}");
+    }
 
     #[test]
     fn durations_parse_with_units() {

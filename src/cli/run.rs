@@ -38,8 +38,9 @@ pub struct RunArgs {
     /// /tmp, /usr, /etc…, nor under /proc or /dev [default: /workspace].
     #[arg(long, value_name = "host|PATH", requires = "workspace")]
     pub workspace_at: Option<WorkspaceAt>,
-    /// Network: `none` (only lo), `host` (the host's network), or
-    /// `allow:HOST,…` (only lo, and a proxy in confine that reaches these
+    /// Network: `none` (only the job's own lo, where its local servers
+    /// work), `host` (the host's network), or
+    /// `allow:HOST,…` (the same lo, and a proxy in confine that reaches these
     /// hosts on ports 443 and 80: `name`, `*.suffix`, `host:port`, an
     /// address, `@list` of confine.toml's [network.allow]).
     #[arg(long, visible_alias = "network", value_name = "MODE", default_value = "none", value_parser = Network::parse_arg)]
@@ -47,13 +48,16 @@ pub struct RunArgs {
     /// Hostname inside the sandbox.
     #[arg(long, default_value = "confine")]
     pub hostname: String,
-    /// Pass KEY from this environment, or set KEY=VAL. Repeatable.
-    /// Nothing else of confine's environment reaches the job.
+    /// Pass KEY from this environment, or set KEY=VAL (KEY: letters,
+    /// digits and _, not starting with a digit). Repeatable. Nothing else
+    /// of confine's environment reaches the job.
     #[arg(long = "env", short = 'e', value_name = "KEY[=VAL]")]
     pub env: Vec<EnvArg>,
-    /// Read --env arguments from FILE, one per line (docker's format:
-    /// KEY=VAL, or KEY to pass this environment's value; blank lines and
-    /// lines starting with # are skipped; no quotes are removed).
+    /// Read --env arguments from FILE, one per line, as docker does:
+    /// KEY=VAL, or a bare KEY to pass this environment's value (a file may
+    /// name bare only a KEY of sandbox.env_allowlist in confine.toml or
+    /// one given with -e: it may be a file a job wrote); blank lines and
+    /// lines starting with # are skipped; no quotes are removed.
     /// Repeatable; --env wins over it.
     #[arg(long, value_name = "FILE")]
     pub env_file: Vec<PathBuf>,
@@ -255,8 +259,12 @@ pub fn job_spec(args: &RunArgs, config: &Config) -> Result<JobSpec, SandboxError
     let defaults = &config.limits;
     let mut spec = JobSpec::new(args.command.clone());
     let mut env = Vec::new();
+    // A file's bare KEY takes our value only for names the operator or
+    // this command line chose: the file may be one a job planted.
+    let may_inherit =
+        |k: &str| config.sandbox.env_allowlist.iter().any(|a| a == k) || args.env.iter().any(|e| e.key == k);
     for file in &args.env_file {
-        env.extend(crate::env::read_env_file(file).map_err(|e| SandboxError::Unavailable(e.to_string()))?);
+        env.extend(crate::env::read_env_file(file, may_inherit).map_err(|e| SandboxError::Unavailable(e.to_string()))?);
     }
     env.extend(args.env.iter().cloned());
     // A terminal's type, so that what the job prints to it can use it.

@@ -15,6 +15,7 @@ use super::{ConfineServer, McpError};
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use axum::serve::ListenerExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use std::net::SocketAddr;
@@ -82,6 +83,14 @@ pub async fn serve_http(server: ConfineServer, opts: HttpOptions, shutdown: Canc
         "confine: serving MCP over streamable HTTP at http://{local}/mcp{}",
         if guard.requires_token() { " (bearer token required)" } else { "" }
     );
+    // Every accepted connection without Nagle's algorithm: a keep-alive
+    // client (the TypeScript SDK) sends a request's headers and body in
+    // two writes, and the answer would otherwise wait on its delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY not set on an MCP connection: {e}");
+        }
+    });
     let serve = axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let mut task = tokio::spawn(async move { serve.await });
     let result = tokio::select! {

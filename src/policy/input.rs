@@ -73,6 +73,8 @@ pub enum InputError {
     TooManyArgs { count: usize, max: usize },
     #[error("{what} contains a NUL byte, which no program can receive")]
     NulByte { what: String },
+    #[error("environment variable {why}")]
+    EnvName { why: String },
     #[error("{what} must be greater than 0")]
     Zero { what: &'static str },
 }
@@ -112,7 +114,9 @@ impl ExecRequest {
             }
         }
         for k in &self.env_keys {
-            nul("an environment variable name".into(), k)?;
+            if let Some(why) = crate::env::invalid_name(k) {
+                return Err(InputError::EnvName { why });
+            }
         }
         nul("runtime".into(), &self.runtime)?;
         let l = &self.limits;

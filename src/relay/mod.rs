@@ -43,8 +43,10 @@ use serde::{Deserialize, Serialize};
 /// The socket's name in the store's directory.
 pub const SOCKET_NAME: &str = "serve.sock";
 
-/// The wire's version: a server refuses a request of another version.
-pub const PROTOCOL: u32 = 2;
+/// The wire's version: a server refuses a request of another version
+/// (3: an exec's `envUnset`, which an older server would ignore, and let
+/// a name off its allowlist pass unchecked).
+pub const PROTOCOL: u32 = 3;
 
 /// A command a client relays.
 #[derive(Debug, Serialize, Deserialize)]
@@ -53,8 +55,8 @@ pub enum RelayedCommand {
     Artifacts(ArtifactsCommand),
     Gc(GcArgs),
     Memory(MemoryCommand),
-    /// A governed execution, resolved by the client (code and stdin files
-    /// read, environment values taken, the repository named by id).
+    /// A governed execution, resolved by the client (code and stdin read,
+    /// environment values taken, the repository named by id).
     #[cfg(target_os = "linux")]
     Exec(ExecRelay),
     /// `confine run`: the job as the client planned it, with the client's

@@ -188,6 +188,38 @@ pub fn resolve(
     Ok(r)
 }
 
+/// What makes `command`, which a job could not find, run in the sandbox:
+/// the flags that bind its toolchain read-only at the same place and set
+/// the variables it needs (`--ro-bind /root/.cargo:/root/.cargo …`), as
+/// one line for the error to print. `None` when the host has no such
+/// executable in a trusted location (the caller's PATH and the system
+/// directories, never a repository), or when it needs no bind.
+pub fn bind_hint(command: &str, host: &Host) -> Option<String> {
+    let trust = Trust::new(&host.path, &host.bound, &host.repos);
+    let exe = trust.lookup(command, None).ok()??;
+    static ANY: Runtime = Runtime { name: "command", executables: &[], compatible: &[], source_file: "" };
+    let mut r = Resolved {
+        runtime: &ANY,
+        executable: exe.clone(),
+        helpers: Vec::new(),
+        ro_paths: Vec::new(),
+        env: Vec::new(),
+        path_dirs: Vec::new(),
+    };
+    collect(&exe, host, &trust, &mut r, 0);
+    let roots = minimal_roots(std::mem::take(&mut r.ro_paths), &host.bound);
+    if roots.is_empty() {
+        return None;
+    }
+    let mut flags: Vec<String> = roots.iter().map(|p| format!("--ro-bind {0}:{0}", p.display())).collect();
+    flags.extend(r.env.iter().map(|(k, v)| format!("--env {k}={v}")));
+    if !command.contains('/') {
+        flags.push("--".into());
+        flags.push(exe.display().to_string());
+    }
+    Some(flags.join(" "))
+}
+
 /// Add what `exe` needs to `r`. `exe` passed the trust rules (it was
 /// looked up through [`Trust`]), so its real path may be followed and its
 /// `#!` line read.

@@ -103,7 +103,7 @@ pub(crate) fn policy_request(req: &JobRequest, net: &crate::config::NetworkConfi
             output_bytes: None,
         },
         network: net.expand(&req.network).unwrap_or_else(|_| req.network.clone()),
-        env_keys: req.env.iter().map(|(k, _)| k.clone()).collect(),
+        env_keys: req.env.iter().map(|(k, _)| k.clone()).chain(req.env_unset.iter().cloned()).collect(),
         stdin_bytes: req.stdin.as_ref().map_or(0, |s| s.len() as u64),
     }
 }
@@ -137,8 +137,12 @@ impl Planner<'_> {
 
         // 4. environment: scrubbed, plus the toolchain's and allowlisted keys.
         let allowlist = &self.config.sandbox.env_allowlist;
-        let not_allowed: Vec<&str> =
-            req.env.iter().map(|(k, _)| k.as_str()).filter(|k| !allowlist.iter().any(|a| a == k)).collect();
+        let mut not_allowed: Vec<&str> = Vec::new();
+        for k in req.env.iter().map(|(k, _)| k.as_str()).chain(req.env_unset.iter().map(String::as_str)) {
+            if !allowlist.iter().any(|a| a == k) && !not_allowed.contains(&k) {
+                not_allowed.push(k);
+            }
+        }
         if !not_allowed.is_empty() {
             let message = format!(
                 "environment variable(s) {} not allowed (add them to sandbox.env_allowlist)",

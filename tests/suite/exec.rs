@@ -311,3 +311,209 @@ fn an_expired_artifact_is_gone_after_a_later_exec_without_confine_gc() {
     assert!(!listed.contains(&old), "the expired artifact is still stored: {listed}");
     assert!(listed.contains(&new), "{listed}");
 }
+
+impl Env {
+    /// `confine exec ARGS…` with `stdin` as its stdin (and `input` written
+    /// to it, then closed, when it is a pipe) and `vars` set, failing
+    /// instead of hanging.
+    fn exec_with(
+        &self,
+        args: &[&str],
+        stdin: std::process::Stdio,
+        input: Option<&[u8]>,
+        vars: &[(&str, &str)],
+    ) -> Output {
+        use std::io::{Read, Write};
+        let mut child = Command::new(bin())
+            .arg("--config")
+            .arg(&self.config)
+            .arg("exec")
+            .args(args)
+            .env("XDG_DATA_HOME", self.dir.path())
+            .envs(vars.iter().copied())
+            .stdin(stdin)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let (Some(bytes), Some(mut pipe)) = (input.map(<[u8]>::to_vec), child.stdin.take()) {
+            // Fed from a thread: confine reads it whole while we wait.
+            std::thread::spawn(move || {
+                let _ = pipe.write_all(&bytes);
+            });
+        }
+        let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let out = std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = out.read_to_end(&mut b);
+            b
+        });
+        let err = std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = err.read_to_end(&mut b);
+            b
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20) * slow();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("confine exec {args:?} hung: {}", String::from_utf8_lossy(&err.join().unwrap()));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+    }
+}
+
+const SHELL: [&str; 6] = ["--repo-id", "demo", "--runtime", "shell", "--timeout", "20s"];
+
+fn shell_args<'a>(extra: &[&'a str], script: &'a str) -> Vec<&'a str> {
+    let mut all: Vec<&str> = SHELL.to_vec();
+    all.extend_from_slice(extra);
+    all.extend_from_slice(&["--", "-c", script]);
+    all
+}
+
+/// `-e KEY=VAL` sets KEY (it was dropped), `-e KEY` takes ours, and every
+/// name, set here or not, valued or not, is held to the allowlist (an
+/// unset one went unchecked).
+#[test]
+fn every_env_name_is_held_to_the_allowlist_and_values_pass() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("\n[sandbox]\nenv_allowlist = [\"FOO\", \"MODE\", \"MAYBE\"]\n");
+    let null = std::process::Stdio::null;
+    let script = "echo \"foo=$FOO mode=$MODE maybe=${MAYBE-unset}\"";
+    let args = shell_args(&["-e", "FOO=bar", "--env", "MODE", "-e", "MAYBE"], script);
+    let out = env.exec_with(&args, null(), None, &[("MODE", "fast")]);
+    assert_eq!(stdout(&out), "foo=bar mode=fast maybe=unset\n", "{}", stderr(&out));
+    assert!(out.status.success());
+
+    let audited = env.audit_count();
+    let token = format!("ghp_{}", std::process::id());
+    for (extra, vars, named) in [
+        (["-e", "GITHUB_TOKEN"], vec![], "GITHUB_TOKEN"),
+        (["-e", "GITHUB_TOKEN"], vec![("GITHUB_TOKEN", token.as_str())], "GITHUB_TOKEN"),
+        (["-e", "OTHER=x"], vec![], "OTHER"),
+    ] {
+        let out = env.exec_with(&shell_args(&extra, "echo ran; env"), null(), None, &vars);
+        assert_eq!(out.status.code(), Some(125), "{extra:?}");
+        let err = stderr(&out);
+        assert!(err.contains(&format!("{named} not allowed")) && err.contains("sandbox.env_allowlist"), "{err}");
+        assert!(!stdout(&out).contains("ran") && !stdout(&out).contains(&token));
+    }
+    assert_eq!(env.audit_count(), audited + 3, "each refusal is audited");
+
+    // Not a name: a usage error, as a bad --env-file line is one.
+    let out = env.exec_with(&shell_args(&["-e", "A-B=1"], "true"), null(), None, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("'A-B' is not a variable name"), "{}", stderr(&out));
+}
+
+/// The attack: a `.env` planted in the repository (jobs may write there)
+/// names the caller's token bare. Read by `exec --env-file`, the name
+/// meets the allowlist, and the token never reaches a job.
+#[test]
+fn a_planted_env_file_cannot_pull_a_variable_the_allowlist_forbids() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("\n[sandbox]\nenv_allowlist = [\"MODE\", \"EDITOR\"]\n");
+    let planted = env.repo.join(".env");
+    std::fs::write(&planted, "MODE=test\nEDITOR\nGITHUB_TOKEN\n").unwrap();
+    let token = format!("ghp_planted{}", std::process::id());
+    let vars = [("GITHUB_TOKEN", token.as_str()), ("EDITOR", "vi")];
+    let file = planted.to_str().unwrap();
+    let args = shell_args(&["--env-file", file], "env");
+    let out = env.exec_with(&args, std::process::Stdio::null(), None, &vars);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("GITHUB_TOKEN not allowed"), "{}", stderr(&out));
+    assert!(!stdout(&out).contains(&token));
+    // The allowed ones pass, a bare name with the caller's value.
+    std::fs::write(&planted, "MODE=test\nEDITOR\n").unwrap();
+    let out = env.exec_with(&args, std::process::Stdio::null(), None, &vars);
+    let text = stdout(&out);
+    assert!(text.contains("MODE=test\n") && text.contains("EDITOR=vi\n"), "{text} / {}", stderr(&out));
+    assert!(!text.contains(&token));
+}
+
+/// `echo hi | confine exec …`: a pipe on stdin reaches the job (it read
+/// an empty stdin), and `--stdin-file -` says so explicitly.
+#[test]
+fn piped_stdin_reaches_the_job() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("");
+    let piped = std::process::Stdio::piped;
+    let out = env.exec_with(&shell_args(&[], "tr a-z A-Z"), piped(), Some(b"hi there\n"), &[]);
+    assert_eq!(stdout(&out), "HI THERE\n", "{}", stderr(&out));
+    let out = env.exec_with(&shell_args(&["--stdin-file", "-"], "wc -c"), piped(), Some(b"12345"), &[]);
+    assert_eq!(stdout(&out).trim(), "5", "{}", stderr(&out));
+    // A file on stdin (`< file`) too.
+    let input = env.dir.path().join("in.txt");
+    std::fs::write(&input, "from a file\n").unwrap();
+    let file = std::fs::File::open(&input).unwrap();
+    let out = env.exec_with(&shell_args(&[], "cat"), file.into(), None, &[]);
+    assert_eq!(stdout(&out), "from a file\n", "{}", stderr(&out));
+}
+
+/// Past `limits.max_stdin_bytes` a clear error and no job, never a
+/// truncated stdin: just past it, refused (and audited) by the pipeline;
+/// far past it, by the reader before a request is made.
+#[test]
+fn stdin_beyond_the_limit_is_an_error_not_a_truncation() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("\n[limits]\nmax_stdin_bytes = 1000\n");
+    let piped = std::process::Stdio::piped;
+    let args = shell_args(&[], "echo ran; wc -c");
+    let out = env.exec_with(&args, piped(), Some(&[b'a'; 1000]), &[]);
+    assert_eq!(stdout(&out), "ran\n1000\n", "{}", stderr(&out));
+    // Just past it a request, refused and audited; far past it none.
+    for (bytes, says, audited) in [(1001, "stdin is 1001 bytes", 1), (3 << 20, "stdin is more than", 0)] {
+        let before = env.audit_count();
+        let out = env.exec_with(&args, piped(), Some(&vec![b'a'; bytes]), &[]);
+        assert_eq!(out.status.code(), Some(125), "{bytes}");
+        let err = stderr(&out);
+        assert!(err.contains(says) && err.contains("limits.max_stdin_bytes"), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(!stdout(&out).contains("ran"), "no job runs on a part of its stdin");
+        assert_eq!(env.audit_count(), before + audited, "{bytes}");
+    }
+    let out = env.exec_with(&args, piped(), Some(b"\xff\xfe"), &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("not UTF-8"), "{}", stderr(&out));
+    let out = env.exec_with(&shell_args(&["--env-file", "no-such.env"], "true"), piped(), Some(b""), &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).starts_with("confine: --env-file no-such.env"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+}
+
+/// What nobody meant as input is not waited on: a terminal, /dev/null,
+/// and a socket an agent's harness leaves open (Node's default stdin)
+/// give the job an empty stdin at once.
+#[test]
+fn a_terminal_or_an_open_socket_on_stdin_is_not_waited_on() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("");
+    let args = shell_args(&[], "wc -c");
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let out = env.exec_with(&args, std::os::fd::OwnedFd::from(theirs).into(), None, &[]);
+    assert_eq!(stdout(&out).trim(), "0", "{}", stderr(&out));
+    drop(ours);
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let out = env.exec_with(&args, std::process::Stdio::from(pty.slave), None, &[]);
+    assert_eq!(stdout(&out).trim(), "0", "{}", stderr(&out));
+    drop(pty.master);
+    let out = env.exec_with(&args, std::process::Stdio::null(), None, &[]);
+    assert_eq!(stdout(&out).trim(), "0", "{}", stderr(&out));
+}

@@ -42,7 +42,7 @@ fn shadow_is_unreadable() {
 }
 
 #[test]
-fn tcp_to_the_host_loopback_is_refused() {
+fn tcp_to_the_host_loopback_reaches_nothing() {
     if !sandbox_available() {
         return;
     }
@@ -54,8 +54,8 @@ fn tcp_to_the_host_loopback_is_refused() {
          except OSError as e:\n print(errno.errorcode[e.errno])"
     );
     let out = run(&["--", "/usr/bin/python3", "-c", &py]);
-    // Landlock's TCP rule denies before the (empty) namespace could refuse.
-    assert_eq!(stdout(&out).trim(), "EACCES", "{}", stderr(&out));
+    // The job's 127.0.0.1 is its own namespace's: nothing listens there.
+    assert_eq!(stdout(&out).trim(), "ECONNREFUSED", "{}", stderr(&out));
     let out = run(&["--", "/bin/bash", "-c", &format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo sent")]);
     assert!(!stdout(&out).contains("sent"), "{}", stdout(&out));
     let mut buf = [0u8; 8];
@@ -126,4 +126,75 @@ fn outcome_reports_landlock_abi_and_status() {
     }
     assert_eq!(v["layers"]["landlock"]["abi"].as_u64().unwrap(), kernel_abi.min(7));
     assert_eq!(v["layers"]["landlock"]["status"], "full");
+}
+
+/// A test suite's local servers: bind, listen and connect on the job's own
+/// loopback, IPv4, IPv6 and by the name `localhost`, under `--net none`.
+#[test]
+fn the_jobs_own_loopback_serves_tcp_v4_v6_and_localhost() {
+    if !sandbox_available() {
+        return;
+    }
+    let py = r#"
+import socket
+for fam, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"), (None, "localhost")):
+    if fam is None:
+        l = socket.create_server(("localhost", 0))
+    else:
+        l = socket.socket(fam); l.bind((host, 0)); l.listen(1)
+    port = l.getsockname()[1]
+    c = socket.create_connection((host, port), timeout=5)
+    s, _ = l.accept()
+    c.sendall(b"ping")
+    print(host, s.recv(4).decode())
+"#;
+    let out = run(&["--", "/usr/bin/python3", "-c", py]);
+    assert_eq!(stdout(&out), "127.0.0.1 ping\n::1 ping\nlocalhost ping\n", "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0));
+}
+
+/// What the job's own loopback does not open: raw and packet sockets, and
+/// an abstract unix socket of the host's (its namespace is the host's).
+#[test]
+fn raw_packet_and_the_hosts_abstract_sockets_stay_refused() {
+    use std::os::linux::net::SocketAddrExt;
+    if !sandbox_available() {
+        return;
+    }
+    let name = format!("confine-test-abstract-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let py = format!(
+        r#"
+import socket
+for what, make in (("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)),
+                   ("raw6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)),
+                   ("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))):
+    try:
+        make(); print(what, "opened")
+    except OSError as e:
+        print(what, type(e).__name__)
+u = socket.socket(socket.AF_UNIX)
+try:
+    u.connect("\0{name}"); print("abstract connected")
+except OSError as e:
+    print("abstract", type(e).__name__)
+"#
+    );
+    let out = run(&["--", "/usr/bin/python3", "-c", &py]);
+    let text = stdout(&out);
+    for what in ["raw ", "raw6 ", "packet ", "abstract "] {
+        let line = text.lines().find(|l| l.starts_with(what)).unwrap_or_else(|| panic!("{text} {}", stderr(&out)));
+        assert!(
+            line.ends_with("PermissionError") || line.ends_with("ConnectionRefusedError"),
+            "{line}: must be refused\n{text}"
+        );
+    }
+    match listener.accept() {
+        Ok(_) => panic!("the job reached the host's abstract socket"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
+    }
+    // The control: the same socket, from the host, is reachable.
+    std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
 }

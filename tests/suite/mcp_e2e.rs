@@ -336,3 +336,48 @@ fn inspector_cli_calls_runtime_execute_without_warnings() {
     assert!(!ran.stderr.contains("unknown format"), "{}", ran.stderr);
     assert!(ran.stderr.trim().is_empty(), "the Inspector warned: {}", ran.stderr);
 }
+
+/// The TypeScript SDK keeps its connection alive, and sends a request in
+/// more than one write: a server that leaves Nagle's algorithm on answers
+/// each call only after the client's delayed ACK (about 40 ms on Linux).
+/// With the stall, half or more of 40 no-op calls on one connection wait
+/// for it: their median must be well under it. A stall is systematic and
+/// load is not, so a loaded machine gets three tries; the figures
+/// themselves belong to the benchmark.
+#[test]
+fn a_keep_alive_client_is_not_held_by_the_delayed_ack() {
+    // scripts/setup.sh installs the Inspector, and the SDK with it, in the
+    // repository's target/ (the build's may be another, or a tuple's).
+    let candidates = [
+        venv_dir().with_file_name("mcp-inspector"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-inspector"),
+    ];
+    let Some(prefix) =
+        candidates.into_iter().find(|p| p.join("node_modules/@modelcontextprotocol/sdk/package.json").exists())
+    else {
+        skip("the TypeScript MCP SDK (scripts/setup.sh installs it with the Inspector)");
+        return;
+    };
+    let server = HttpServer::start(Some("keepalive-token"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client/keepalive.cjs");
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let ran = run_for(
+            Command::new("node").arg(&script).arg(&prefix).arg(server.url()).args([
+                "keepalive-token",
+                "usage_stats",
+                "40",
+            ]),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert!(ran.status.is_some_and(|s| s.success()), "{}\n{}", ran.stdout, ran.stderr);
+        let times: serde_json::Value = serde_json::from_str(ran.stdout.trim()).unwrap();
+        eprintln!("keep-alive: {times}");
+        if times["p50"].as_f64().unwrap() < 20.0 {
+            return;
+        }
+        tries.push(times);
+    }
+    panic!("no-op calls on a keep-alive connection took 20 ms or more at p50, three times: {tries:?}");
+}

@@ -630,36 +630,42 @@ fn a_proxy_that_cannot_start_fails_the_job_before_it_runs() {
     assert!(!marker.exists(), "the job ran without its proxy");
 }
 
+/// A suite that needs both pip through the proxy and servers of its own:
+/// with `allow:`, the job's own loopback serves it as under `--net none`,
+/// and the host's loopback stays out of reach.
 #[test]
-fn the_job_can_connect_to_its_proxy_and_to_no_other_tcp_port() {
+fn the_job_reaches_its_proxy_and_its_own_loopback_servers() {
     if !ready() {
         return;
     }
-    if !kernel_has_landlock() || common::kernel_version() < (6, 7) {
-        skip("landlock's TCP rules need ABI 4 (Linux 6.7)");
-        return;
-    }
-    // A listener of the job's own on its loopback: landlock keeps it from
-    // connecting there (a second way out would be a bug of ours).
+    let host = TcpListener::bind("127.0.0.1:0").unwrap();
+    host.set_nonblocking(true).unwrap();
     let (out, err, _) = job(
         "allow:example.org",
         "",
-        r#"
-l = socket.socket(); 
+        &format!(
+            r#"
+for fam, addr in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+    l = socket.socket(fam); l.bind((addr, 0)); l.listen(1)
+    c = socket.create_connection((addr, l.getsockname()[1]), timeout=2)
+    s, _ = l.accept(); c.sendall(b"ping"); print(addr, s.recv(4).decode())
 try:
-    l.bind(("127.0.0.1", 9999)); l.listen(1); print("bound")
+    socket.create_connection(("127.0.0.1", {port}), timeout=2); print("host: connected")
 except OSError as e:
-    print("bind:", type(e).__name__)
-try:
-    socket.create_connection(("127.0.0.1", 9999), timeout=2); print("connected")
-except OSError as e:
-    print("connect:", type(e).__name__)
+    print("host:", type(e).__name__)
 s = socket.create_connection(PROXY, timeout=2); print("proxy reachable")
 "#,
+            port = host.local_addr().unwrap().port()
+        ),
         &[],
     );
-    assert!(out.contains("bind: PermissionError") && out.contains("connect: PermissionError"), "{out} / {err}");
+    assert!(out.contains("127.0.0.1 ping\n::1 ping\n"), "{out} / {err}");
+    assert!(out.contains("host: ConnectionRefusedError"), "{out}");
     assert!(out.contains("proxy reachable"), "{out}");
+    assert!(
+        host.accept().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "the host's loopback was reached"
+    );
 }
 
 /// A Python `http.server` on the host's loopback serving `root`, killed

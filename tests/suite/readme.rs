@@ -103,6 +103,60 @@ fn the_parser_reads_exit_comments_and_heredocs() {
     assert!(s.contains("if false; then"), "{s}");
 }
 
+fn readme() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap()
+}
+
+/// A block run as [`script`] makes it, in a fresh directory (root-owned
+/// and 0700, as `mktemp -d` makes it) with the [`fixtures`], this build's
+/// `confine` first on PATH and no configuration of the host's.
+fn run_block(block: &[String]) -> (std::process::Output, tempfile::TempDir) {
+    let bin_dir = Path::new(bin()).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let dir = tempfile::tempdir().unwrap();
+    fixtures(dir.path());
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script(block))
+        .current_dir(dir.path())
+        .env("PATH", &path)
+        .env("XDG_DATA_HOME", dir.path().join(".data"))
+        .env("XDG_CONFIG_HOME", dir.path().join(".config"))
+        .env_remove("CONFINE_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (out, dir)
+}
+
+/// The docs' `--env-file` example, taken from the README as written and
+/// run: the format docker reads, a bare `KEY` refused without consent and
+/// given the caller's value with it; and `confine run --help` says the
+/// same rule.
+#[test]
+fn the_env_file_example_of_the_docs_runs_as_they_say() {
+    if !sandbox_available() {
+        return;
+    }
+    let blocks = runnable_blocks(&readme());
+    let block = blocks
+        .iter()
+        .find(|b| b.iter().any(|l| l.contains("--env-file")))
+        .expect("the README has a runnable --env-file example");
+    let (out, _dir) = run_block(block);
+    assert!(out.status.success(), "{}\n--- stderr\n{}", block.join("\n"), stderr(&out));
+    // The refused line printed nothing; the consented one the file's value
+    // and the caller's.
+    assert_eq!(stdout(&out), "test true\n", "{}", stderr(&out));
+    assert!(stderr(&out).contains("'CI' would take confine's own value"), "{}", stderr(&out));
+    let help = Command::new(bin()).args(["run", "--help"]).output().unwrap();
+    let help = stdout(&help).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("or a bare KEY to pass this environment's value (a file may name bare only a KEY of sandbox.env_allowlist in confine.toml or one given with -e"),
+        "{help}"
+    );
+}
+
 #[test]
 fn every_runnable_readme_example_runs_as_written() {
     if !is_root() {
@@ -111,27 +165,10 @@ fn every_runnable_readme_example_runs_as_written() {
     if !sandbox_available() {
         return;
     }
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let blocks = runnable_blocks(&readme);
+    let blocks = runnable_blocks(&readme());
     assert!(blocks.len() >= 3, "the README's runnable blocks were not found: {}", blocks.len());
-    let bin_dir = Path::new(bin()).parent().unwrap();
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
     for (i, block) in blocks.iter().enumerate() {
-        // Each block in a fresh directory: root-owned and 0700, as
-        // `mktemp -d` makes it.
-        let dir = tempfile::tempdir().unwrap();
-        fixtures(dir.path());
-        let out = Command::new("bash")
-            .arg("-c")
-            .arg(script(block))
-            .current_dir(dir.path())
-            .env("PATH", &path)
-            .env("XDG_DATA_HOME", dir.path().join(".data"))
-            .env("XDG_CONFIG_HOME", dir.path().join(".config"))
-            .env_remove("CONFINE_CONFIG")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let (out, dir) = run_block(block);
         assert!(
             out.status.success(),
             "README block {} failed ({}):\n{}\n--- stdout\n{}--- stderr\n{}",

@@ -818,3 +818,46 @@ fn a_clients_kill_grace_is_bounded_by_the_server() {
     let out = confine(&f.config, &["audit", "verify"]);
     assert!(out.status.success(), "the server stopped answering: {}", common::stderr(&out));
 }
+
+/// `echo hi | confine exec -e KEY=VAL …` through a running server: the
+/// job gets the pipe's text and the value, and a name off the server's
+/// allowlist is refused there, set here or not.
+#[test]
+fn a_relayed_exec_gets_piped_stdin_and_env_values_within_the_allowlist() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let text = std::fs::read_to_string(&f.config).unwrap() + "\n[sandbox]\nenv_allowlist = [\"FOO\"]\n";
+    std::fs::write(&f.config, text).unwrap();
+    let server = Server::start(&f);
+    let exec = |extra: &[&str], input: &[u8]| {
+        let mut child = Command::new(common::bin())
+            .arg("--config")
+            .arg(&f.config)
+            .args(["exec", "--repo-id", "t", "--runtime", "shell", "--timeout", "20s"])
+            .args(extra)
+            .args(["--", "-c", "echo \"foo=$FOO\"; tr a-z A-Z"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        std::io::Write::write_all(&mut pipe, input).unwrap();
+        drop(pipe);
+        let (mut out, mut err) = (String::new(), String::new());
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        (child.wait().unwrap(), out, err)
+    };
+    let (status, out, err) = exec(&["-e", "FOO=bar"], b"piped through\n");
+    assert!(status.success(), "{err}");
+    assert_eq!(out, "foo=bar\nPIPED THROUGH\n", "{err}");
+    // The server holds the store: only a relayed request could succeed.
+    assert!(err.contains("confine: success exit=0"), "{err}");
+    let (status, out, err) = exec(&["-e", "NOT_SET_ANYWHERE"], b"x\n");
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(out.is_empty() && err.contains("NOT_SET_ANYWHERE not allowed"), "{out} / {err}");
+    drop(server);
+}

@@ -169,10 +169,8 @@ pub(crate) fn query_terms(terms: &[String]) -> Result<(), ServiceError> {
 }
 
 pub(crate) fn is_env_name(k: &str) -> bool {
-    let mut chars = k.chars();
-    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
-        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
-        && k.len() <= 128
+    // The rule of `-e` and `--env-file`, and a length a schema can state.
+    crate::env::invalid_name(k).is_none() && k.len() <= 128
 }
 
 /// A caller-supplied string shortened for an error message.

@@ -111,3 +111,17 @@ fn canonical_json_sorts_keys_at_every_level() {
     assert_eq!(input.canonical(), input.clone().canonical());
     assert!(input.canonical().starts_with(r#"{"args":[],"code":"print(1)","code_bytes":8,"#));
 }
+
+/// One rule for every name a job is given, from `-e`, `--env-file` or an
+/// MCP request: `crate::env::invalid_name`.
+#[test]
+fn an_environment_name_that_is_no_name_is_refused() {
+    for bad in ["A-B", "1X", "", "A\0B", "a b"] {
+        let r = ExecRequest { env_keys: vec!["OK".into(), bad.into()], ..req() };
+        let err = r.check(&LimitsConfig::default()).unwrap_err();
+        assert!(matches!(err, InputError::EnvName { .. }), "{bad:?}: {err}");
+        assert!(err.to_string().starts_with("environment variable '"), "{err}");
+    }
+    let r = ExecRequest { env_keys: vec!["_OK1".into()], ..req() };
+    assert_eq!(r.check(&LimitsConfig::default()), Ok(()));
+}

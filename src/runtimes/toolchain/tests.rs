@@ -245,3 +245,28 @@ fn installed_runtimes_on_this_host_resolve_to_existing_paths() {
     }
     eprintln!("runtimes installed on this host: {found:?}");
 }
+
+#[test]
+fn a_command_not_found_inside_gets_the_binds_that_fix_it() {
+    let t = tempfile::tempdir().unwrap();
+    let r = t.path();
+    exe(&r.join("home/.cargo/bin/rustup"), "\x7fELF");
+    link(&r.join("home/.cargo/bin/rustup"), &r.join("home/.cargo/bin/rustc"));
+    std::fs::create_dir_all(r.join("home/.rustup/toolchains")).unwrap();
+    let h = host(r, &["home/.cargo/bin"]);
+    let (cargo, rustup) = (r.join("home/.cargo"), r.join("home/.rustup"));
+    let want = format!(
+        "--ro-bind {c}:{c} --ro-bind {u}:{u} --env CARGO_HOME={c} --env RUSTUP_HOME={u}",
+        c = cargo.display(),
+        u = rustup.display()
+    );
+    // By name: the path to run it by, as the sandbox's PATH lacks its directory.
+    let by_name = bind_hint("rustc", &h).unwrap();
+    assert_eq!(by_name, format!("{want} -- {}", r.join("home/.cargo/bin/rustc").display()));
+    // By its path: the binds alone.
+    assert_eq!(bind_hint(&r.join("home/.cargo/bin/rustc").to_string_lossy(), &h).unwrap(), want);
+    // Nothing on the host, or in a repository: no hint.
+    assert_eq!(bind_hint("nonesuch", &h), None);
+    let repo = Host { repos: vec![r.join("home")], ..h };
+    assert_eq!(bind_hint("rustc", &repo), None);
+}

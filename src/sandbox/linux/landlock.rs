@@ -1,6 +1,8 @@
-//! Landlock: the job's filesystem and network rules, applied by the job
-//! process after `pivot_root`, so every rule points at the sandbox's own
-//! inodes (a ruleset built against the host's /proc would not).
+//! Landlock: the job's filesystem rules and its scopes (abstract unix
+//! sockets, signals), applied by the job process after `pivot_root`, so
+//! every rule points at the sandbox's own inodes (a ruleset built against
+//! the host's /proc would not). The network is the network namespace's
+//! (`landlock_plan` says why landlock adds no TCP rule).
 //!
 //! Best effort above ABI v1, which is a hard requirement whenever the
 //! kernel has landlock at all. The status the kernel reports and the rules
@@ -10,8 +12,8 @@ use super::protocol::LandlockPlan;
 use super::sys::SysError;
 use crate::job::LandlockLayer;
 use landlock::{
-    Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, NetPort, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Access, AccessFs, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use std::path::Path;
 
@@ -49,10 +51,6 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(abi))
         .map_err(|e| err("landlock: handle filesystem rights", e))?;
-    if plan.deny_tcp {
-        ruleset =
-            ruleset.handle_access(AccessNet::from_all(abi)).map_err(|e| err("landlock: handle network rights", e))?;
-    }
     if plan.scope {
         ruleset = ruleset.scope(Scope::AbstractUnixSocket | Scope::Signal).map_err(|e| err("landlock: scope", e))?;
     }
@@ -79,13 +77,6 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
                 created = created.add_rule(PathBeneath::new(fd, access)).map_err(|e| err("landlock: add rule", e))?;
             }
             Err(_) => skipped.push(path.display().to_string()),
-        }
-    }
-    if plan.deny_tcp {
-        for port in &plan.connect_tcp {
-            created = created
-                .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
-                .map_err(|e| err("landlock: allow the proxy's port", e))?;
         }
     }
     let status = created.restrict_self().map_err(|e| err("landlock: restrict self", e))?;
@@ -116,7 +107,6 @@ pub fn expected_status(kernel_abi: u32) -> &'static str {
     }
     let kernel = ABI::from(kernel_abi as i32);
     let same = AccessFs::from_all(kernel) == AccessFs::from_all(TARGET_ABI)
-        && AccessNet::from_all(kernel) == AccessNet::from_all(TARGET_ABI)
         && Scope::from_all(kernel) == Scope::from_all(TARGET_ABI);
     if same {
         "full"
@@ -144,7 +134,7 @@ mod tests {
     #[test]
     fn the_status_expected_follows_the_rights_each_abi_has() {
         assert_eq!(expected_status(0), "none");
-        assert_eq!(expected_status(2), "partial", "no truncate, ioctl, network or scopes");
+        assert_eq!(expected_status(2), "partial", "no truncate, ioctl or scopes");
         assert_eq!(expected_status(5), "partial", "no scopes");
         assert_eq!(expected_status(6), "full", "ABI 7 added only logging");
         assert_eq!(expected_status(TARGET_ABI as u32), "full");

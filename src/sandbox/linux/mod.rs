@@ -102,19 +102,14 @@ pub fn sandbox_ids(spec: &JobSpec, host: &impl Host) -> (IdMap, IdMap, bool) {
 
 /// Landlock rules that match the mount plan: read what was bound, write
 /// only /tmp, /dev/shm and what was bound read-write.
+///
+/// No TCP rules: an isolated job has a network namespace of its own, whose
+/// only interface is its own `lo` (and, with `allow:`, its proxy there), so
+/// the namespace already keeps every host address and service out of
+/// reach. Landlock's rules name ports, not addresses: they could only take
+/// the job's own loopback away, which test suites with local servers need.
 pub fn landlock_plan(ops: &[MountOp], spec: &JobSpec) -> LandlockPlan {
-    // An allowlisted job may connect to its proxy and to no other TCP port.
-    let connect_tcp = match spec.network {
-        Network::Allow(_) => vec![crate::proxy::serve::PROXY_PORT],
-        _ => Vec::new(),
-    };
-    let mut plan = LandlockPlan {
-        deny_tcp: spec.network.isolated(),
-        connect_tcp,
-        scope: true,
-        tty: spec.tty,
-        ..LandlockPlan::default()
-    };
+    let mut plan = LandlockPlan { scope: true, tty: spec.tty, ..LandlockPlan::default() };
     for op in ops {
         if let MountOp::Bind { dst, rw, dev: false, .. } = op {
             if *rw {
@@ -854,7 +849,16 @@ impl RunningJob {
                              in /tmp); did you mean --workspace . ?"
                         )
                         } else if exec::exit_code_for(errno) == 127 {
-                            format!("{command}: command not found in the sandbox ({reason})")
+                            // Never a bind into the workspace: what lies there the job chose.
+                            let host = crate::runtimes::toolchain::Host::from_env()
+                                .with_repos(self.spec.workspace.iter().map(|w| w.as_path()));
+                            match crate::runtimes::toolchain::bind_hint(&command, &host) {
+                                Some(fix) => format!(
+                                    "{command}: command not found in the sandbox ({reason}); the host has it \
+                                     outside what the sandbox binds: run it with {fix}"
+                                ),
+                                None => format!("{command}: command not found in the sandbox ({reason})"),
+                            }
                         } else {
                             format!("{command}: cannot execute ({reason})")
                         });

@@ -122,11 +122,6 @@ pub struct LandlockPlan {
     pub read: Vec<PathBuf>,
     /// Readable and writable trees.
     pub write: Vec<PathBuf>,
-    /// Deny TCP bind/connect (ABI >= 4).
-    pub deny_tcp: bool,
-    /// With `deny_tcp`, the ports the job may still connect to (its proxy).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub connect_tcp: Vec<u16>,
     /// Scope abstract unix sockets and signals to the sandbox (ABI >= 6).
     pub scope: bool,
     /// The job has a terminal of its own: `/dev/tty` is writable.

@@ -47,6 +47,11 @@ pub struct JobRequest {
     pub network: Network,
     /// Variables to set in the job; each key must be in `sandbox.env_allowlist`.
     pub env: Vec<(String, String)>,
+    /// Names the caller asked to pass from an environment that does not
+    /// set them: nothing is set, and each must be in the allowlist all the
+    /// same, so that a refusal does not depend on what happens to be set.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env_unset: Vec<String>,
     /// `false`: keep nothing of the output.
     pub persist_output: Option<bool>,
     /// Use this job id (background jobs are named before they start).

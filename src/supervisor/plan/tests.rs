@@ -171,3 +171,23 @@ fn golden_prepare_refusals() {
     let text = [env, cwd, exe].iter().map(|r| world.plan(r)).collect::<Vec<_>>().join("\n");
     golden("refused_prepare", &text);
 }
+
+/// A name the caller's environment does not set meets the allowlist all
+/// the same: whether a request is refused must not depend on what
+/// happens to be set where it came from.
+#[test]
+fn an_unset_name_is_held_to_the_allowlist() {
+    let world = World::new();
+    let mut req = shell(&["-c", "true"]);
+    req.env_unset = vec!["GITHUB_TOKEN".into(), "RUST_LOG".into()];
+    req.env = vec![("GITHUB_TOKEN".into(), "x".into())];
+    let plan = world.plan(&req);
+    assert!(plan.contains("environment variable(s) GITHUB_TOKEN not allowed"), "{plan}");
+    req.env.clear();
+    let plan = world.plan(&req);
+    assert!(plan.contains("GITHUB_TOKEN not allowed"), "{plan}");
+    req.env_unset = vec!["RUST_LOG".into()];
+    let plan = world.plan(&req);
+    assert!(!plan.contains("not allowed"), "an allowlisted unset name sets nothing and passes: {plan}");
+    assert!(!plan.contains("RUST_LOG"), "{plan}");
+}
