@@ -407,6 +407,54 @@ pub struct Outcome {
     /// An allowlisted job's connections (`--net allow:…`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkReport>,
+    /// The job ended with its private /tmp full (`--tmp-size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tmp_full: Option<TmpFull>,
+}
+
+/// A job's private /tmp, which is also its `HOME`, was full when the job
+/// ended: what it wrote there last likely failed with ENOSPC, which the
+/// job alone can't tell from a full disk. Named with the cap that set it
+/// and the knobs that raise it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TmpFull {
+    /// The cap: `--tmp-size`, or `tmp_size_bytes` under `[sandbox]`.
+    pub size_bytes: u64,
+    /// What ran out: `space`, or `files` (the inode cap that comes with
+    /// the size).
+    pub out_of: String,
+    /// One line for a reader: the cap and how to raise it.
+    pub message: String,
+}
+
+impl TmpFull {
+    /// The note for a Linux job's /tmp of `size_bytes` that ran out of `out`.
+    #[cfg(target_os = "linux")]
+    pub fn of(size_bytes: u64, out: crate::sandbox::linux::protocol::TmpOut) -> TmpFull {
+        use crate::sandbox::linux::protocol::TmpOut;
+        match out {
+            TmpOut::Space => TmpFull::new(size_bytes, None),
+            TmpOut::Files { total } => TmpFull::new(size_bytes, Some(total)),
+        }
+    }
+
+    /// The note for a /tmp of `size_bytes` that ran out of space, or, with
+    /// `files` (its inode cap), out of inodes.
+    pub fn new(size_bytes: u64, files: Option<u64>) -> TmpFull {
+        let size = crate::output::human_size(size_bytes);
+        let knobs = "--tmp-size; tmp_size_bytes under [sandbox] in confine.toml";
+        let (out_of, full) = match files {
+            None => ("space", format!("was full when the job ended: its {size} cap ({knobs})")),
+            Some(n) => (
+                "files",
+                format!("had no inode left when the job ended: its {n} files come with its {size} cap ({knobs})"),
+            ),
+        };
+        let message =
+            format!("/tmp (also the job's HOME) {full} may be why a write failed with 'No space left on device'");
+        TmpFull { size_bytes, out_of: out_of.into(), message }
+    }
 }
 
 impl Outcome {
@@ -428,6 +476,7 @@ impl Outcome {
             error: Some(error),
             setup_step: Some(step.into()),
             network: None,
+            tmp_full: None,
         }
     }
 

@@ -419,6 +419,9 @@ fn report(resp: &JobResponse, args: &ExecArgs) -> i32 {
         line.push_str(&format!(": {e}"));
     }
     eprintln!("{line}");
+    if let Some(full) = resp.outcome.as_ref().and_then(|o| o.tmp_full.as_ref()) {
+        eprintln!("confine: note: {}", full.message);
+    }
     match (&resp.outcome, resp.status) {
         // The job ran, and the trail lacks its end: not a success.
         _ if resp.unrecorded => super::EXIT_CONFINE_FAILED,

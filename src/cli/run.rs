@@ -101,8 +101,9 @@ pub struct RunArgs {
     #[arg(long, short = 'u', value_name = "UID[:GID]", value_parser = parse_user)]
     pub user: Option<(u32, u32)>,
     /// Give the job a terminal of its own (a pty that confine relays, with
-    /// yours in raw mode), as `docker run -t` does. Without it the job has
-    /// no terminal.
+    /// yours in raw mode, at /dev/console), as `docker run -t` does.
+    /// Without it the job has no terminal; either way it can open ptys of
+    /// its own (openpty, pexpect) in its private /dev/pts.
     #[arg(long, short = 't')]
     pub tty: bool,
     /// Pass what is typed on your terminal to the job's stdin (docker's
@@ -143,7 +144,7 @@ pub struct RunArgs {
     /// CPU-time limit of the whole tree (all cores together), e.g. 20s; exit status 124.
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
     pub cpu_time: Option<Duration>,
-    /// Size cap of the private /tmp and /dev/shm [default: 64M].
+    /// Size cap of the private /tmp (also HOME) and /dev/shm [default: 64M]; a full /tmp is named.
     #[arg(long, value_name = "SIZE", value_parser = parse_tmp_size)]
     pub tmp_size: Option<u64>,
     /// Time between SIGTERM and the tree kill, on timeout or when confine itself is stopped.
@@ -433,6 +434,9 @@ pub fn main(config_path: Option<&Path>, args: RunArgs) -> i32 {
             }
             if let Some(msg) = limit_message(o) {
                 eprintln!("confine: {msg}");
+            }
+            if let Some(full) = &o.tmp_full {
+                eprintln!("confine: {}", full.message);
             }
             for line in network_denials(o) {
                 eprintln!("confine: {line}");

@@ -148,6 +148,7 @@ fn to_response(r: &sup::JobResponse) -> Result<ExecuteResponse, ServiceError> {
         out.guarantees = serde_json::to_value(&o.guarantees).ok();
         out.limits = serde_json::to_value(&o.limits).ok();
         out.network = o.network.as_ref().and_then(|n| serde_json::to_value(n).ok());
+        out.tmp_full = o.tmp_full.as_ref().and_then(|t| serde_json::to_value(t).ok());
     }
     if let Some(v) = &r.output {
         out.output_lines = Some(v.output_lines);

@@ -470,6 +470,7 @@ fn outcome(
         error: None,
         setup_step: None,
         network: None,
+        tmp_full: None,
     };
     match (report, status) {
         (Some(r), _) => {

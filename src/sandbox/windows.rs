@@ -426,6 +426,7 @@ fn outcome(
         error: None,
         setup_step: None,
         network: None,
+        tmp_full: None,
     }
 }
 

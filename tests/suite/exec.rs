@@ -517,3 +517,21 @@ fn a_terminal_or_an_open_socket_on_stdin_is_not_waited_on() {
     let out = env.exec_with(&args, std::process::Stdio::null(), None, &[]);
     assert_eq!(stdout(&out).trim(), "0", "{}", stderr(&out));
 }
+
+/// `confine exec` names a full /tmp as `run` does: in `--json`'s outcome
+/// and on stderr, with the configuration's cap.
+#[test]
+fn a_full_tmp_is_named_in_execs_outcome() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("\n[sandbox]\ntmp_size_bytes = 1048576\n");
+    let fill = ["--repo-id", "demo", "--runtime", "shell", "--code", "head -c 2000000 /dev/zero > /tmp/big; true"];
+    let json = env.json(&fill);
+    assert_eq!(json["outcome"]["tmpFull"]["outOf"], "space", "{json}");
+    assert_eq!(json["outcome"]["tmpFull"]["sizeBytes"], 1 << 20, "{json}");
+    let out = env.exec(&fill);
+    assert!(stderr(&out).contains("confine: note: /tmp (also the job's HOME) was full"), "{}", stderr(&out));
+    let json = env.json(&["--repo-id", "demo", "--runtime", "shell", "--code", "echo room > /tmp/small"]);
+    assert!(json["outcome"].get("tmpFull").is_none(), "{json}");
+}

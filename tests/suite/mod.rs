@@ -39,6 +39,8 @@ mod network;
 #[cfg(target_os = "linux")]
 mod one_shot;
 #[cfg(target_os = "linux")]
+mod pty;
+#[cfg(target_os = "linux")]
 mod readme;
 #[cfg(target_os = "linux")]
 mod relay;

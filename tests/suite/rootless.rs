@@ -149,6 +149,25 @@ fn run_status_has_null_usage_without_a_cgroup_and_numbers_with_one() {
     }
 }
 
+/// Rootless, where pid 1's root is out of the supervisor's reach, a full
+/// /tmp is still named (pid 1 measures it as the job ends), and the job's
+/// own ptys work.
+#[test]
+fn rootless_names_a_full_tmp_and_has_ptys() {
+    let Some(r) = Rootless::new() else { return };
+    let st = r.path().join("status.json");
+    let script = "head -c 2000000 /dev/zero > /tmp/big; python3 -c 'import os; print(os.ttyname(os.openpty()[1]))'";
+    let limits = ["--memory", "unlimited", "--cpus", "unlimited", "--pids", "unlimited", "--allow-degraded"];
+    let mut args = vec!["run", "--tmp-size", "1M", "--json-status", st.to_str().unwrap()];
+    args.extend(limits);
+    args.extend(["--", "/bin/sh", "-c", script]);
+    let out = r.confine(&args);
+    assert_eq!(stdout(&out), "/dev/pts/0\n", "{}", stderr(&out));
+    assert!(stderr(&out).contains("/tmp (also the job's HOME) was full"), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&st).unwrap()).unwrap();
+    assert_eq!(v["tmpFull"]["outOf"], "space", "{v}");
+}
+
 /// Rootless doctor names only ways out that work on this host: no
 /// systemd-run where no user manager is reachable or the controllers are
 /// v1's; `--allow-degraded`, which the tests above run, instead.

@@ -306,6 +306,67 @@ fn tmp_has_a_size_cap() {
     assert_eq!(kib, 64 * 1024, "default /tmp cap is 64 MiB");
 }
 
+/// A job that ends with its /tmp (also its HOME) full is told so, with the
+/// cap and `--tmp-size`, on stderr and in `--json-status`: out of space,
+/// or out of inodes; a job that left room, or cleaned up after an ENOSPC,
+/// is not. What the job planted in /tmp (a symlink to the host's /tmp, a
+/// FIFO) changes nothing: the supervisor measures the mount it opened.
+#[test]
+fn a_full_tmp_is_named_with_its_cap_and_flag() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let status = dir.path().join("status.json");
+    let planted = "ln -s / /tmp/root; mkfifo /tmp/fifo; ln -s /proc/1/root /tmp/pid1";
+    for (script, want) in [
+        ("head -c 2000000 /dev/zero > /tmp/big", Some("space")),
+        ("cd && seq 2000 | xargs touch 2>/dev/null", Some("files")),
+        ("head -c 2000000 /dev/zero > ~/big; rm ~/big", None),
+        ("head -c 500000 /dev/zero > /tmp/half", None),
+    ] {
+        let script = format!("{planted}; {script}; true");
+        let out = run(&["--tmp-size", "1M", "--json-status", status.to_str().unwrap(), "--", "/bin/sh", "-c", &script]);
+        assert!(out.status.success(), "{script}: {}", stderr(&out));
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+        let note = stderr(&out).lines().find(|l| l.contains("/tmp (also the job's HOME)")).map(str::to_string);
+        match want {
+            Some(what) => {
+                assert_eq!(json["tmpFull"]["outOf"], what, "{script}: {json}");
+                assert_eq!(json["tmpFull"]["sizeBytes"], 1 << 20, "{script}: {json}");
+                let note = note.unwrap_or_else(|| panic!("{script}: no note in {}", stderr(&out)));
+                assert!(note.contains("1.0 MiB cap") && note.contains("--tmp-size"), "{note}");
+                assert_eq!(json["tmpFull"]["message"].as_str(), note.strip_prefix("confine: "), "{json}");
+            }
+            None => {
+                assert!(json.get("tmpFull").is_none(), "{script}: {json}");
+                assert_eq!(note, None, "{script}");
+            }
+        }
+    }
+    // A job killed past its grace period: pid 1 dies without a word, and
+    // the supervisor's own measure, on the tmpfs it holds, names it.
+    let script = "trap '' TERM; head -c 2000000 /dev/zero > /tmp/big; sleep 10";
+    let (status_s, tmp) = (status.to_str().unwrap(), "1M");
+    let out = run(&[
+        "--tmp-size",
+        tmp,
+        "--timeout",
+        "300ms",
+        "--kill-grace",
+        "100ms",
+        "--json-status",
+        status_s,
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(out.status.code(), Some(124), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    assert_eq!(json["tmpFull"]["outOf"], "space", "{json}");
+}
+
 #[test]
 fn proc_is_masked_like_runc() {
     if !sandbox_available() {
@@ -336,15 +397,20 @@ fn dev_is_minimal() {
         "--",
         "/bin/sh",
         "-c",
-        "ls /dev | tr '\\n' ' '; head -c 4 /dev/zero | wc -c; echo x > /dev/null && echo null-ok",
+        "ls /dev | tr '\\n' ' '; echo; ls /dev/pts | tr '\\n' ' '; echo; head -c 4 /dev/zero | wc -c; \
+         echo x > /dev/null && echo null-ok",
     ]);
     let text = stdout(&out);
-    for dev in ["full", "null", "random", "shm", "urandom", "zero"] {
-        assert!(text.split_whitespace().any(|d| d == dev), "/dev/{dev} missing: {text}");
+    let mut lines = text.lines();
+    let dev: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    for want in ["full", "null", "ptmx", "pts", "random", "shm", "tty", "urandom", "zero"] {
+        assert!(dev.contains(&want), "/dev/{want} missing: {text}");
     }
     assert!(!text.contains("sda") && !text.contains("vda") && !text.contains("mem "), "{text}");
-    // No terminal without --tty: the job must not reach its caller's.
-    assert!(!text.split_whitespace().any(|d| d == "tty" || d == "pts"), "{text}");
+    // No terminal without --tty: /dev/console is the relayed one's, and
+    // /dev/pts the job's own instance, holding no pty yet.
+    assert!(!dev.contains(&"console"), "{text}");
+    assert_eq!(lines.next().map(str::trim), Some("ptmx"), "{text}");
     assert!(text.contains("4\nnull-ok"), "{text}");
 }
 

@@ -88,6 +88,8 @@ echo "tmp=$(ls -A /tmp | tr '\n' ,)"
 touch /workspace/x 2>/dev/null && echo "workspace=writable" || echo "workspace=read-only"
 cat /workspace/roots.txt >/dev/null 2>&1 && echo "roots.txt=readable" || echo "roots.txt=unreadable"
 cat /workspace/others.txt >/dev/null 2>&1 && echo "others.txt=readable" || echo "others.txt=unreadable"
+echo "dev=$(ls /dev | tr '\n' ,) pts=$(ls /dev/pts | tr '\n' ,)"
+python3 -c 'import os; m, s = os.openpty(); print("openpty=" + os.ttyname(s))'
 "#;
     let cold = sup.execute(shell(probe), JobControl::default()).await;
     assert!(!warm(&cold), "the first request has no warm sandbox to take");
@@ -102,6 +104,8 @@ cat /workspace/others.txt >/dev/null 2>&1 && echo "others.txt=readable" || echo 
     assert!(text.contains("NoNewPrivs:\t1") && text.contains("CapEff:\t0000000000000000"), "{text}");
     assert!(text.contains("Seccomp:\t2"), "{text}");
     assert!(text.contains("workspace=read-only"), "{text}");
+    // The same /dev, with a devpts instance of its own.
+    assert!(text.contains("openpty=/dev/pts/0") && text.contains(" pts=ptmx,\n"), "{text}");
     // Root's checkout, idmapped onto the job (the warm sandbox made the
     // mapping's namespace before the request, as the cold one had asked):
     // root's private file is the job's, another uid's is not.

@@ -235,6 +235,11 @@ pub struct ExecuteResponse {
     /// or denied, with its reason and bytes each way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Value>,
+    /// The job ended with its /tmp (also its HOME) full: `{sizeBytes,
+    /// outOf: space|files, message}`, the message naming the cap and how
+    /// to raise it (`tmp_size_bytes` under `[sandbox]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tmp_full: Option<Value>,
 }
 
 impl ExecuteResponse {
@@ -268,6 +273,7 @@ impl ExecuteResponse {
             limits: None,
             error: None,
             network: None,
+            tmp_full: None,
         }
     }
 }
@@ -331,6 +337,9 @@ impl ExecuteResponse {
         }
         if let Some(e) = &self.error {
             parts.push(format!("error: {e}"));
+        }
+        if let Some(m) = self.tmp_full.as_ref().and_then(|t| t.get("message")).and_then(Value::as_str) {
+            parts.push(format!("note: {m}"));
         }
         if !self.suggested_terms.is_empty() {
             parts.push(format!("next: runtime_query_output with queryTerms {:?}", self.suggested_terms));

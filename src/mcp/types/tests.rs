@@ -86,3 +86,18 @@ fn job_status_maps_onto_exec_status() {
     assert_eq!(ExecStatus::from(crate::job::Status::Oom), ExecStatus::Oom);
     assert_eq!(serde_json::to_value(ExecStatus::Running).unwrap(), "running");
 }
+
+#[test]
+fn a_full_tmp_survives_the_lean_answer_and_is_a_line_of_its_text() {
+    let full = crate::job::TmpFull::new(1 << 20, None);
+    let mut r = ExecuteResponse::bare(ExecStatus::Failure);
+    r.tmp_full = serde_json::to_value(&full).ok();
+    let r = r.lean(false);
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["tmpFull"]["outOf"], "space");
+    assert_eq!(v["tmpFull"]["sizeBytes"], 1 << 20);
+    let text = r.text();
+    let note = text.lines().find(|l| l.starts_with("note: ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(note.contains("1.0 MiB cap") && note.contains("--tmp-size") && note.contains("tmp_size_bytes"), "{note}");
+    assert!(ExecuteResponse::bare(ExecStatus::Success).text().lines().all(|l| !l.starts_with("note: ")));
+}

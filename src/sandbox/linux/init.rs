@@ -540,6 +540,17 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
         }
     };
     mounts::enter()?;
+    // The job's /tmp, measured when the job ends (`mounts::tmp_out`):
+    // opened now, before anything of the job runs there.
+    let tmp = nix::fcntl::open(
+        "/tmp",
+        nix::fcntl::OFlag::O_PATH
+            | nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok();
     write_files(&spec.files)?;
     sys::set_not_dumpable()?;
     // The outer stage's second byte: what the job may write is recorded
@@ -587,11 +598,13 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
         loop {
             match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(pid, code)) if pid == job => {
-                    report(ctl, &InitReport::Exited { code: Some(code), signal: None });
+                    let tmp_out = tmp.as_ref().and_then(mounts::tmp_out);
+                    report(ctl, &InitReport::Exited { code: Some(code), signal: None, tmp_out });
                     return Ok(code);
                 }
                 Ok(WaitStatus::Signaled(pid, sig, _)) if pid == job => {
-                    report(ctl, &InitReport::Exited { code: None, signal: Some(sig as i32) });
+                    let tmp_out = tmp.as_ref().and_then(mounts::tmp_out);
+                    report(ctl, &InitReport::Exited { code: None, signal: Some(sig as i32), tmp_out });
                     return Ok(128 + sig as i32);
                 }
                 Ok(WaitStatus::StillAlive) | Err(_) => break,

@@ -20,9 +20,12 @@ use std::path::Path;
 /// The newest ABI whose semantics confine has been tested against.
 pub const TARGET_ABI: ABI = ABI::V7;
 
-/// Device nodes of the minimal /dev the job must be able to write to
-/// (`/dev/tty` too, when the job has a terminal of its own).
-const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
+/// Device nodes of the minimal /dev the job must be able to write to and
+/// use as terminals (`ioctl`): `/dev/tty` is the opener's own controlling
+/// terminal, and `/dev/pts` the job's own devpts instance, `ptmx` and all
+/// (`/dev/ptmx` is a link to it). `/dev/console` too, when the job has a
+/// terminal of its own there (`--tty`).
+const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts"];
 
 const NOT_AVAILABLE: &str = "not available on this kernel (Linux 5.13 or later with landlock in the LSM list: \
 lsm=landlock,… on the kernel command line), or pass --allow-degraded to run without it";
@@ -65,7 +68,7 @@ pub fn apply(plan: &LandlockPlan, allow_degraded: bool) -> Result<LandlockLayer,
     let device_rights = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
     rules.extend(WRITABLE_DEVICES.iter().map(|d| (Path::new(*d), device_rights)));
     if plan.tty {
-        rules.push((Path::new("/dev/tty"), device_rights));
+        rules.push((Path::new("/dev/console"), device_rights));
     }
     let file_rights = AccessFs::from_file(abi);
     for (path, access) in rules {

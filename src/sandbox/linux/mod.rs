@@ -815,6 +815,7 @@ impl RunningJob {
             error: None,
             setup_step: None,
             network: None,
+            tmp_full: None,
         };
         let mut exited = false;
         for r in reports {
@@ -869,10 +870,11 @@ impl RunningJob {
                     outcome.error.get_or_insert(format!("sandbox setup failed at '{step}': {error}"));
                     outcome.setup_step.get_or_insert(step);
                 }
-                InitReport::Exited { code, signal } => {
+                InitReport::Exited { code, signal, tmp_out } => {
                     exited = true;
                     outcome.exit_code = code;
                     outcome.signal = signal;
+                    outcome.tmp_full = tmp_out.map(|o| crate::job::TmpFull::of(self.spec.limits.tmp_size_bytes, o));
                 }
             }
         }

@@ -33,10 +33,19 @@ pub const STAGING: &str = "/tmp";
 /// symlinks, which is both faithful and cheaper than a bind.
 pub const SYSTEM_PATHS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc"];
 
-/// Device nodes of the minimal /dev. `/dev/tty` is added only for a job
-/// with a terminal of its own (`--tty`): without one, the job must not
-/// reach its caller's.
-pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+/// Device nodes of the minimal /dev. `/dev/tty` names the controlling
+/// terminal of the process that opens it: a job's session has none but a
+/// pty of its own (its private `/dev/pts`, or `--tty`'s), never its
+/// caller's (pid 1 starts it in a session of its own), so it is there for
+/// every job, as programs that ask for a password expect.
+pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// The most ptys a job's own devpts instance holds at once. Every devpts
+/// instance but the host's draws from one pool of the kernel's
+/// (`kernel.pty.max` less `kernel.pty.reserve`, 3072 by default): one job
+/// must not take all of it from the others. A test suite that drives
+/// programs through ptys holds a few at a time.
+pub const PTY_MAX: u32 = 64;
 
 /// /proc files hidden behind /dev/null: Docker's and runc's masked files
 /// (`kcore keys timer_list timer_stats sched_debug latency_stats
@@ -126,24 +135,27 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
     let tmp = spec.limits.tmp_size_bytes;
     ops.push(MountOp::Tmpfs { dst: "/tmp".into(), size: tmp, mode: 0o1777, inodes: tmpfs_inodes(tmp) });
     ops.push(MountOp::Tmpfs { dst: "/dev".into(), size: 64 * 1024, mode: 0o755, inodes: 64 });
-    let tty = spec.tty.then_some("tty");
-    for dev in DEVICES.iter().copied().chain(tty) {
+    for dev in DEVICES {
         let p = Path::new("/dev").join(dev);
         ops.push(MountOp::Bind {
             src: p.clone(),
             dst: p,
             rw: true,
             dev: true,
-            optional: false,
+            // A host without /dev/tty (some container images) still runs
+            // jobs, as it did before every job had one.
+            optional: *dev == "tty",
             exact: false,
             idmap: None,
             workspace: false,
         });
     }
+    ops.push(MountOp::Devpts { dst: "/dev/pts".into(), max: PTY_MAX });
     if spec.tty {
         ops.push(MountOp::Terminal);
     }
     for (name, target) in [
+        ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
         ("stdout", "/proc/self/fd/1"),
@@ -920,6 +932,21 @@ fn place(ops: &[MountOp], sources: &[Source], fresh: bool) -> Result<Built, SysE
                 }
             }
             MountOp::Terminal => bind_terminal(root)?,
+            MountOp::Devpts { dst, max } => {
+                let target = under(root, dst);
+                mkdir_p(&target, 0o755)?;
+                // No gid=: the host's tty group has no id in the job's
+                // namespace; a pty belongs to the group of who opened it.
+                let data = format!("newinstance,ptmxmode=0666,mode=0620,max={max}");
+                mount(
+                    Some("devpts"),
+                    &target,
+                    Some("devpts"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+                    Some(data.as_str()),
+                )
+                .map_err(|e| SysError::path("mount devpts", dst, e))?;
+            }
             // Done around the binds, on the sources (see `protect`).
             MountOp::Protect { .. } => {}
         }
@@ -930,15 +957,16 @@ fn place(ops: &[MountOp], sources: &[Source], fresh: bool) -> Result<Built, SysE
     Ok(built)
 }
 
-/// Bind the pty at our fd 0 (a host `/dev/pts/N`) at the same name in the
-/// new root's `/dev/pts`. fd 0 was opened in the host's mount namespace,
-/// which a bind can't take from: the name is opened again here, in ours,
-/// and must be the very device fd 0 is.
+/// Bind the pty at our fd 0 (a host `/dev/pts/N`) at the new root's
+/// `/dev/console`: its `/dev/pts` is the job's own devpts instance, where
+/// no name of the host's can be made. fd 0 was opened in the host's mount
+/// namespace, which a bind can't take from: the name is opened again
+/// here, in ours, and must be the very device fd 0 is.
 fn bind_terminal(root: &Path) -> Result<(), SysError> {
     let fd0 = Path::new("/proc/self/fd/0");
     let name = std::fs::read_link(fd0).map_err(|e| SysError::io("find the job's terminal", fd0, e))?;
     let not_pty = || SysError::other("find the job's terminal", format!("fd 0 is {}, not a pty", name.display()));
-    let n = name.strip_prefix("/dev/pts").ok().filter(|n| n.components().count() == 1).ok_or_else(not_pty)?;
+    name.strip_prefix("/dev/pts").ok().filter(|n| n.components().count() == 1).ok_or_else(not_pty)?;
     let fd = open(name.as_path(), OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
         .map_err(|e| SysError::path("open the job's terminal", &name, e))?;
     let ours = nix::sys::stat::fstat(&fd).map_err(|e| SysError::path("stat", &name, e))?;
@@ -948,8 +976,7 @@ fn bind_terminal(root: &Path) -> Result<(), SysError> {
     if (ours.st_dev, ours.st_ino, ours.st_rdev) != (given.st_dev, given.st_ino, given.st_rdev) {
         return Err(not_pty());
     }
-    let target = root.join("dev/pts").join(n);
-    mkdir_p(&root.join("dev/pts"), 0o755)?;
+    let target = root.join("dev/console");
     touch(&target)?;
     let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
     let nil: Option<&str> = None;
@@ -1019,6 +1046,23 @@ fn bind_read_only_onto_itself(fd: &OwnedFd, shown: &Path) -> Result<(), SysError
             sys::set_mount_attrs(&mount, attrs, false)
         }
         Err(e) => Err(protect(e)),
+    }
+}
+
+/// What the tmpfs at `fd` (a job's /tmp) has run out of, if anything: no
+/// block, or no inode, left.
+pub fn tmp_out(fd: &OwnedFd) -> Option<super::protocol::TmpOut> {
+    use super::protocol::TmpOut;
+    let st = nix::sys::statfs::fstatfs(fd).ok()?;
+    if st.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return None;
+    }
+    if st.blocks_available() == 0 {
+        Some(TmpOut::Space)
+    } else if st.files_free() == 0 {
+        Some(TmpOut::Files { total: st.files() })
+    } else {
+        None
     }
 }
 

@@ -90,10 +90,19 @@ pub enum MountOp {
     ReadOnly {
         dst: PathBuf,
     },
-    /// The job's own terminal (`--tty`): the pty that pid 1 has at fd 0 is
-    /// bound alone at its name under `/dev/pts`, so `ttyname` finds it.
-    /// No other terminal of the host is there.
+    /// The job's own terminal (`--tty`): the pty that pid 1 has at fd 0 (a
+    /// pty of the host's, relayed by the supervisor) is bound alone at
+    /// `/dev/console`, where `ttyname` finds it (as runc binds a
+    /// container's). `/dev/pts` is the job's own instance ([`MountOp::Devpts`]):
+    /// no other terminal of the host is there.
     Terminal,
+    /// A private devpts instance (`newinstance`), its `ptmx` open to all
+    /// (`ptmxmode=0666`) and at most `max` ptys: the job opens ptys of its
+    /// own, and none of the host's.
+    Devpts {
+        dst: PathBuf,
+        max: u32,
+    },
     /// Keep a path inside a read-write bind read-only (`.git/hooks` of a
     /// workspace): `path`, relative to the bind at `base`, is reached
     /// without following any symlink and bound read-only onto itself. A
@@ -124,7 +133,7 @@ pub struct LandlockPlan {
     pub write: Vec<PathBuf>,
     /// Scope abstract unix sockets and signals to the sandbox (ABI >= 6).
     pub scope: bool,
-    /// The job has a terminal of its own: `/dev/tty` is writable.
+    /// The job has a terminal of its own: `/dev/console` is writable.
     #[serde(default)]
     pub tty: bool,
 }
@@ -183,7 +192,8 @@ pub struct InitSpec {
     pub userns_owner: Option<u32>,
     /// The job's stdin is a terminal of its own (a pty the supervisor
     /// relays): it becomes the controlling terminal of the job's session,
-    /// and `/dev/tty` is there. Otherwise the job has no terminal at all.
+    /// at `/dev/console`. Otherwise the job has no terminal but the ptys
+    /// it opens in its own `/dev/pts`.
     #[serde(default)]
     pub tty: bool,
     /// A warm sandbox's spec: only its base ([`InitSpec::split`]). The
@@ -332,8 +342,26 @@ pub enum InitReport {
     ExecFailed { errno: i32, command: String },
     /// Building the sandbox failed; `step` names the step.
     SetupFailed { step: String, error: String },
-    /// The job's main process ended.
-    Exited { code: Option<i32>, signal: Option<i32> },
+    /// The job's main process ended. `tmp_out`: what its /tmp had run
+    /// out of then, as pid 1 measured it (the supervisor measures again
+    /// after the tree is dead when it could hold the tmpfs itself, which a
+    /// rootless one can't).
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tmp_out: Option<TmpOut>,
+    },
+}
+
+/// What a job's /tmp ran out of ([`super::mounts::tmp_out`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum TmpOut {
+    /// No block left.
+    Space,
+    /// No inode left, of `total`.
+    Files { total: u64 },
 }
 
 pub fn write_spec(w: &mut impl Write, spec: &impl Serialize) -> io::Result<()> {
@@ -408,9 +436,9 @@ mod tests {
 
     #[test]
     fn report_is_one_line() {
-        let line = encode_report(&InitReport::Exited { code: Some(3), signal: None });
+        let line = encode_report(&InitReport::Exited { code: Some(3), signal: None, tmp_out: None });
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
         let r: InitReport = serde_json::from_slice(&line).unwrap();
-        assert_eq!(r, InitReport::Exited { code: Some(3), signal: None });
+        assert_eq!(r, InitReport::Exited { code: Some(3), signal: None, tmp_out: None });
     }
 }

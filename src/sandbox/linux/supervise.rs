@@ -12,6 +12,7 @@ use crate::sandbox::{Teardown, DEFAULT_KILL_GRACE};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::future::Future;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -70,6 +71,7 @@ impl RunningJob {
         let mut ending = None;
         let mut killed = false;
         let mut buf = Vec::new();
+        let mut tmp = None;
         // Once the init stage is reaped its pid may be reused: no signal after that.
         let reaped = AtomicBool::new(false);
         let status = {
@@ -95,7 +97,8 @@ impl RunningJob {
                 // and the outer stage has nothing left but to wait for it.
                 // Ending the outer stage now lets its exit overlap pid 1's
                 // namespace teardown instead of following it.
-                let reports = read_until_exited(ctl, &mut buf, outer).await;
+                let mut reports = read_until_exited(ctl, &mut buf, outer).await;
+                tmp = reports.tmp.take().flatten();
                 if reports.exited {
                     send(outer, Signal::SIGKILL);
                 }
@@ -104,7 +107,7 @@ impl RunningJob {
                 reaped.store(true, Ordering::SeqCst);
                 // pid 1 (and with it every process of its pid namespace) is
                 // gone once its pidfd polls readable: the cgroups are empty.
-                if let Some(pid1) = reports.pid1 {
+                if let Some((_, pid1)) = reports.pid1 {
                     // SAFETY: the AsyncFd owns the OwnedFd, which stays open
                     // and the same fd until the AsyncFd is dropped below.
                     if let Ok(fd) = unsafe { tokio::io::unix::AsyncFd::register(pid1) } {
@@ -163,6 +166,13 @@ impl RunningJob {
         self.sweeps.finish(&idmapped_in(&buf));
         let mut outcome = self.outcome(status, &buf, killed || ending.is_some());
         self.account(&mut outcome, ending);
+        // Nothing writes there any more; the tmpfs goes with the fd.
+        // Without one (rootless: pid 1's root is out of our reach), pid 1's
+        // measure of the job's end stands (`outcome`).
+        if let Some(fd) = tmp {
+            let out = super::mounts::tmp_out(&fd);
+            outcome.tmp_full = out.map(|o| crate::job::TmpFull::of(self.spec.limits.tmp_size_bytes, o));
+        }
         outcome.network = self.proxy.as_mut().and_then(|p| p.finish());
         let teardown = self.cgroup.take().map_or_else(Teardown::none, |cg| {
             Teardown::start(move || {
@@ -208,13 +218,18 @@ struct Seen {
     /// pid 1's `Exited` report arrived.
     exited: bool,
     /// A pidfd of pid 1, from its `Started` report.
-    pid1: Option<std::os::fd::OwnedFd>,
+    pid1: Option<(i32, OwnedFd)>,
+    /// The job's `Confined` report arrived: pid 1 has pivoted into its root.
+    confined: bool,
+    /// The job's /tmp ([`job_tmp`]), once both of the above are known;
+    /// looked for once.
+    tmp: Option<Option<OwnedFd>>,
 }
 
 /// Read reports into `buf` until pid 1's `Exited` (or EOF, or an error).
 async fn read_until_exited(ctl: &mut tokio::net::UnixStream, buf: &mut Vec<u8>, outer: Option<Pid>) -> Seen {
     use super::protocol::InitReport;
-    let mut seen = Seen { exited: false, pid1: None };
+    let mut seen = Seen { exited: false, pid1: None, confined: false, tmp: None };
     let mut scanned = 0;
     let mut chunk = [0u8; 4096];
     while !seen.exited {
@@ -224,14 +239,56 @@ async fn read_until_exited(ctl: &mut tokio::net::UnixStream, buf: &mut Vec<u8>, 
         }
         while let Some(end) = buf[scanned..].iter().position(|b| *b == b'\n') {
             match serde_json::from_slice::<InitReport>(&buf[scanned..scanned + end]) {
-                Ok(InitReport::Started { pid1 }) => seen.pid1 = pid1_fd(pid1, outer),
+                Ok(InitReport::Started { pid1 }) => seen.pid1 = pid1_fd(pid1, outer).map(|fd| (pid1, fd)),
+                Ok(InitReport::Confined { .. }) => seen.confined = true,
                 Ok(InitReport::Exited { .. }) => seen.exited = true,
                 _ => {}
             }
             scanned += end + 1;
         }
+        // The outer stage's `Started` and the job's `Confined` may come in
+        // either order.
+        if let (true, None, Some((pid, fd))) = (seen.confined, &seen.tmp, &seen.pid1) {
+            seen.tmp = Some(job_tmp(*pid, fd));
+        }
     }
     seen
+}
+
+/// The job's /tmp, opened through pid 1's root while the job runs (after
+/// its `Confined` report: pid 1 has pivoted), so that it can be measured
+/// once the job is over: the tmpfs outlives the namespace for as long as
+/// this fd is held. Nothing the job made is followed: `tmp` is a mount
+/// point in pid 1's read-only root, opened without following any link,
+/// and it must be a tmpfs. pid 1 must still be unreaped after the open
+/// (its pidfd takes a signal 0), or its pid, and the path, could have been
+/// another process's by then.
+fn job_tmp(pid1: i32, pidfd: &OwnedFd) -> Option<OwnedFd> {
+    use nix::fcntl::OFlag;
+    let root = nix::fcntl::open(
+        format!("/proc/{pid1}/root").as_str(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
+    let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    let tmp = super::sys::openat2(
+        &root,
+        std::path::Path::new("tmp"),
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        resolve,
+    )
+    .ok()?;
+    // SAFETY: pidfd_send_signal with signal 0 and no siginfo only checks
+    // that the process the pidfd names is there; it takes no pointers.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0)
+    };
+    if ret != 0 {
+        return None;
+    }
+    let st = nix::sys::statfs::fstatfs(&tmp).ok()?;
+    (st.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC).then_some(tmp)
 }
 
 /// The mount points the job's `Confined` report says were idmapped (sent
@@ -251,7 +308,7 @@ fn idmapped_in(buf: &[u8]) -> Vec<String> {
 /// A pidfd of pid 1 (host pid `pid`), if that pid is still the outer
 /// stage's child: the outer stage is alive and has not reaped it, so the
 /// pid can't have been reused.
-fn pid1_fd(pid: i32, outer: Option<Pid>) -> Option<std::os::fd::OwnedFd> {
+fn pid1_fd(pid: i32, outer: Option<Pid>) -> Option<OwnedFd> {
     let fd = super::sys::pidfd_open(pid).ok()?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command's closing parenthesis: state, ppid, …

@@ -809,8 +809,8 @@ for fd in (0, 1, 2):
         print(f"tiocspgrp{fd}=refused")
 try:
     os.open("/dev/tty", os.O_RDWR); print("devtty=open")
-except OSError:
-    print("devtty=absent")
+except OSError as e:
+    print(f"devtty={os.strerror(e.errno)}")
 "#;
     // confine on a real terminal: `script` gives it one, as its stdio and
     // controlling tty, in the foreground.
@@ -826,7 +826,9 @@ except OSError:
         assert_eq!(a.get(&format!("tiocspgrp{fd}")).map(String::as_str), Some("refused"), "{text}");
         assert_ne!(a.get(&format!("fd{fd}")).map(String::as_str), Some("/dev/pts/0"), "{text}");
     }
-    assert_eq!(a.get("devtty").map(String::as_str), Some("absent"), "{text}");
+    // /dev/tty is there (a pty the job opens may become its terminal),
+    // and names no terminal of the job's session.
+    assert_eq!(a.get("devtty").map(String::as_str), Some("No such device or address"), "{text}");
 }
 
 /// What the user types on the terminal reaches the job only with `-i`:
@@ -906,24 +908,28 @@ fn class07_a_jobs_pipe_flags_do_not_reach_the_caller() {
     drop(read);
 }
 
-/// `--tty`: a pty of the job's own, its controlling terminal, relayed.
+/// `--tty`: a pty of the job's own, its controlling terminal, relayed, at
+/// `/dev/console`; `/dev/pts` is the job's own instance, where neither
+/// that pty nor `script`'s (both the host's) is.
 #[test]
 fn class07_tty_gives_the_job_a_terminal_of_its_own() {
     if !root_sandbox() {
         return;
     }
-    let cmd = format!("stty cols 123 rows 45; {} run --tty -- /bin/sh -c 'tty; stty size; ls /dev/pts'", bin());
+    let cmd = format!(
+        "stty cols 123 rows 45; {} run --tty -- /bin/sh -c 'tty; stty size; ls /dev/pts; stty size </dev/tty'",
+        bin()
+    );
     let out =
         Command::new("script").envs(degraded_env()).args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output();
     let Ok(out) = out else { return skip("script (util-linux) is not available") };
     // (`script` may echo a control character of its own first.)
     let text = stdout(&out).replace('\r', "");
-    let lines: Vec<&str> = text.lines().skip_while(|l| !l.contains("/dev/pts/")).collect();
-    assert!(lines.len() >= 3, "{text} {}", stderr(&out));
-    let pty = &lines[0][lines[0].find("/dev/pts/").unwrap_or(0)..];
+    let lines: Vec<&str> = text.lines().skip_while(|l| !l.ends_with("/dev/console")).collect();
+    assert!(lines.len() >= 4, "{text} {}", stderr(&out));
     assert_eq!(lines[1], "45 123", "{text}");
-    // Only its own pty is there.
-    assert_eq!(lines[2], pty.trim_start_matches("/dev/pts/"), "{text}");
+    assert_eq!(lines[2], "ptmx", "{text}");
+    assert_eq!(lines[3], "45 123", "{text}");
 }
 
 // ---- class 8: attributes inherited from the supervisor ----
@@ -1206,6 +1212,8 @@ for l in open("/proc/self/mountinfo"):
     sep = f.index("-")
     opts = set(f[5].split(","))
     mounts.append([f[4], f[sep + 1], sorted(o for o in opts if o in ("ro", "rw", "nosuid", "nodev", "noexec"))])
+    if f[sep + 1] == "devpts":
+        st["devpts"] = sorted(f[sep + 3].split(","))
 st["mounts"] = mounts
 st["rlimits"] = {n: list(resource.getrlimit(getattr(resource, "RLIMIT_" + n))) for n in ("CORE", "RTPRIO", "RTTIME", "NICE", "SIGPENDING", "MSGQUEUE")}
 st["fds"] = sorted(int(f) for f in os.listdir("/proc/self/fd"))
@@ -1269,8 +1277,14 @@ print(json.dumps(st))
     assert_eq!((find("/proc").1.as_str(), flags("/proc").as_str()), ("proc", "nodev,noexec,nosuid,rw"));
     assert_eq!(flags("/proc/sys"), "nodev,noexec,nosuid,ro");
     assert_eq!(flags("/proc/cmdline"), "noexec,nosuid,ro", "masked by a read-only /dev/null");
-    for dev in ["null", "zero", "full", "random", "urandom"] {
+    for dev in ["null", "zero", "full", "random", "urandom", "tty"] {
         assert_eq!(flags(&format!("/dev/{dev}")), "noexec,nosuid,rw", "/dev/{dev}");
+    }
+    // The job's own devpts instance, its pty count bounded.
+    assert_eq!((find("/dev/pts").1.as_str(), flags("/dev/pts").as_str()), ("devpts", "noexec,nosuid,rw"));
+    let devpts: Vec<&str> = v["devpts"].as_array().unwrap().iter().filter_map(|o| o.as_str()).collect();
+    for opt in ["max=64", "ptmxmode=666", "mode=620"] {
+        assert!(devpts.contains(&opt), "devpts without {opt}: {devpts:?}");
     }
     let allowed: Vec<&str> = vec![
         "/",
@@ -1284,6 +1298,8 @@ print(json.dumps(st))
         "/dev/full",
         "/dev/random",
         "/dev/urandom",
+        "/dev/tty",
+        "/dev/pts",
         "/dev/shm",
         "/proc",
     ];

@@ -56,18 +56,43 @@ fn every_default_entry_has_a_comment() {
 }
 
 #[test]
-fn default_denies_tiocsti_and_tioclinux_whatever_the_high_bits() {
+fn default_denies_tiocsti_tioclinux_and_tiocsetd_whatever_the_high_bits() {
     let p = default_plan();
-    for cmd in [0x5412u64, 0x541C, 0x1_0000_5412, 0xFFFF_FFFF_0000_541C, 0x8000_0000_0000_5412] {
+    for cmd in [
+        0x5412u64,
+        0x541C,
+        0x5423,
+        0x1_0000_5412,
+        0xFFFF_FFFF_0000_541C,
+        0x8000_0000_0000_5412,
+        0x4_0000_5423,
+        0xFFFF_FFFF_0000_5423,
+    ] {
         assert_eq!(decide(&p, "ioctl", a1(cmd)), Action::Errno(1), "{cmd:#x}");
     }
-    for cmd in
-        [0x5401u64 /* TCGETS */, 0x5413 /* TIOCGWINSZ */, 0x541B /* FIONREAD */, 0x5410, 0x5414, 0x541D]
-    {
+    // TCGETS, TIOCGWINSZ, FIONREAD, TIOCGETD (0x5424), TIOCGPTN and
+    // TIOCSPTLCK (what openpty asks of ptmx), TIOCGPTPEER, and neighbours
+    // one bit away from the three refused.
+    for cmd in [
+        0x5401u64,
+        0x5413,
+        0x541B,
+        0x5424,
+        0x8004_5430,
+        0x4004_5431,
+        0x5441,
+        0x5410,
+        0x5414,
+        0x541D,
+        0x5422,
+        0x5427,
+        0x5421,
+        0x5433,
+    ] {
         assert_eq!(decide(&p, "ioctl", a1(cmd)), Action::Allow, "{cmd:#x}");
     }
-    for cmd in samples(200_000) {
-        let want = if matches!(cmd & 0xffff_ffff, 0x5412 | 0x541C) { Action::Errno(1) } else { Action::Allow };
+    for cmd in (0..0x1_0000u64).chain(samples(200_000)) {
+        let want = if matches!(cmd & 0xffff_ffff, 0x5412 | 0x541C | 0x5423) { Action::Errno(1) } else { Action::Allow };
         assert_eq!(decide(&p, "ioctl", a1(cmd)), want, "{cmd:#x}");
     }
 }
