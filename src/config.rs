@@ -181,6 +181,15 @@ pub struct RepoConfig {
     /// into the repository.
     #[serde(default)]
     pub memory_files: bool,
+    /// Where the repository is mounted inside its jobs: `/workspace`,
+    /// `host` (its own path, for a virtualenv or an editable install that
+    /// holds it), or an absolute path (`sandbox::workspace_at`).
+    #[serde(default, skip_serializing_if = "is_default_workspace_at")]
+    pub workspace_at: crate::sandbox::workspace_at::WorkspaceAt,
+}
+
+fn is_default_workspace_at(at: &crate::sandbox::workspace_at::WorkspaceAt) -> bool {
+    *at == crate::sandbox::workspace_at::WorkspaceAt::Default
 }
 
 /// `[network]`: what a job with `--net allow:…` (MCP `network: {allow}`)
@@ -559,7 +568,12 @@ impl Config {
             return r.id.clone();
         }
         self.repos.retain(|r| r.id != id);
-        self.repos.push(RepoConfig { id: id.to_string(), root: root.to_path_buf(), memory_files: false });
+        self.repos.push(RepoConfig {
+            id: id.to_string(),
+            root: root.to_path_buf(),
+            memory_files: false,
+            workspace_at: Default::default(),
+        });
         id.to_string()
     }
 }

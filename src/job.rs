@@ -4,7 +4,7 @@
 //! They hold no sandbox logic and never touch the kernel.
 
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Network mode of a job. In JSON: `"none"`, `"host"`, or
 /// `{"allow": ["registry.example.org", "@python", …]}`.
@@ -193,9 +193,13 @@ pub struct JobSpec {
     pub argv: Vec<String>,
     /// The complete, already scrubbed environment of the job.
     pub env: Vec<(String, String)>,
-    /// Host directory mounted at /workspace.
+    /// Host directory mounted at [`JobSpec::workspace_at`].
     pub workspace: Option<PathBuf>,
     pub workspace_rw: bool,
+    /// Where the workspace is mounted inside (`--workspace-at`): a path
+    /// checked by `sandbox::workspace_at`, `/workspace` unless asked.
+    #[serde(default = "default_workspace_at", skip_serializing_if = "is_default_workspace_at")]
+    pub workspace_at: PathBuf,
     /// Working directory inside the sandbox.
     pub cwd: PathBuf,
     pub network: Network,
@@ -245,6 +249,7 @@ impl JobSpec {
             env: Vec::new(),
             workspace: None,
             workspace_rw: false,
+            workspace_at: default_workspace_at(),
             cwd: PathBuf::from("/tmp"),
             network: Network::None,
             net_limits: NetLimits::default(),
@@ -260,6 +265,14 @@ impl JobSpec {
             user: None,
         }
     }
+}
+
+fn default_workspace_at() -> PathBuf {
+    PathBuf::from(crate::sandbox::workspace_at::DEFAULT)
+}
+
+fn is_default_workspace_at(p: &Path) -> bool {
+    p == Path::new(crate::sandbox::workspace_at::DEFAULT)
 }
 
 /// How a job ended, in the words a user checks.

@@ -41,6 +41,12 @@ pub struct ExecArgs {
     /// A repository of [[repos]] in confine.toml.
     #[arg(long, value_name = "ID")]
     pub repo_id: Option<String>,
+    /// Where the repository is inside: `/workspace`, `host` (its own real
+    /// path, for a virtualenv or an editable install that holds it), or
+    /// an absolute PATH (see `confine run --help`) [default: the
+    /// repository's workspace_at in confine.toml, else /workspace].
+    #[arg(long, value_name = "host|PATH")]
+    pub workspace_at: Option<crate::sandbox::workspace_at::WorkspaceAt>,
     /// Working directory relative to the repository root.
     #[arg(long, value_name = "REL")]
     pub cwd: Option<String>,
@@ -183,6 +189,15 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     let adhoc_repo = (config.repos != loaded.repos)
         .then(|| repo_id.as_deref().and_then(|id| config.repo(id).ok()).map(|r| r.root.clone()))
         .flatten();
+    if let Some(at) = &args.workspace_at {
+        let Some(id) = &repo_id else {
+            return fail(format!("--workspace-at {at}: name the repository with --repo or --repo-id"));
+        };
+        // An unknown id is the pipeline's to refuse, audited.
+        if let Some(repo) = config.repos.iter_mut().find(|r| &r.id == id) {
+            repo.workspace_at = at.clone();
+        }
+    }
     let mut given = Vec::new();
     for file in &args.env_file {
         // Every name is checked against the allowlist by the pipeline.
@@ -222,6 +237,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         request: req,
         live,
         adhoc_repo,
+        workspace_at: args.workspace_at.clone(),
         allow_degraded: args.allow_degraded,
         path: std::env::var_os("PATH"),
         home: std::env::var_os("HOME").map(PathBuf::from),

@@ -157,7 +157,9 @@ mod tests {
             assert!(subcommands.lines().any(|l| l == want), "{want} not offered: {subcommands}");
         }
         let flags = complete("confine run --works", 2);
-        assert_eq!(flags.trim(), "--workspace", "{flags}");
+        assert_eq!(flags.lines().collect::<Vec<_>>(), ["--workspace", "--workspace-at"], "{flags}");
+        let flags = complete("confine run --workspace-", 2);
+        assert_eq!(flags.trim(), "--workspace-at", "{flags}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use super::args::{
 use crate::config::Config;
 use crate::env::{scrubbed, EnvArg};
 use crate::job::{Bind, JobSpec, Network, Outcome};
+use crate::sandbox::workspace_at::WorkspaceAt;
 use crate::sandbox::{BackendChoice, BackendKind, Job, Launch, SandboxError, StdioSpec, Stop};
 use clap::{Args, ValueEnum};
 use std::path::{Path, PathBuf};
@@ -24,12 +25,20 @@ Exit status: the command's own; 128+N when killed by signal N; \
 124 when --timeout or --cpu-time ended it; 137 when the memory limit's OOM killer did; \
 125 when confine failed; 126 when the command can't be executed; 127 when it is not found.")]
 pub struct RunArgs {
-    /// Host directory mounted at /workspace (read-only unless --rw).
+    /// Host directory mounted at /workspace, or where --workspace-at
+    /// says (read-only unless --rw).
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
     /// Mount the workspace read-write.
     #[arg(long, requires = "workspace")]
     pub rw: bool,
+    /// Where the workspace is inside: `/workspace`, `host` (its own real
+    /// path, as `docker run -v "$PWD:$PWD" -w "$PWD"`: a virtualenv, an
+    /// editable install or compile_commands.json that hold the
+    /// checkout's path then work inside), or an absolute PATH. Not /,
+    /// /tmp, /usr, /etc…, nor under /proc or /dev [default: /workspace].
+    #[arg(long, value_name = "host|PATH", requires = "workspace")]
+    pub workspace_at: Option<WorkspaceAt>,
     /// Network: `none` (only the job's own lo, where its local servers
     /// work), `host` (the host's network), or
     /// `allow:HOST,…` (the same lo, and a proxy in confine that reaches these
@@ -61,14 +70,22 @@ pub struct RunArgs {
     /// Repeatable; --env wins over it.
     #[arg(long, value_name = "FILE")]
     pub env_file: Vec<PathBuf>,
-    /// Bind a host path read-only: SRC or SRC:DEST. Repeatable.
+    /// Bind a host path read-only: SRC or SRC:DEST. Repeatable. A DEST in
+    /// the read-only /usr or /etc must exist there (as with bwrap); `/` as
+    /// SRC is the host's root file system alone, without what is mounted
+    /// below it.
     #[arg(long = "ro-bind", value_name = "SRC[:DEST]")]
     pub ro_bind: Vec<String>,
     /// Bind a host path read-write: SRC or SRC:DEST. Repeatable.
     #[arg(long = "bind", value_name = "SRC[:DEST]")]
     pub bind: Vec<String>,
+    /// Docker's bind: SRC:DEST, read-write, or SRC:DEST:ro, read-only
+    /// (as --bind and --ro-bind). SRC is a host path; docker's named
+    /// volumes and its other options do not exist here. Repeatable.
+    #[arg(long = "volume", short = 'v', value_name = "SRC:DEST[:ro]")]
+    pub volume: Vec<String>,
     /// Working directory inside the sandbox; a relative DIR is taken from
-    /// /workspace (default: /workspace, else /tmp).
+    /// the workspace (default: the workspace, else /tmp).
     #[arg(long, short = 'w', visible_alias = "workdir", value_name = "DIR")]
     pub cwd: Option<PathBuf>,
     /// Write the outcome as JSON to FILE when the job ends (`-`: to
@@ -161,11 +178,64 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-fn parse_bind(s: &str, writable: bool) -> Result<Bind, SandboxError> {
-    let (src, dst) = match s.split_once(':') {
-        Some((a, b)) => (a, b),
-        None => (s, s),
+/// A bind as given on the command line: its flag and text (for
+/// messages), its source and destination, and whether it is writable.
+struct BindArg {
+    given: String,
+    src: String,
+    dest: String,
+    writable: bool,
+}
+
+/// Every bind of the command line, in one order: --ro-bind, --bind, -v.
+fn bind_args(args: &RunArgs) -> Result<Vec<BindArg>, SandboxError> {
+    let plain = |flag: &str, s: &String, writable: bool| {
+        let (src, dest) = s.split_once(':').unwrap_or((s, s));
+        BindArg { given: format!("{flag} {s}"), src: src.into(), dest: dest.into(), writable }
     };
+    let mut out: Vec<BindArg> = args.ro_bind.iter().map(|b| plain("--ro-bind", b, false)).collect();
+    out.extend(args.bind.iter().map(|b| plain("--bind", b, true)));
+    for v in &args.volume {
+        out.push(parse_volume(v).map_err(|why| SandboxError::Unavailable(format!("-v {v}: {why}")))?);
+    }
+    Ok(out)
+}
+
+/// Docker's `-v SRC:DEST[:OPTIONS]`, for a host path: OPTIONS `ro` (or
+/// `readonly`) or `rw`. What else docker takes there (named and anonymous
+/// volumes, relabelling, propagation) has no meaning here: refused with a
+/// pointer to the flags that exist.
+fn parse_volume(v: &str) -> Result<BindArg, String> {
+    let parts: Vec<&str> = v.split(':').collect();
+    let (src, dest, opts) = match parts[..] {
+        [src, dest] => (src, dest, ""),
+        [src, dest, opts] => (src, dest, opts),
+        [_] => return Err("give SRC:DEST (a host path and where it goes; docker's anonymous volumes do not exist here, the job's scratch space is /tmp)".into()),
+        _ => return Err("give SRC:DEST or SRC:DEST:ro (paths with ':' can't be given with -v)".into()),
+    };
+    if !(src.starts_with('/') || src.starts_with('.') || src.starts_with('~')) {
+        return Err(format!(
+            "'{src}' is not a host path (docker's named volumes do not exist here): give a path, as /abs/{src} or ./{src}"
+        ));
+    }
+    let mut writable = true;
+    for opt in opts.split(',').filter(|o| !o.is_empty()) {
+        match opt {
+            "ro" | "readonly" => writable = false,
+            "rw" => writable = true,
+            other => {
+                return Err(format!(
+                    "option '{other}' is docker's and has no meaning here: -v takes ro or rw (or use --bind SRC:DEST, --ro-bind SRC:DEST)"
+                ))
+            }
+        }
+    }
+    let given = format!("-v {v}");
+    Ok(BindArg { given, src: src.into(), dest: dest.into(), writable })
+}
+
+fn parse_bind(b: &BindArg) -> Result<Bind, SandboxError> {
+    let (src, dst) = (b.src.as_str(), b.dest.as_str());
     let source =
         std::fs::canonicalize(src).map_err(|e| SandboxError::Unavailable(format!("bind source {src}: {e}")))?;
     let dest = PathBuf::from(dst);
@@ -174,7 +244,24 @@ fn parse_bind(s: &str, writable: bool) -> Result<Bind, SandboxError> {
             "bind destination {dst}: must be an absolute path without '..'"
         )));
     }
-    Ok(Bind { source, dest, writable, idmap: true })
+    if dest.parent().is_none() {
+        return Err(SandboxError::Unavailable(format!(
+            "{}: / is the sandbox's own root; bind to a directory such as /host",
+            b.given
+        )));
+    }
+    // The host's root read-write would give the job every file its uid
+    // may write on the host; read-only it is bound alone, without the
+    // file systems below it (`mounts::recursive`).
+    if source == Path::new("/") && b.writable {
+        return Err(SandboxError::Unavailable(format!(
+            "{}: the host's whole root can only be bound read-only (--ro-bind /:{}); bind read-write only what the \
+             job must write",
+            b.given,
+            dest.display()
+        )));
+    }
+    Ok(Bind { source, dest, writable: b.writable, idmap: true })
 }
 
 /// Build the job from the arguments, with `defaults` for the limits they
@@ -202,11 +289,14 @@ pub fn job_spec(args: &RunArgs, config: &Config) -> Result<JobSpec, SandboxError
         if crate::safe_fs::through_symlink(ws, &real) {
             spec.through_symlink.push(real.clone());
         }
+        let at = args.workspace_at.clone().unwrap_or_default();
+        spec.workspace_at =
+            at.resolve(&real).map_err(|e| SandboxError::Unavailable(format!("--workspace-at {at}: {e}")))?;
         spec.workspace = Some(real);
-        spec.cwd = PathBuf::from("/workspace");
+        spec.cwd = spec.workspace_at.clone();
     }
     if let Some(cwd) = &args.cwd {
-        // Relative: from where the job starts (/workspace, else /tmp), as
+        // Relative: from where the job starts (the workspace, else /tmp), as
         // docker's -w is from the image's working directory.
         spec.cwd = spec.cwd.join(cwd);
     }
@@ -225,30 +315,31 @@ pub fn job_spec(args: &RunArgs, config: &Config) -> Result<JobSpec, SandboxError
         spec.protect = crate::sandbox::protect::defaults(ws).map_err(|e| SandboxError::Unavailable(e.to_string()))?;
     }
     for p in &args.protect {
-        spec.protect.push(protected_path(p, spec.workspace.as_deref())?);
+        spec.protect.push(protected_path(p, spec.workspace.as_deref(), &spec.workspace_at)?);
     }
     spec.limits.timeout_ms = args.timeout.map(|d| d.as_millis() as u64);
     spec.limits.cpu_time_ms = args.cpu_time.map(|d| d.as_millis() as u64);
     if let Some(size) = args.tmp_size {
         spec.limits.tmp_size_bytes = size;
     }
-    let binds = args.ro_bind.iter().map(|b| (b, false)).chain(args.bind.iter().map(|b| (b, true)));
-    for (b, writable) in binds {
-        let bind = parse_bind(b, writable)?;
-        let given = b.split_once(':').map_or(b.as_str(), |(src, _)| src);
-        if crate::safe_fs::through_symlink(std::path::Path::new(given), &bind.source) {
+    let given = bind_args(args)?;
+    for b in &given {
+        let bind = parse_bind(b)?;
+        if crate::safe_fs::through_symlink(std::path::Path::new(&b.src), &bind.source) {
             spec.through_symlink.push(bind.source.clone());
         }
         spec.binds.push(bind);
     }
-    check_binds(args, &mut spec)?;
+    check_binds(&given, &mut spec)?;
     Ok(spec)
 }
 
 /// The directories jobs write to, as this run knows them: its workspace
-/// (another run may have had it read-write) and its binds' sources.
+/// (another run may have had it read-write) and its binds' sources; not
+/// the host's root, which no run may bind read-write.
 fn job_writable(spec: &JobSpec) -> Vec<PathBuf> {
-    spec.workspace.iter().cloned().chain(spec.binds.iter().map(|b| b.source.clone())).collect()
+    let sources = spec.binds.iter().map(|b| b.source.clone()).filter(|s| s != Path::new("/"));
+    spec.workspace.iter().cloned().chain(sources).collect()
 }
 
 /// Binds whose source passes through a symlink a job could have planted
@@ -258,33 +349,41 @@ fn job_writable(spec: &JobSpec) -> Vec<PathBuf> {
 /// Each source becomes the path the guarded walk reached, so that no
 /// symlink is followed between the check and the mount (the init stage
 /// opens it refusing any).
-fn check_binds(args: &RunArgs, spec: &mut JobSpec) -> Result<(), SandboxError> {
+fn check_binds(given: &[BindArg], spec: &mut JobSpec) -> Result<(), SandboxError> {
     let roots = job_writable(spec);
-    let given: Vec<&String> = args.ro_bind.iter().chain(&args.bind).collect();
     for (arg, bind) in given.iter().zip(spec.binds.iter_mut()) {
-        let src = arg.split_once(':').map_or(arg.as_str(), |(a, _)| a);
-        bind.source = crate::safe_fs::resolve_guarded(Path::new(src), &roots)
+        bind.source = crate::safe_fs::resolve_guarded(Path::new(&arg.src), &roots)
             .map_err(|e| SandboxError::Unavailable(format!("bind source {e}")))?;
     }
+    let ws = spec.workspace.as_ref().map(|_| spec.workspace_at.as_path());
     for (arg, bind) in given.iter().zip(&spec.binds) {
+        let arg = &arg.given;
         let nested = |dest: &Path| bind.dest != dest && bind.dest.starts_with(dest);
-        let in_workspace = spec.workspace.is_some() && nested(Path::new("/workspace"));
-        if in_workspace || spec.binds.iter().any(|other| nested(&other.dest)) {
+        if ws == Some(bind.dest.as_path()) {
             return Err(SandboxError::Unavailable(format!(
-                "bind {arg}: {} is inside {} mounted by this run, which would hide it or be hidden by it; \
+                "{arg}: {} is the --workspace's; bind it elsewhere",
+                bind.dest.display()
+            )));
+        }
+        let in_workspace = ws.is_some_and(nested);
+        let holds_workspace = ws.is_some_and(|w| w != bind.dest && w.starts_with(&bind.dest));
+        if in_workspace || holds_workspace || spec.binds.iter().any(|other| nested(&other.dest)) {
+            let other = match (in_workspace, holds_workspace) {
+                (true, _) => format!("inside the workspace ({})", spec.workspace_at.display()),
+                (_, true) => format!("around the workspace ({})", spec.workspace_at.display()),
+                _ => "inside another bind".to_string(),
+            };
+            return Err(SandboxError::Unavailable(format!(
+                "{arg}: {} is {other} mounted by this run, which would hide it or be hidden by it; \
                  bind it elsewhere (to keep a path of the workspace read-only, use --protect)",
                 bind.dest.display(),
-                if in_workspace { "/workspace, which is".to_string() } else { "another bind".to_string() }
             )));
         }
         if ["/proc", "/dev"].iter().any(|own| bind.dest.starts_with(own)) {
             return Err(SandboxError::Unavailable(format!(
-                "bind {arg}: {} is the sandbox's own (/proc and /dev are made for each job); bind it elsewhere",
+                "{arg}: {} is the sandbox's own (/proc and /dev are made for each job); bind it elsewhere",
                 bind.dest.display()
             )));
-        }
-        if bind.dest == Path::new("/workspace") && spec.workspace.is_some() {
-            return Err(SandboxError::Unavailable(format!("bind {arg}: /workspace is the --workspace's")));
         }
     }
     Ok(())
@@ -436,9 +535,8 @@ struct StatusFile(crate::safe_fs::OutputFile);
 impl StatusFile {
     fn prepare(path: &Path, args: &RunArgs) -> Result<StatusFile, crate::safe_fs::SafeFsError> {
         let mut roots: Vec<PathBuf> = args.workspace.iter().filter_map(|w| std::fs::canonicalize(w).ok()).collect();
-        for b in args.bind.iter().chain(&args.ro_bind) {
-            let src = b.split_once(':').map_or(b.as_str(), |(a, _)| a);
-            roots.extend(std::fs::canonicalize(src).ok());
+        for b in bind_args(args).unwrap_or_default() {
+            roots.extend(std::fs::canonicalize(&b.src).ok().filter(|s| s != Path::new("/")));
         }
         crate::safe_fs::OutputFile::prepare_guarded(path, &roots).map(StatusFile)
     }
@@ -667,7 +765,12 @@ fn with_limits_hint(e: SandboxError, args: &RunArgs) -> SandboxError {
     let defaulted = args.memory.is_none() || args.cpus.is_none() || args.pids.is_none();
     match e {
         SandboxError::Cgroup(c)
-            if defaulted && !matches!(c, crate::sandbox::linux::cgroup::CgroupError::BadParent(_)) =>
+            if defaulted
+                && !matches!(
+                    c,
+                    crate::sandbox::linux::cgroup::CgroupError::BadParent(_)
+                        | crate::sandbox::linux::cgroup::CgroupError::ParentMissing { .. }
+                ) =>
         {
             SandboxError::Unavailable(format!(
                 "{c}. (The default limits need a cgroup; lift them with --memory unlimited --cpus unlimited \
@@ -809,10 +912,11 @@ fn human_bytes(b: u64) -> String {
 }
 
 /// A `--protect` path: relative to the workspace (an absolute one under
-/// /workspace is taken as the same), without `..`, and there now.
-fn protected_path(p: &Path, workspace: Option<&Path>) -> Result<PathBuf, SandboxError> {
+/// where it is mounted, `at`, is taken as the same), without `..`, and
+/// there now.
+fn protected_path(p: &Path, workspace: Option<&Path>, at: &Path) -> Result<PathBuf, SandboxError> {
     use std::path::Component;
-    let rel = p.strip_prefix("/workspace").unwrap_or(p);
+    let rel = p.strip_prefix(at).unwrap_or(p);
     let bad = |why: &str| SandboxError::Unavailable(format!("--protect {}: {why}", p.display()));
     if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) || rel.as_os_str().is_empty() {
         return Err(bad("give a path inside the workspace, relative to it, without '.' or '..'"));

@@ -96,6 +96,11 @@ pub struct ExecRelay {
     /// would have; `confine serve` runs only its configured repositories.
     #[serde(default)]
     pub adhoc_repo: Option<std::path::PathBuf>,
+    /// `--workspace-at`: where the request's repository is mounted. An
+    /// exec holder mounts it there, as the client would have; `confine
+    /// serve` only where its own configuration says.
+    #[serde(default)]
+    pub workspace_at: Option<crate::sandbox::workspace_at::WorkspaceAt>,
     /// `--allow-degraded`.
     #[serde(default)]
     pub allow_degraded: bool,

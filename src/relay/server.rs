@@ -570,6 +570,11 @@ async fn exec(
             if let Some(root) = &e.adhoc_repo {
                 config.add_adhoc_repo("cli", root);
             }
+            if let (Some(at), Some(id)) = (&e.workspace_at, e.request.repo_id.as_deref()) {
+                if let Some(repo) = config.repos.iter_mut().find(|r| r.id == id) {
+                    repo.workspace_at = at.clone();
+                }
+            }
             let host = Host::from_parts(e.path.clone(), e.home.clone())
                 .with_repos(config.repos.iter().map(|r| r.root.as_path()));
             match ctx.supervisor.for_relayed(config, host).await {
@@ -586,6 +591,17 @@ async fn exec(
                 "the store is held by `confine serve` (pid {pid}), which runs only the repositories of its \
                  configuration, and --repo is not one of them: add it under [[repos]] in the configuration, \
                  or stop the server"
+            ))
+        }
+        None if e.workspace_at.as_ref().is_some_and(|at| {
+            e.request.repo_id.as_deref().and_then(|id| ctx.config.repo(id).ok()).is_some_and(|r| r.workspace_at != *at)
+        }) =>
+        {
+            return refused(format!(
+                "--workspace-at: the store is held by `confine serve` (pid {pid}), which mounts its repositories \
+                 where its configuration says: set workspace_at = \"{}\" in that repository's [[repos]] entry, \
+                 or stop the server",
+                e.workspace_at.as_ref().map(ToString::to_string).unwrap_or_default()
             ))
         }
         None if e.allow_degraded && !ctx.config.runtime.allow_degraded => {

@@ -48,6 +48,11 @@ impl HostLayout {
         if !path.has_root() || path.components().any(|c| matches!(c, Component::ParentDir)) {
             return Err(HostPathError::NotAbsolute(path.to_path_buf()));
         }
+        // The workspace at its own host path (`--workspace-at host`): that
+        // is where it is, without a mount namespace too.
+        if let Some(ws) = self.workspace.as_ref().filter(|ws| path.starts_with(ws)) {
+            return Ok(ws.join(path.strip_prefix(ws).unwrap_or(Path::new(""))));
+        }
         if let (Some(ws), Ok(rest)) = (&self.workspace, path.strip_prefix("/workspace")) {
             return Ok(if rest.as_os_str().is_empty() { ws.clone() } else { ws.join(rest) });
         }
@@ -119,7 +124,9 @@ mod tests {
         for kept in ["/tmpfoo", "/tmp/../etc/passwd", "-o", "/usr/bin/cc", "tmp/x"] {
             assert_eq!(l.host_word(kept), kept);
         }
+        assert_eq!(l.host_path(Path::new("/home/u/proj/src")).unwrap(), PathBuf::from("/home/u/proj/src"));
         let no_ws = HostLayout { workspace: None, ..l };
         assert!(no_ws.host_path(Path::new("/workspace")).is_err());
+        assert!(no_ws.host_path(Path::new("/home/u/proj")).is_err());
     }
 }

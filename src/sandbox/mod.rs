@@ -16,6 +16,7 @@ pub mod protect;
 pub mod unix_fallback;
 #[cfg(windows)]
 pub mod windows;
+pub mod workspace_at;
 
 pub use backend::{select, select_with_config, Backend, BackendChoice, BackendKind};
 pub use guarantees::{Guarantee, Guarantees, Level};

@@ -73,6 +73,8 @@ pub(crate) struct Prepared {
     pub jailed: JailedCwd,
     /// The repository's root as configured (`jailed.root` is its real path).
     pub repo_root: std::path::PathBuf,
+    /// Where the repository is mounted inside.
+    pub workspace_at: crate::sandbox::workspace_at::WorkspaceAt,
 }
 
 /// A job ready to start: its spec and, on the unix-fallback backend, the
@@ -163,7 +165,13 @@ impl Planner<'_> {
         // 5. cwd jail.
         let jailed = cwd::jail(&admitted.repo.root, req.relative_cwd.as_deref())
             .map_err(|e| Refusal { status: Status::Denied, message: e.to_string() })?;
-        Ok(Prepared { plan, env, jailed, repo_root: admitted.repo.root.clone() })
+        Ok(Prepared {
+            plan,
+            env,
+            jailed,
+            repo_root: admitted.repo.root.clone(),
+            workspace_at: admitted.repo.workspace_at.clone(),
+        })
     }
 
     /// The job's spec (step 7), with `limits` as decided and `timeout` left
@@ -191,7 +199,11 @@ impl Planner<'_> {
         } else {
             Vec::new()
         };
-        spec.cwd = prepared.jailed.in_sandbox(Path::new("/workspace"));
+        spec.workspace_at = prepared.workspace_at.resolve(&prepared.jailed.root).map_err(|e| Refusal {
+            status: Status::Failure,
+            message: format!("workspace_at {}: {e}", prepared.workspace_at),
+        })?;
+        spec.cwd = prepared.jailed.in_sandbox(&spec.workspace_at);
         spec.network = self
             .config
             .network

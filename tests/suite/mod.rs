@@ -5,6 +5,8 @@
 #[cfg(target_os = "linux")]
 mod artifacts;
 #[cfg(target_os = "linux")]
+mod binds;
+#[cfg(target_os = "linux")]
 mod cli_habits;
 #[cfg(target_os = "linux")]
 mod doctor;
@@ -64,3 +66,5 @@ mod supervisor;
 mod warm;
 #[cfg(windows)]
 mod windows;
+#[cfg(target_os = "linux")]
+mod workspace_at;

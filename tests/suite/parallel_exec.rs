@@ -330,3 +330,27 @@ fn a_run_beside_an_exec_holder_is_not_relayed_to_it() {
     assert!(finish(run, RUN_LIMIT).status.success());
     assert_eq!(run_out.join().unwrap(), "started\n");
 }
+
+/// `--workspace-at` travels with a relayed exec: the holder mounts the
+/// newcomer's repository where the newcomer asked, as its own process
+/// would have.
+#[test]
+fn a_relayed_exec_mounts_its_repository_where_it_asked() {
+    let Some(f) = fixture() else { return };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut holder = spawn_exec(&f, None, "echo started; while [ ! -e /workspace/own ]; do sleep 0.02; done");
+    let holder_out = watch_started(0, &mut holder, tx);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(0), "the holder's job never started");
+    let out = common::output_within(
+        Command::new(common::bin())
+            .arg("--config")
+            .arg(&f.config)
+            .args(["exec", "--repo-id", "t", "--workspace-at", "/src/app", "--runtime", "shell", "--code", "pwd"])
+            .stdin(Stdio::null()),
+        RUN_LIMIT,
+    );
+    std::fs::write(f.repo.join("own"), "").unwrap();
+    assert_eq!(common::stdout(&out), "/src/app\n", "{}", common::stderr(&out));
+    assert!(finish(holder, RUN_LIMIT).status.success());
+    assert_eq!(holder_out.join().unwrap(), "started\n");
+}

@@ -186,3 +186,15 @@ fn rootless_doctor_names_only_ways_out_that_work_here() {
         assert!(text.contains("no cgroup of this process is writable by uid 65534"), "{text}");
     }
 }
+
+/// Rootless, the host's `/` can't be bound alone (only a copy made as
+/// host root leaves the file systems below it, and their sockets, out):
+/// refused, with what to do, rather than bound with all of them.
+#[test]
+fn the_hosts_root_is_refused_rootless() {
+    let Some(r) = Rootless::new() else { return };
+    let out = r.confine(&["run", "--allow-degraded", "--ro-bind", "/:/host", "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("rootless") && err.contains("bind the directories the job needs"), "{err}");
+}

@@ -891,3 +891,37 @@ impl ColdThenWarm {
         v
     }
 }
+
+/// A repository mounted at its host path (`workspace_at = "host"`), in a
+/// temporary directory: a warm sandbox lands it in its private /tmp and
+/// idmaps it there, as a cold one does.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_at_its_host_path_runs_warm_where_it_is() {
+    if !sandbox_available() || !is_root() {
+        return;
+    }
+    let _busy = not_busy();
+    let dir = tempfile::tempdir().unwrap();
+    let dir_path = std::fs::canonicalize(dir.path()).unwrap();
+    confine::sandbox::linux::set_init_executable(bin().into());
+    let repo = dir_path.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::write(repo.join("hello.txt"), "hello from the workspace\n").unwrap();
+    let text = format!(
+        "[runtime]\nenabled = true\nmax_concurrent_jobs = 4\n\n[store]\npath = \"{}\"\n\n[[repos]]\nid = \"demo\"\n\
+         root = \"{}\"\nworkspace_at = \"host\"\n",
+        dir_path.join("store").display(),
+        repo.display()
+    );
+    let config = Config::parse(&text, &dir_path.join("confine.toml")).unwrap();
+    let sup = Supervisor::open(config).unwrap();
+    let probe = "pwd; cat hello.txt";
+    let cold = sup.execute(shell(probe), JobControl::default()).await;
+    let hot = run_warm(&sup, probe).await;
+    let expected = format!("{}\nhello from the workspace", repo.display());
+    assert_eq!(stdout(&cold), expected, "{:?}", cold.error);
+    assert_eq!(stdout(&hot), expected, "{:?}", hot.error);
+    let idmapped = serde_json::to_value(&hot.outcome.unwrap().layers).unwrap()["idmapped"].clone();
+    assert_eq!(idmapped, serde_json::json!([repo.display().to_string()]));
+}

@@ -22,7 +22,7 @@ async fn connect(with_memory: bool) -> Harness {
     std::fs::create_dir_all(root.join("src")).unwrap();
     std::fs::write(root.join("src/auth.rs"), "fn authenticate() {}\n").unwrap();
     let store = Store::open(&tmp.path().join("db")).unwrap();
-    let repos = [RepoConfig { id: "demo".into(), root, memory_files: true }];
+    let repos = [RepoConfig { id: "demo".into(), root, memory_files: true, workspace_at: Default::default() }];
     let service: Arc<dyn RuntimeService> = Arc::new(FakeService::new());
     let mut server = ConfineServer::new(service);
     if with_memory {

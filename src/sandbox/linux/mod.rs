@@ -13,6 +13,7 @@ mod idmap_check;
 pub mod inherit;
 pub mod init;
 pub mod landlock;
+mod mount_point;
 pub mod mounts;
 pub mod namespaces;
 pub mod protocol;
@@ -192,12 +193,14 @@ pub fn init_spec_on(spec: &JobSpec, host: &impl Host) -> InitSpec {
 fn mark_idmaps(ops: &mut [MountOp], spec: &JobSpec, job: (u32, u32), host: &impl Host) -> Vec<String> {
     let mut refused = Vec::new();
     let wanted = |src: &std::path::Path, dst: &std::path::Path| {
-        (dst == std::path::Path::new("/workspace") && spec.workspace.as_deref() == Some(src))
+        (dst == spec.workspace_at && spec.workspace.as_deref() == Some(src))
             || spec.binds.iter().any(|b| b.idmap && b.source == src && b.dest == dst)
     };
     for op in ops {
         if let MountOp::Bind { src, dst, exact: true, dev: false, idmap, .. } = op {
-            if !wanted(src, dst) {
+            // The host's root is never idmapped: root's own files (its
+            // keys, /root) would be the job's.
+            if !wanted(src, dst) || !mounts::recursive(src) {
                 continue;
             }
             // Not there: the outer stage says so when it opens it.
@@ -238,13 +241,13 @@ fn sweeps_for(init: &InitSpec) -> Vec<sweep::Sweep> {
     };
     let mut out = Vec::new();
     for op in &init.mounts {
-        let MountOp::Bind { src, dst, rw: true, idmap: Some((owner, _)), .. } = op else { continue };
+        let MountOp::Bind { src, dst, rw: true, idmap: Some((owner, _)), workspace, .. } = op else { continue };
         let protected = mounts::protected_under(&init.mounts, dst);
         // The workspace with --no-protect: the job may plant hooks in its
         // repository anyway, so there is nothing to sweep for. A bind has
         // no protection of its own: it is always swept (and refused with
         // a repository in it: `mounts::open_sources`).
-        if dst == std::path::Path::new("/workspace") && protected.is_empty() {
+        if *workspace && protected.is_empty() {
             continue;
         }
         let rel = src.strip_prefix("/").unwrap_or(src);
@@ -606,7 +609,9 @@ fn job_cgroup(
     match cgroup::supervisor().and_then(create) {
         Ok(cg) => Ok(Some(cg)),
         // The operator's own setting is wrong: say so, whatever the limits.
-        Err(e @ cgroup::CgroupError::BadParent(_)) => Err(SandboxError::Cgroup(e)),
+        Err(e @ (cgroup::CgroupError::BadParent(_) | cgroup::CgroupError::ParentMissing { .. })) => {
+            Err(SandboxError::Cgroup(e))
+        }
         Err(e) if !cgroup::limits_need_cgroup(&spec.limits) => {
             tracing::debug!(error = %e, "job runs without a cgroup");
             Ok(None)

@@ -12,6 +12,7 @@
 //! anything in the host's mount namespace: every mount happens in pid 1,
 //! after `CLONE_NEWNS`.
 
+use super::mount_point;
 use super::protocol::MountOp;
 use super::sys::{self, SysError};
 use crate::job::{JobSpec, Network};
@@ -126,24 +127,9 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
                 optional: true,
                 exact: false,
                 idmap: None,
+                workspace: false,
             }),
             Err(_) => {}
-        }
-    }
-    if let Some(ws) = &spec.workspace {
-        ops.push(MountOp::Bind {
-            src: ws.clone(),
-            dst: "/workspace".into(),
-            rw: spec.workspace_rw,
-            dev: false,
-            optional: false,
-            exact: true,
-            idmap: None,
-        });
-        if spec.workspace_rw {
-            for path in &spec.protect {
-                ops.push(MountOp::Protect { base: "/workspace".into(), path: path.clone() });
-            }
         }
     }
     let tmp = spec.limits.tmp_size_bytes;
@@ -161,6 +147,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
             optional: *dev == "tty",
             exact: false,
             idmap: None,
+            workspace: false,
         });
     }
     ops.push(MountOp::Devpts { dst: "/dev/pts".into(), max: PTY_MAX });
@@ -187,8 +174,26 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
     for p in PROC_READONLY {
         ops.push(MountOp::ReadOnly { dst: Path::new("/proc").join(p) });
     }
-    // The user's binds after the sandbox's own mounts: one under /tmp
-    // lands in the private /tmp instead of under it, hidden.
+    // The workspace and the user's binds after the sandbox's own mounts:
+    // one under /tmp (a workspace at its host path in a temporary
+    // directory) lands in the private /tmp instead of under it, hidden.
+    if let Some(ws) = &spec.workspace {
+        ops.push(MountOp::Bind {
+            src: ws.clone(),
+            dst: spec.workspace_at.clone(),
+            rw: spec.workspace_rw,
+            dev: false,
+            optional: false,
+            exact: true,
+            idmap: None,
+            workspace: true,
+        });
+        if spec.workspace_rw {
+            for path in &spec.protect {
+                ops.push(MountOp::Protect { base: spec.workspace_at.clone(), path: path.clone() });
+            }
+        }
+    }
     for bind in &spec.binds {
         ops.push(MountOp::Bind {
             src: bind.source.clone(),
@@ -198,6 +203,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
             optional: false,
             exact: true,
             idmap: None,
+            workspace: false,
         });
     }
     if spec.network == Network::Host {
@@ -212,6 +218,7 @@ pub fn plan(spec: &JobSpec, host: &impl HostFs) -> Vec<MountOp> {
                     optional: true,
                     exact: false,
                     idmap: None,
+                    workspace: false,
                 });
             }
         }
@@ -277,7 +284,7 @@ pub fn open_sources(
     let mut out: Vec<Source> = Vec::with_capacity(ops.len());
     for op in ops {
         let source = match op {
-            MountOp::Bind { src, dst, rw, idmap: Some(owner), .. } if !rootless => {
+            MountOp::Bind { src, dst, rw, idmap: Some(owner), workspace, .. } if !rootless => {
                 // What is protected is mounted read-only over the tree:
                 // nothing there can be written, so it needn't be checked.
                 let skip = protected_under(ops, dst);
@@ -285,7 +292,7 @@ pub fn open_sources(
                 // which has none: every repository in the tree must be
                 // protected, and those the job makes are disowned after it
                 // (`idmap_check`).
-                let guard = !skip.is_empty() || dst.as_path() != Path::new("/workspace");
+                let guard = !skip.is_empty() || !workspace;
                 let swept = sweep.and_then(|r| r.inode_of(dst));
                 match idmaps.tree(src, *owner, *rw, &skip, guard, swept) {
                     Ok(tree) => {
@@ -306,7 +313,12 @@ pub fn open_sources(
         };
         let source = match (source, op) {
             (Some(tree), _) => tree,
-            (None, MountOp::Bind { src, rw, dev, optional, exact, .. }) if detached => {
+            (None, MountOp::Bind { src, .. }) if !recursive(src) && rootless => {
+                return Err(SysError::other("bind", ROOT_ROOTLESS));
+            }
+            // Alone, it is copied here, as host root: pid 1 may bind a
+            // tree of its namespace only whole, with what is below it.
+            (None, MountOp::Bind { src, rw, dev, optional, exact, .. }) if detached || !recursive(src) => {
                 bind_source(idmaps.detached(src, *rw, *dev, *exact).map(Source::Detached), src, *optional, *exact)?
             }
             (None, MountOp::Bind { src, optional, exact, .. }) => {
@@ -376,6 +388,12 @@ pub struct Opened {
     pub idmapped: Vec<PathBuf>,
 }
 
+/// Why a rootless job can't have the host's `/`.
+const ROOT_ROOTLESS: &str = "the host's / can't be bound by a rootless confine: it would come with every file \
+system below it (the kernel binds a less privileged namespace's mounts only together), and with the sockets \
+there (your session bus, agents, display), which a read-only mount does not close; bind the directories the \
+job needs, or run confine as root";
+
 /// Why a rootless job gets no idmapped mount.
 const IDMAP_ROOTLESS: &str = "rootless: an idmapped mount of a host file system needs host root";
 
@@ -415,13 +433,13 @@ impl Idmaps {
     /// our own mount namespace. `exact`: no symlink on the way.
     fn detached(&mut self, src: &Path, rw: bool, dev: bool, exact: bool) -> Result<OwnedFd, nix::errno::Errno> {
         let root = self.own_root()?;
-        let rel = src.strip_prefix("/").unwrap_or(src);
+        let rel = relative(src);
         let mut resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
         if exact {
             resolve |= libc::RESOLVE_NO_SYMLINKS;
         }
         let fd = sys::openat2(root, rel, libc::O_PATH | libc::O_CLOEXEC, resolve)?;
-        let tree = sys::open_tree_clone_recursive(&fd)?;
+        let tree = if recursive(src) { sys::open_tree_clone_recursive(&fd)? } else { sys::open_tree_clone(&fd)? };
         let mut attrs = sys::MOUNT_ATTR_NOSUID;
         attrs |= if dev { sys::MOUNT_ATTR_NOEXEC } else { sys::MOUNT_ATTR_NODEV };
         if !rw {
@@ -444,7 +462,7 @@ impl Idmaps {
     ) -> Result<OwnedFd, NotIdmapped> {
         let errno = |step: &'static str| move |source| NotIdmapped::Sys { step, source };
         let root = self.own_root().map_err(errno("opening /"))?;
-        let rel = src.strip_prefix("/").unwrap_or(src);
+        let rel = relative(src);
         let resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
         let fd =
             sys::openat2(root, rel, libc::O_PATH | libc::O_CLOEXEC, resolve).map_err(errno("opening the source"))?;
@@ -520,7 +538,7 @@ fn idmap_refused(e: nix::errno::Errno) -> NotIdmapped {
 /// `RESOLVE_IN_ROOT` (and `RESOLVE_NO_SYMLINKS` when `exact`), else, on
 /// kernels before 5.6, `open` of the path under `/proc/<pid1>/root`.
 fn open_in_root(root: &OwnedFd, proc_root: &Path, src: &Path, exact: bool) -> Result<OwnedFd, nix::errno::Errno> {
-    let rel = src.strip_prefix("/").unwrap_or(src);
+    let rel = relative(src);
     let mut resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
     if exact {
         resolve |= libc::RESOLVE_NO_SYMLINKS;
@@ -711,6 +729,27 @@ pub fn receive_sources(sock: &OwnedFd, ops: &[MountOp]) -> Result<(Vec<Source>, 
     Ok((out, not_idmapped))
 }
 
+/// `src` (absolute) relative to a root: `.` for the root itself, as an
+/// empty path opens nothing.
+fn relative(src: &Path) -> &Path {
+    match src.strip_prefix("/") {
+        Ok(rel) if rel.as_os_str().is_empty() => Path::new("."),
+        Ok(rel) => rel,
+        Err(_) => src,
+    }
+}
+
+/// Whether a bind of `src` takes the mounts below it along. The host's
+/// `/` does not: below it are the host's `/proc`, `/sys`, `/dev`, `/run`
+/// and `/tmp`, whose sockets (a session bus, an agent, a display server)
+/// a read-only mount does not keep a job from connecting to, and, in pid
+/// 1's view, the sandbox's own root being built. Its own file system is
+/// what `--ro-bind /:/host` is for; a file system below it is bound on
+/// its own (docs/design.md, "Binds").
+pub fn recursive(src: &Path) -> bool {
+    src != Path::new("/")
+}
+
 fn under(root: &Path, dst: &Path) -> PathBuf {
     root.join(dst.strip_prefix("/").unwrap_or(dst))
 }
@@ -718,31 +757,6 @@ fn under(root: &Path, dst: &Path) -> PathBuf {
 fn mkdir_p(path: &Path, mode: u32) -> Result<(), SysError> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().recursive(true).mode(mode).create(path).map_err(|e| SysError::io("mkdir", path, e))
-}
-
-/// Make the missing directories above a mount point under `root`, each
-/// with the permission bits of the host directory at the same path (a
-/// 0700 `/root` above a bound `/root/.rustup` stays 0700), or 0700 where
-/// the host has none. The mount point itself is covered by its mount.
-fn mkdir_parents(root: &Path, target: &Path) -> Result<(), SysError> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let Some(parent) = target.parent() else { return Ok(()) };
-    let Ok(rel) = parent.strip_prefix(root) else { return mkdir_p(parent, 0o755) };
-    let mut at = root.to_path_buf();
-    let mut host = PathBuf::from("/");
-    for c in rel.components() {
-        at.push(c);
-        host.push(c);
-        if at.is_dir() {
-            continue;
-        }
-        let mode = std::fs::metadata(&host).map(|m| m.permissions().mode() & 0o777).unwrap_or(0o700);
-        std::fs::DirBuilder::new().mode(mode).create(&at).map_err(|e| SysError::io("mkdir", &at, e))?;
-        // The umask may have cut bits the host has.
-        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode))
-            .map_err(|e| SysError::io("chmod", &at, e))?;
-    }
-    Ok(())
 }
 
 fn touch(path: &Path) -> Result<(), SysError> {
@@ -797,6 +811,9 @@ fn place(ops: &[MountOp], sources: &[Source], fresh: bool) -> Result<Built, SysE
         })
         .collect();
     let mut built = Built { protected: protect(ops, sources, |base| !trees.contains(&base))?, ..Built::default() };
+    // The mount points of the trees bound read-write from the host so far:
+    // no mount point of a later bind is made in them.
+    let mut host_trees: Vec<PathBuf> = Vec::new();
     if fresh {
         mount(Some("tmpfs"), root, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=1m"))
             .map_err(|e| SysError::path("mount root tmpfs", root, e))?;
@@ -804,35 +821,28 @@ fn place(ops: &[MountOp], sources: &[Source], fresh: bool) -> Result<Built, SysE
 
     for (op, source) in ops.iter().zip(sources) {
         match op {
-            MountOp::Bind { dst, src, .. } if matches!(source, Source::Tree(_) | Source::Detached(_)) => {
+            MountOp::Bind { dst, src, rw, .. } if matches!(source, Source::Tree(_) | Source::Detached(_)) => {
                 let (Source::Tree(tree) | Source::Detached(tree)) = source else { continue };
-                let target = under(root, dst);
                 let meta = nix::sys::stat::fstat(tree).map_err(|e| SysError::path("stat bind source", src, e))?;
-                mkdir_parents(root, &target)?;
-                if meta.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                    mkdir_p(&target, 0o755)?;
-                } else {
-                    touch(&target)?;
-                }
+                let dir = meta.st_mode & libc::S_IFMT == libc::S_IFDIR;
+                let target = mount_point::find_or_make(root, dst, dir, &host_trees)?;
                 // Its attributes (read-only, nosuid, nodev) are set.
                 sys::move_mount_to(tree, &target).map_err(|e| SysError::path("move detached mount", src, e))?;
                 if matches!(source, Source::Tree(_)) {
                     built.idmapped.push(dst.display().to_string());
                 }
+                if *rw {
+                    host_trees.push(target);
+                }
             }
             MountOp::Bind { dst, rw, dev, src, .. } => {
                 let Source::Bind(fd) = source else { continue };
-                let target = under(root, dst);
                 let meta = nix::sys::stat::fstat(fd).map_err(|e| SysError::path("stat bind source", src, e))?;
-                mkdir_parents(root, &target)?;
-                if meta.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                    mkdir_p(&target, 0o755)?;
-                } else {
-                    touch(&target)?;
-                }
+                let dir = meta.st_mode & libc::S_IFMT == libc::S_IFDIR;
+                let target = mount_point::find_or_make(root, dst, dir, &host_trees)?;
                 let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
-                mount(Some(source.as_str()), &target, nil, MsFlags::MS_BIND | MsFlags::MS_REC, nil)
-                    .map_err(|e| SysError::path("bind", src, e))?;
+                let flags = if recursive(src) { MsFlags::MS_BIND | MsFlags::MS_REC } else { MsFlags::MS_BIND };
+                mount(Some(source.as_str()), &target, nil, flags, nil).map_err(|e| SysError::path("bind", src, e))?;
                 let mut attrs = sys::MOUNT_ATTR_NOSUID;
                 if !dev {
                     attrs |= sys::MOUNT_ATTR_NODEV;
@@ -842,7 +852,10 @@ fn place(ops: &[MountOp], sources: &[Source], fresh: bool) -> Result<Built, SysE
                 if !rw {
                     attrs |= sys::MOUNT_ATTR_RDONLY;
                 }
-                sys::set_mount_attrs(&target, attrs, true)?;
+                sys::set_mount_attrs(&target, attrs, recursive(src))?;
+                if *rw && !dev {
+                    host_trees.push(target);
+                }
             }
             MountOp::Symlink { target, dst } => {
                 let link = under(root, dst);
@@ -1109,6 +1122,15 @@ mod tests {
         spec.workspace_rw = true;
         let rw = plan(&spec, &merged_usr());
         assert!(rw.iter().any(|o| matches!(o, MountOp::Bind { dst, rw: true, .. } if dst == Path::new("/workspace"))));
+    }
+
+    /// A workspace may not replace a system directory as a whole
+    /// (`workspace_at`): its list is this sandbox's.
+    #[test]
+    fn every_system_path_is_one_a_workspace_can_not_replace() {
+        for p in SYSTEM_PATHS.iter().chain(&["/tmp"]) {
+            assert!(crate::sandbox::workspace_at::NOT_REPLACED.contains(p), "{p}");
+        }
     }
 
     #[test]

@@ -50,6 +50,11 @@ pub enum MountOp {
         /// so what the job creates lands as that owner. None: a plain bind.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         idmap: Option<(u32, u32)>,
+        /// This bind is the workspace, wherever it is mounted: without
+        /// paths to protect in it (`--no-protect`) its repositories are
+        /// the job's to change, and are neither checked nor swept.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        workspace: bool,
     },
     /// Recreate a host symlink such as `/bin -> usr/bin`.
     Symlink {

@@ -41,6 +41,7 @@ fn landlock_follows_the_mount_plan() {
             optional: true,
             exact: false,
             idmap: None,
+            workspace: false,
         },
         MountOp::Bind {
             src: "/w".into(),
@@ -50,6 +51,7 @@ fn landlock_follows_the_mount_plan() {
             optional: false,
             exact: true,
             idmap: None,
+            workspace: false,
         },
         MountOp::Bind {
             src: "/dev/null".into(),
@@ -59,6 +61,7 @@ fn landlock_follows_the_mount_plan() {
             optional: false,
             exact: false,
             idmap: None,
+            workspace: false,
         },
     ];
     let plan = landlock_plan(&ops, &spec);
@@ -109,6 +112,8 @@ impl FakeHost {
             ("/home/alice/project", (None, (1000, 1000))),
             ("/srv/ci/checkout", (None, (0, 0))),
             ("/opt/tool", (None, (1000, 1000))),
+            ("/tmp/ci/checkout", (None, (1000, 1000))),
+            ("/", (None, (0, 0))),
         ];
         FakeHost { ids, paths: paths.into_iter().collect() }
     }
@@ -243,4 +248,40 @@ fn golden_user_changes_the_ids_inside_only() {
     spec.user = Some((0, 0));
     let init = golden("user_root_inside", &spec, &FakeHost::new(ALICE));
     assert_eq!((init.uid, init.gid), (IdMap { inside: 0, outside: 1000 }, IdMap { inside: 0, outside: 1000 }));
+}
+
+/// The workspace at its host path (`--workspace-at host`) in a temporary
+/// directory: it is mounted after the private /tmp (on top of it, not
+/// hidden under it), and everything that follows the workspace follows
+/// its path: the paths to protect, the idmap, landlock's write rule.
+#[test]
+fn a_workspace_at_its_host_path_is_followed_everywhere() {
+    let mut spec = job(&["make"]);
+    spec.workspace = Some("/tmp/ci/checkout".into());
+    spec.workspace_at = "/tmp/ci/checkout".into();
+    spec.workspace_rw = true;
+    let init = init_spec_on(&spec, &FakeHost::new(ROOT));
+    let at = |f: &dyn Fn(&MountOp) -> bool| init.mounts.iter().position(f).unwrap();
+    let tmp = at(&|op| matches!(op, MountOp::Tmpfs { dst, .. } if dst == std::path::Path::new("/tmp")));
+    let ws = at(
+        &|op| matches!(op, MountOp::Bind { dst, workspace: true, idmap: Some(_), .. } if dst == std::path::Path::new("/tmp/ci/checkout")),
+    );
+    assert!(tmp < ws, "the workspace lands in the private /tmp");
+    assert!(init.mounts.iter().any(
+        |op| matches!(op, MountOp::Protect { base, path } if base == std::path::Path::new("/tmp/ci/checkout") && path == std::path::Path::new(".git"))
+    ));
+    assert!(!init.mounts.iter().any(|op| format!("{op:?}").contains("/workspace")));
+    let landlock = init.landlock.unwrap();
+    assert!(landlock.write.iter().any(|p| p == std::path::Path::new("/tmp/ci/checkout")));
+}
+
+/// The host's `/` is never idmapped: root's own files would be the job's.
+#[test]
+fn the_hosts_root_is_never_idmapped() {
+    let mut spec = job(&["ls"]);
+    spec.binds.push(crate::job::Bind { source: "/".into(), dest: "/host".into(), writable: false, idmap: true });
+    let init = init_spec_on(&spec, &FakeHost::new(ROOT));
+    let host =
+        init.mounts.iter().find(|op| matches!(op, MountOp::Bind { dst, .. } if dst == std::path::Path::new("/host")));
+    assert!(matches!(host, Some(MountOp::Bind { idmap: None, rw: false, .. })), "{host:?}");
 }

@@ -278,6 +278,7 @@ mod tests {
             optional: false,
             exact: true,
             idmap,
+            workspace: false,
         }
     }
 

@@ -315,7 +315,12 @@ fn the_index_is_rebuilt_from_sled_after_a_restart() {
 #[test]
 fn the_service_resolves_repositories() {
     let f = fixture();
-    let repos = [crate::config::RepoConfig { id: "demo".into(), root: f.repo.root.clone(), memory_files: true }];
+    let repos = [crate::config::RepoConfig {
+        id: "demo".into(),
+        root: f.repo.root.clone(),
+        memory_files: true,
+        workspace_at: Default::default(),
+    }];
     let svc = MemoryService::open(&f.store, &repos).unwrap();
     assert!(svc.store(&req("via service", "works")).unwrap().created);
     let mut other = req("x", "y");

@@ -111,6 +111,11 @@ pub enum CgroupError {
          without '..', such as /confine.slice"
     )]
     BadParent(String),
+    #[error(
+        "cgroup parent '{cgroup}' (--cgroup-parent or sandbox.cgroup_parent) does not exist: there is no {dir}; \
+         create it (mkdir {dir}) or give an existing cgroup"
+    )]
+    ParentMissing { cgroup: String, dir: String },
     #[error("job id {0:?} can't name a cgroup: use letters, digits, '-' and '_'")]
     BadName(String),
     #[error("{cgroup} is not visible under the {hierarchy} mount; set --cgroup-parent to a cgroup inside it")]
@@ -294,6 +299,24 @@ impl Cgroups {
         Ok((path, dir))
     }
 
+    /// The parent asked for exists in every hierarchy that shows it: one
+    /// that does not is the operator's mistake, said as such rather than
+    /// as a cgroup that could not be made.
+    fn check_parent(&self) -> Result<(), CgroupError> {
+        let Some(parent) = &self.parent else { return Ok(()) };
+        let used = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+        let hierarchies = self.layout.unified().into_iter().chain(used.iter().filter_map(|c| self.layout.v1(c)));
+        for h in hierarchies {
+            if let Some(dir) = h.dir_of(parent).filter(|d| !d.is_dir()) {
+                return Err(CgroupError::ParentMissing {
+                    cgroup: parent.display().to_string(),
+                    dir: dir.display().to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Whether we may create job cgroups in `h`. Without root only a v2
     /// subtree we can write (delegated) is ours; v1 is never delegated.
     fn usable(&self, h: &Hierarchy) -> bool {
@@ -327,6 +350,7 @@ impl Cgroups {
         if !valid_name(job_id) {
             return Err(CgroupError::BadName(job_id.into()));
         }
+        self.check_parent()?;
         let mut job = JobCgroup::new(self.owner.dir_name(job_id), self.ops);
         let (memory, pids, cpu) = (limits.memory_bytes.is_some(), limits.pids.is_some(), limits.cpus.is_some());
         // v2 first: whether it has cgroup.kill decides if v1 needs a freezer.

@@ -232,6 +232,11 @@ fn configured_parent_and_bad_names() {
     assert!(matches!(bad, Err(CgroupError::BadParent(_))));
     let bad = Cgroups::new(Layout::v2_at(root, Path::new("/")), CgroupConfig { parent: Some("/a/../..".into()) }, FAKE);
     assert!(matches!(bad, Err(CgroupError::BadParent(_))));
+    let missing = v2_cgroups(root, "/", Some("/no/such.slice"));
+    let e = missing.create("job-7", &Limits::default()).unwrap_err();
+    assert!(matches!(e, CgroupError::ParentMissing { .. }), "{e:?}");
+    assert!(e.to_string().contains("'/no/such.slice'") && e.to_string().contains("does not exist"), "{e}");
+    assert!(!root.join("no").exists(), "nothing was made");
 }
 
 /// A hybrid host like this one: v1 controllers plus an unified hierarchy.
