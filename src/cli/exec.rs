@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 confine exec --repo . --runtime shell -- -c 'make test'\n  \
 confine exec --repo . --runtime rust --code-file main.rs --output-mode digest\n\n\
 Execution must be enabled in confine.toml ([runtime] enabled = true). Exit status follows `confine run`; \
-125 when the request was denied, confine failed, or the job ran and its audit record could not be written.")]
+125 when the request was denied, confine failed, or the job ran and its audit record could not be written; 130 when Ctrl-C cancelled it (128+N for signal N).")]
 pub struct ExecArgs {
     /// Runtime: node typescript python shell go java kotlin rust c cpp csharp ruby php perl r elixir.
     #[arg(long)]
@@ -172,16 +172,24 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
+    // The signal that cancelled the job, for the exit status (0: none).
+    let stopped_by = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let got = stopped_by.clone();
     let resp = rt.block_on(async move {
         // One request: the store opens while it is admitted and sandboxed,
         // and its sandbox is built while the policy compiles and decides
         // (held before the job's execve until both are done).
         let sup = Supervisor::open_one_shot(config, Some(&req)).await?;
-        let cancel = Box::pin(async {
+        let cancel = Box::pin(async move {
             use tokio::signal::unix::{signal, SignalKind};
-            match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-                (Ok(mut i), Ok(mut t)) => {
-                    tokio::select! { _ = i.recv() => {}, _ = t.recv() => {} }
+            match (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup())) {
+                (Ok(mut i), Ok(mut t), Ok(mut h)) => {
+                    let sig = tokio::select! {
+                        _ = i.recv() => libc::SIGINT,
+                        _ = t.recv() => libc::SIGTERM,
+                        _ = h.recv() => libc::SIGHUP,
+                    };
+                    got.store(sig, std::sync::atomic::Ordering::SeqCst);
                 }
                 _ => std::future::pending::<()>().await,
             }
@@ -195,7 +203,7 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     };
     // A stage or held sandbox left unused (the request was denied) is killed now.
     sup.discard_prestarted();
-    let code = report(&resp, &args);
+    let code = report(&resp, &args, Some(stopped_by.load(std::sync::atomic::Ordering::SeqCst)).filter(|s| *s != 0));
     // After the answer: a GC run the job started finishes before we exit.
     rt.block_on(sup.wait_for_gc());
     // The audit record and the artifact were flushed (one fsync) before the
@@ -237,16 +245,56 @@ fn relay(
         ));
     }
     let command = crate::relay::RelayedCommand::Exec(crate::relay::ExecRelay { request, live });
+    let stopped_by = match cancel_on_stop(&conn) {
+        Ok(s) => s,
+        Err(e) => return fail(format!("cannot watch for Ctrl-C: {e}")),
+    };
     match conn.call(loaded, &command) {
         Ok(reply) => match reply.exec {
-            Some(resp) => report(&resp, args),
+            Some(resp) => {
+                report(&resp, args, Some(stopped_by.load(std::sync::atomic::Ordering::SeqCst)).filter(|s| *s != 0))
+            }
             None => fail(format!("the running `confine serve` (pid {pid}) answered without a response")),
         },
         Err(e) => fail(e),
     }
 }
 
-fn report(resp: &JobResponse, args: &ExecArgs) -> i32 {
+/// Print the answer and return the exit status. `stopped_by`: the signal
+/// that made this process cancel the job, which then exits as a program
+/// ended by it would (130 for Ctrl-C), not as the tree kill that followed
+/// (137, which means the memory limit).
+/// Ctrl-C (SIGINT), SIGTERM or SIGHUP during a relayed `exec`: the server
+/// is told (this end of the connection shut for writing, which it reads as
+/// the caller gone), cancels the job and still answers, and this process
+/// prints that answer's summary line as for any end. A second one exits at
+/// once. Returns where the first signal is recorded (0: none).
+fn cancel_on_stop(
+    conn: &crate::relay::client::Connection,
+) -> std::io::Result<std::sync::Arc<std::sync::atomic::AtomicI32>> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(sig);
+    }
+    // Blocked here before the thread starts (it inherits the mask), so
+    // that the thread's sigwait takes each one.
+    set.thread_block().map_err(std::io::Error::from)?;
+    let socket = conn.try_clone_stream()?;
+    let got = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let seen = got.clone();
+    std::thread::Builder::new().name("confine-stop".into()).spawn(move || {
+        let Ok(first) = set.wait() else { return };
+        seen.store(first as i32, std::sync::atomic::Ordering::SeqCst);
+        let _ = socket.shutdown(std::net::Shutdown::Write);
+        if let Ok(second) = set.wait() {
+            std::process::exit(128 + second as i32);
+        }
+    })?;
+    Ok(got)
+}
+
+fn report(resp: &JobResponse, args: &ExecArgs, stopped_by: Option<i32>) -> i32 {
     if args.json {
         match serde_json::to_string_pretty(resp) {
             Ok(s) => outln!("{s}"),
@@ -302,6 +350,7 @@ fn report(resp: &JobResponse, args: &ExecArgs) -> i32 {
     match (&resp.outcome, resp.status) {
         // The job ran, and the trail lacks its end: not a success.
         _ if resp.unrecorded => super::EXIT_CONFINE_FAILED,
+        (Some(_), Status::Cancelled) if stopped_by.is_some() => 128 + stopped_by.unwrap_or_default(),
         (Some(o), _) => o.cli_exit_code(),
         (None, Status::Denied) | (None, _) => super::EXIT_CONFINE_FAILED,
     }

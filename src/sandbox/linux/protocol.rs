@@ -334,6 +334,9 @@ pub enum InitReport {
     SetupFailed { step: String, error: String },
     /// The job's main process ended.
     Exited { code: Option<i32>, signal: Option<i32> },
+    /// The outer stage's watchdog reached the job's deadline (`signals`):
+    /// the job is sent SIGTERM, and killed a grace later.
+    TimedOut,
 }
 
 pub fn write_spec(w: &mut impl Write, spec: &impl Serialize) -> io::Result<()> {
