@@ -129,7 +129,7 @@ pub struct RunArgs {
     /// Size cap of the private /tmp and /dev/shm [default: 64M].
     #[arg(long, value_name = "SIZE", value_parser = parse_tmp_size)]
     pub tmp_size: Option<u64>,
-    /// Time between SIGTERM and the tree kill, on timeout or when confine itself is stopped.
+    /// Time between the signal and the tree kill, on timeout (SIGTERM) or when confine gets TERM, INT or HUP.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     pub kill_grace: Duration,
     /// Parent of the job cgroups (`<CGROUP>/confine/<job-id>`), as a cgroup path
