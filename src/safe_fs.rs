@@ -267,6 +267,19 @@ impl OutputFile {
         Ok(OutputFile { dir, name: name.to_os_string(), shown: path.to_path_buf() })
     }
 
+    /// Remove what is at the name now (a file an earlier run left, or a
+    /// symlink someone planted: removed, never followed), so that a run
+    /// that ends without writing leaves no stale content there. Nothing
+    /// there is fine; a directory, or a name this process may not remove,
+    /// is an error, as the write at the end would be.
+    pub fn remove_stale(&self) -> Result<(), SafeFsError> {
+        match self.dir.unlink(&self.name) {
+            Ok(()) => self.dir.sync().map_err(|e| SafeFsError::Io { path: self.shown.clone(), source: e }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(SafeFsError::Io { path: self.shown.clone(), source: e }),
+        }
+    }
+
     /// Write `bytes` as the file's new content: a temp file beside it,
     /// synced, renamed over the name, the directory synced.
     pub fn write(&self, bytes: &[u8]) -> Result<(), SafeFsError> {

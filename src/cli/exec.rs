@@ -14,6 +14,7 @@ use crate::supervisor::exec::{JobControl, JobRequest, JobResponse, Live};
 use crate::supervisor::Supervisor;
 use clap::Args;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -24,7 +25,7 @@ confine exec --repo . --runtime shell -- -c 'make test'\n  \
 confine exec --repo . --runtime rust --code-file main.rs --output-mode digest\n  \
 echo data | confine exec --repo . --runtime shell -e MODE=ci -- -c 'echo \"$MODE\"; wc -c'\n\n\
 Execution must be enabled in confine.toml ([runtime] enabled = true). Exit status follows `confine run`; \
-125 when the request was denied, confine failed, or the job ran and its audit record could not be written.")]
+125 when the request was denied, confine failed, or the job ran and its audit record could not be written; 130 when Ctrl-C cancelled it (128+N for signal N).")]
 pub struct ExecArgs {
     /// Runtime: node typescript python shell go java kotlin rust c cpp csharp ruby php perl r elixir.
     #[arg(long, value_parser = super::args::runtime_names(), hide_possible_values = true)]
@@ -274,6 +275,18 @@ enum Turn {
 /// that closes the connection before it took the command was stopping: it
 /// ran nothing, and the store is tried again, until [`HANDOVER_WAIT`].
 fn hold_or_relay(store: &Path, loaded: &Config, command: &RelayedCommand, args: &ExecArgs) -> Turn {
+    let stop = match StopWatch::start() {
+        Ok(s) => s,
+        Err(e) => return Turn::Relayed(fail(format!("cannot watch for Ctrl-C: {e}"))),
+    };
+    let turn = handover(store, loaded, command, args, &stop);
+    if let Turn::Hold(_) = turn {
+        stop.end();
+    }
+    turn
+}
+
+fn handover(store: &Path, loaded: &Config, command: &RelayedCommand, args: &ExecArgs, stop: &StopWatch) -> Turn {
     let deadline = Instant::now() + HANDOVER_WAIT;
     let mut pause = Duration::from_millis(1);
     let mut not_holder = 0;
@@ -283,12 +296,16 @@ fn hold_or_relay(store: &Path, loaded: &Config, command: &RelayedCommand, args: 
         match crate::relay::client::connect(store) {
             Some(Ok(conn)) => {
                 let pid = conn.pid();
-                match conn.call(loaded, command) {
+                stop.watch(&conn);
+                let answer = conn.call(loaded, command);
+                // The connection is closed: its number may be another's next.
+                STOP_FD.store(-1, Ordering::SeqCst);
+                match answer {
                     Err(RelayError::NotTaken { pid }) => {
                         tracing::debug!(pid, "the holder was stopping, or full; trying again");
                         not_taken = Some(pid);
                     }
-                    r => return Turn::Relayed(relayed(r, pid, args)),
+                    r => return Turn::Relayed(relayed(r, pid, args, stop.stopped_by())),
                 }
             }
             Some(Err(e @ RelayError::NotHolder { .. })) => {
@@ -355,10 +372,12 @@ fn run_here(config: Config, req: JobRequest, live: bool, args: &ExecArgs, hold: 
         None => (None, None),
     };
     let own_cancel = CancellationToken::new();
+    // The signal that cancelled this command's job, for its exit status (0: none).
+    let stopped_by = Arc::new(AtomicI32::new(0));
     let shutdown = CancellationToken::new();
     let own_done = CancellationToken::new();
     let resp = rt.block_on(async {
-        watch_signals(own_cancel.clone(), own_done.clone(), shutdown.clone());
+        watch_signals(own_cancel.clone(), own_done.clone(), shutdown.clone(), stopped_by.clone());
         // One request: the store opens while it is admitted and sandboxed,
         // and its sandbox is built while the policy compiles and decides
         // (held before the job's execve until both are done).
@@ -372,7 +391,7 @@ fn run_here(config: Config, req: JobRequest, live: bool, args: &ExecArgs, hold: 
         let resp = sup.execute(req, ctl).await;
         // A stage or held sandbox left unused (the request was denied) is killed now.
         sup.discard_prestarted();
-        let code = report(&resp, args);
+        let code = report(&resp, args, Some(stopped_by.load(Ordering::SeqCst)).filter(|s| *s != 0));
         // After the answer: a GC run the job started finishes before we exit.
         sup.wait_for_gc().await;
         own_done.cancel();
@@ -399,22 +418,29 @@ fn run_here(config: Config, req: JobRequest, live: bool, args: &ExecArgs, hold: 
     code
 }
 
-/// Cancel `own` on SIGINT or SIGTERM: this command's job ends, and jobs
-/// relayed here run on (they are other commands', each cancelled by its
-/// own client). A second one, or one after the own job is `done`, cancels
-/// `all`, which ends them too.
-fn watch_signals(own: CancellationToken, done: CancellationToken, all: CancellationToken) {
+/// Cancel `own` on SIGINT, SIGTERM or SIGHUP, recording the first in
+/// `got`: this command's job ends, and jobs relayed here run on (they are
+/// other commands', each cancelled by its own client). A second one, or
+/// one after the own job is `done`, cancels `all`, which ends them too.
+fn watch_signals(own: CancellationToken, done: CancellationToken, all: CancellationToken, got: Arc<AtomicI32>) {
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut i), Ok(mut t)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        let (Ok(mut i), Ok(mut t), Ok(mut h)) =
+            (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+        else {
             return;
         };
         loop {
-            tokio::select! { _ = i.recv() => {}, _ = t.recv() => {} }
+            let sig = tokio::select! {
+                _ = i.recv() => libc::SIGINT,
+                _ = t.recv() => libc::SIGTERM,
+                _ = h.recv() => libc::SIGHUP,
+            };
             if own.is_cancelled() || done.is_cancelled() {
                 all.cancel();
                 return;
             }
+            let _ = got.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
             own.cancel();
         }
     });
@@ -438,9 +464,9 @@ fn let_go_of_output() {
 
 /// The answer of the store's holder to a relayed request, reported as
 /// this process's own.
-fn relayed(r: Result<crate::relay::Reply, RelayError>, pid: u32, args: &ExecArgs) -> i32 {
+fn relayed(r: Result<crate::relay::Reply, RelayError>, pid: u32, args: &ExecArgs, stopped_by: Option<i32>) -> i32 {
     match r {
-        Ok(crate::relay::Reply { exec: Some(resp), .. }) => report(&resp, args),
+        Ok(crate::relay::Reply { exec: Some(resp), .. }) => report(&resp, args, stopped_by),
         Ok(crate::relay::Reply { error: Some(e), .. }) => fail(e),
         Ok(_) => fail(format!("the process holding the store (pid {pid}) answered without a response")),
         Err(e) => fail(e),
@@ -510,7 +536,81 @@ fn read_stdin(bound: u64, max: u64) -> Result<String, String> {
     })
 }
 
-fn report(resp: &JobResponse, args: &ExecArgs) -> i32 {
+/// Ctrl-C (SIGINT), SIGTERM or SIGHUP while a relayed `exec` runs: the
+/// holder is told (this end of the connection shut for writing, which it
+/// reads as the caller gone), cancels the job and still answers, and this
+/// process prints that answer's summary line as for any end. A second one,
+/// or one before any connection (nothing ran), exits at once.
+///
+/// A signal handler, not a thread in sigwait: the handover may end with
+/// this process taking the store itself, whose runtime then handles these
+/// signals its own way, so the watch must be undone ([`StopWatch::end`]),
+/// which a thread blocked in sigwait could not be.
+struct StopWatch;
+
+/// The connection's socket the handler shuts (-1: none yet).
+static STOP_FD: AtomicI32 = AtomicI32::new(-1);
+/// The first signal caught (0: none).
+static STOP_GOT: AtomicI32 = AtomicI32::new(0);
+const STOP_SIGNALS: [nix::sys::signal::Signal; 3] =
+    [nix::sys::signal::Signal::SIGINT, nix::sys::signal::Signal::SIGTERM, nix::sys::signal::Signal::SIGHUP];
+
+extern "C" fn on_stop(sig: libc::c_int) {
+    // Only async-signal-safe calls here: atomics, shutdown(2), _exit(2).
+    if STOP_GOT.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+        let fd = STOP_FD.load(Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: shutdown on a descriptor number; a stale one fails harmlessly.
+            unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+            return;
+        }
+    }
+    // SAFETY: _exit ends the process without running anything else.
+    unsafe { libc::_exit(128 + sig) };
+}
+
+impl StopWatch {
+    fn start() -> nix::Result<StopWatch> {
+        use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet};
+        let action = SigAction::new(SigHandler::Handler(on_stop), SaFlags::SA_RESTART, SigSet::empty());
+        for sig in STOP_SIGNALS {
+            // SAFETY: `on_stop` makes only async-signal-safe calls.
+            unsafe { sigaction(sig, &action) }?;
+        }
+        Ok(StopWatch)
+    }
+
+    /// Watch `conn` from now on.
+    fn watch(&self, conn: &crate::relay::client::Connection) {
+        STOP_FD.store(conn.raw_fd(), Ordering::SeqCst);
+    }
+
+    /// The signals back to their defaults: this process takes the store.
+    /// One caught meanwhile (nothing ran yet) is raised again.
+    fn end(self) {
+        use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet};
+        STOP_FD.store(-1, Ordering::SeqCst);
+        let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+        for sig in STOP_SIGNALS {
+            // SAFETY: restoring the default disposition.
+            let _ = unsafe { sigaction(sig, &default) };
+        }
+        let got = STOP_GOT.load(Ordering::SeqCst);
+        if got != 0 {
+            std::process::exit(128 + got);
+        }
+    }
+
+    fn stopped_by(&self) -> Option<i32> {
+        Some(STOP_GOT.load(Ordering::SeqCst)).filter(|s| *s != 0)
+    }
+}
+
+/// Print the answer and return the exit status. `stopped_by`: the signal
+/// that made this process cancel the job, which then exits as a program
+/// ended by it would (130 for Ctrl-C), not as the tree kill that followed
+/// (137, which means the memory limit).
+fn report(resp: &JobResponse, args: &ExecArgs, stopped_by: Option<i32>) -> i32 {
     if args.json {
         match serde_json::to_string_pretty(resp) {
             Ok(s) => outln!("{s}"),
@@ -569,6 +669,7 @@ fn report(resp: &JobResponse, args: &ExecArgs) -> i32 {
     match (&resp.outcome, resp.status) {
         // The job ran, and the trail lacks its end: not a success.
         _ if resp.unrecorded => super::EXIT_CONFINE_FAILED,
+        (Some(_), Status::Cancelled) if stopped_by.is_some() => 128 + stopped_by.unwrap_or_default(),
         (Some(o), _) => o.cli_exit_code(),
         (None, Status::Denied) | (None, _) => super::EXIT_CONFINE_FAILED,
     }

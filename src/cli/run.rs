@@ -21,6 +21,8 @@ core.hooksPath inside the workspace) stays read-only (--protect adds paths, --no
 The job has a session of its own and no terminal: a terminal or file on the standard streams \
 is relayed through pipes (--tty gives it a pty of its own; -i passes what you type on a \
 terminal to its stdin).\n\n\
+Signals sent to confine reach the job; TERM, INT and HUP also end it after --kill-grace. \
+Ctrl-Z stops the job and confine, `fg` continues both; --timeout runs on meanwhile.\n\n\
 Exit status: the command's own; 128+N when killed by signal N; \
 124 when --timeout or --cpu-time ended it; 137 when the memory limit's OOM killer did; \
 125 when confine failed; 126 when the command can't be executed; 127 when it is not found.")]
@@ -90,8 +92,10 @@ pub struct RunArgs {
     pub cwd: Option<PathBuf>,
     /// Write the outcome as JSON to FILE when the job ends (`-`: to
     /// stdout, after the job's output). FILE's directory is opened before
-    /// the job starts, and the file is replaced (never opened): what the
-    /// job leaves at that name is not followed.
+    /// the job starts, and what is at FILE then is removed (a stale
+    /// outcome of an earlier run). At the end the file is written whole
+    /// beside it and renamed over the name (never opened): what the job
+    /// leaves at that name is not followed.
     #[arg(long, value_name = "FILE")]
     pub json_status: Option<PathBuf>,
     /// In a --rw workspace, keep PATH (relative to it) read-only as well.
@@ -157,7 +161,7 @@ pub struct RunArgs {
     /// Size cap of the private /tmp (also HOME) and /dev/shm [default: 64M]; a full /tmp is named.
     #[arg(long, value_name = "SIZE", value_parser = parse_tmp_size)]
     pub tmp_size: Option<u64>,
-    /// Time between SIGTERM and the tree kill, on timeout or when confine itself is stopped.
+    /// Time between the signal and the tree kill, on timeout (SIGTERM) or when confine gets TERM, INT or HUP.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     pub kill_grace: Duration,
     /// Parent of the job cgroups (`<CGROUP>/confine/<job-id>`), as a cgroup path
@@ -538,7 +542,11 @@ impl StatusFile {
         for b in bind_args(args).unwrap_or_default() {
             roots.extend(std::fs::canonicalize(&b.src).ok().filter(|s| s != Path::new("/")));
         }
-        crate::safe_fs::OutputFile::prepare_guarded(path, &roots).map(StatusFile)
+        let file = crate::safe_fs::OutputFile::prepare_guarded(path, &roots)?;
+        // The outcome of an earlier run must not pass for this one's, should
+        // this one end without writing (confine killed).
+        file.remove_stale()?;
+        Ok(StatusFile(file))
     }
 
     fn write(&self, o: &Outcome) -> Result<(), crate::safe_fs::WriteError<serde_json::Error>> {
@@ -566,10 +574,11 @@ async fn run(args: &RunArgs, config: &Config) -> Result<Outcome, SandboxError> {
     let seccomp = backend.prepare(args.seccomp.as_deref(), parent)?;
     // Before the job starts: a stop request must never kill confine itself
     // and leave the job to the parent-death signal alone.
-    let stops = StopRequests::watch()?;
+    let stops = StopRequests::watch(spec.tty)?;
     let caller = CallerStreams::detect(backend, &spec, args).map_err(SandboxError::Spawn)?;
     let launch = Launch { seccomp: seccomp.as_ref(), ..Launch::default() };
     let mut job = backend.spawn(&spec, caller.stdio(), launch).await.map_err(|e| with_limits_hint(e, args))?;
+    stops.attach(job.as_ref());
     let relays = match caller.start(job.as_mut()) {
         Ok(r) => r,
         Err(e) => {
@@ -641,7 +650,7 @@ async fn through_server(args: &RunArgs, config: &Config) -> Option<Result<Outcom
         Ok(None) => return None,
         Err(e) => return Some(Err(SandboxError::Spawn(e))),
     };
-    let stops = match StopRequests::watch() {
+    let stops = match StopRequests::watch(false) {
         Ok(s) => s,
         Err(e) => return Some(Err(e)),
     };
@@ -654,7 +663,11 @@ async fn through_server(args: &RunArgs, config: &Config) -> Option<Result<Outcom
             Stop::Kill => libc::SIGKILL,
         }
     };
-    let reply = conn.call_run(config, &command, fds, stop).await;
+    let (others, others_rx) = tokio::sync::mpsc::unbounded_channel();
+    stops.others.attach(Some(std::sync::Arc::new(move |sig| {
+        let _ = others.send(sig);
+    })));
+    let reply = conn.call_run(config, &command, fds, stop, others_rx).await;
     // What the job wrote is in the relays' pipes: drained as in-process.
     RunningRelays { relays: Some(relays) }.drain(&stops, args.kill_grace).await;
     let server =
@@ -796,16 +809,57 @@ fn watch_window_size(relays: &super::stdio::Relays) -> Option<tokio::task::JoinH
 
 /// The stop requests confine gets (SIGTERM, SIGINT, SIGHUP; Ctrl-C on
 /// Windows), counted from the moment they are watched, so that none is
-/// lost between two waits.
+/// lost between two waits; and, on Linux, every other signal a job is
+/// given (`sandbox::linux::signals`), passed on as it comes.
 #[derive(Clone)]
 struct StopRequests {
     seen: std::sync::Arc<std::sync::Mutex<Vec<Stop>>>,
     notify: std::sync::Arc<tokio::sync::Notify>,
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    others: std::sync::Arc<Forwarder>,
+}
+
+/// Where the signals that are not stop requests go: the job, once it has
+/// started; until then they wait (a few), as they would for a program
+/// that has not yet installed its handlers.
+#[derive(Default)]
+struct Forwarder {
+    state: std::sync::Mutex<(Option<crate::sandbox::Signaller>, Vec<i32>)>,
+}
+
+impl Forwarder {
+    /// Signals kept for a job not yet started; more are dropped.
+    const HELD: usize = 64;
+
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    fn send(&self, sig: i32) {
+        let Ok(mut state) = self.state.lock() else { return };
+        match &state.0 {
+            Some(to) => to(sig),
+            None if state.1.len() < Self::HELD => state.1.push(sig),
+            None => {}
+        }
+    }
+
+    /// The job has started: what waited goes to it, in order.
+    fn attach(&self, to: Option<crate::sandbox::Signaller>) {
+        let Some(to) = to else { return };
+        let Ok(mut state) = self.state.lock() else { return };
+        for sig in state.1.drain(..) {
+            to(sig);
+        }
+        state.0 = Some(to);
+    }
 }
 
 impl StopRequests {
-    fn watch() -> Result<StopRequests, SandboxError> {
-        let stops = StopRequests { seen: Default::default(), notify: Default::default() };
+    /// `pty`: the job has a terminal of its own, whose size follows ours
+    /// (SIGWINCH is then the resizer's, and the kernel's to send it).
+    #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+    fn watch(pty: bool) -> Result<StopRequests, SandboxError> {
+        let stops = StopRequests { seen: Default::default(), notify: Default::default(), others: Default::default() };
+        #[cfg(target_os = "linux")]
+        forward_other_signals(&stops.others, pty)?;
         let record = stops.clone();
         let recorded = move |stop: Stop| {
             if let Ok(mut seen) = record.seen.lock() {
@@ -844,6 +898,11 @@ impl StopRequests {
         Ok(stops)
     }
 
+    /// The job has started: the signals that are not stops go to it.
+    fn attach(&self, job: &dyn Job) {
+        self.others.attach(job.signaller());
+    }
+
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     fn count(&self) -> usize {
         self.seen.lock().map(|s| s.len()).unwrap_or(0)
@@ -859,6 +918,40 @@ impl StopRequests {
             notified.await;
         }
     }
+}
+
+/// Pass every signal a job is given that is not a stop request on to it
+/// (`sandbox::linux::signals`). Ctrl-Z (SIGTSTP) stops the job (its init
+/// stage stops the job's process group) and then this process, as a
+/// foreground program stops for its shell; `fg` continues both (SIGCONT
+/// is passed on). The job's timeout runs on meanwhile: the init stage
+/// keeps it. SIGTTIN and SIGTTOU are ignored: confine never stops for a
+/// terminal, whose settings it changes only from the foreground.
+#[cfg(target_os = "linux")]
+fn forward_other_signals(to: &std::sync::Arc<Forwarder>, pty: bool) -> Result<(), SandboxError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    for sig in [libc::SIGTTIN, libc::SIGTTOU] {
+        // SAFETY: SIG_IGN installs no handler; the number is valid.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+    let stops = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+    for sig in crate::sandbox::linux::signals::forwarded() {
+        if stops.contains(&sig) || (pty && sig == libc::SIGWINCH) {
+            continue;
+        }
+        let mut stream = signal(SignalKind::from_raw(sig)).map_err(SandboxError::Spawn)?;
+        let to = to.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                to.send(sig);
+                if sig == libc::SIGTSTP {
+                    // SAFETY: kill with our own pid and a signal number.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+                }
+            }
+        });
+    }
+    Ok(())
 }
 
 /// The signal of RLIMIT_CPU (Windows has none; no signal there matches).

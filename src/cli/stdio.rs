@@ -350,7 +350,10 @@ struct RawMode {
 impl RawMode {
     fn enter(fd: RawFd) -> Option<RawMode> {
         use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
-        if !is_tty(fd) {
+        // A terminal this process does not hold in the foreground is not
+        // its to change (from a background group, tcsetattr would stop it
+        // with SIGTTOU, or with that ignored change the foreground's).
+        if !is_tty(fd) || !in_foreground(fd) {
             return None;
         }
         let file = dup(fd).ok()?;

@@ -72,6 +72,12 @@ impl Connection {
 
     /// Send `command`, with our standard output and error, and wait for
     /// the reply. The command's output is written there by the server.
+    /// The connection's socket, for a signal handler to shut for writing
+    /// (the server reads that as the caller gone).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.stream)
+    }
+
     pub fn call(self, config: &Config, command: &RelayedCommand) -> Result<Reply, RelayError> {
         let io = |source| RelayError::Io { path: self.path.clone(), source };
         let cwd = std::env::current_dir().map_err(io)?;
@@ -109,7 +115,9 @@ impl Connection {
 impl Connection {
     /// Send a `run` (`command`) with the job's three streams, which go
     /// to the server. The signal `stop` resolves to is sent on to the job
-    /// (once); then the reply, the job's outcome, is awaited.
+    /// (once); then the reply, the job's outcome, is awaited. Until the
+    /// stop, the signals `others` gives are sent on as they come (the
+    /// server passes them to the job without stopping it).
     #[cfg(target_os = "linux")]
     pub async fn call_run(
         self,
@@ -117,6 +125,7 @@ impl Connection {
         command: &RelayedCommand,
         streams: [std::os::fd::OwnedFd; 3],
         stop: impl std::future::Future<Output = i32>,
+        mut others: tokio::sync::mpsc::UnboundedReceiver<i32>,
     ) -> Result<Reply, RelayError> {
         let io = |source| RelayError::Io { path: self.path.clone(), source };
         let cwd = std::env::current_dir().map_err(io)?;
@@ -151,6 +160,12 @@ impl Connection {
                     // A server gone meanwhile answers nothing, which the
                     // reply's read says.
                     let _ = writer.write_all(&[u8::try_from(sig).unwrap_or(libc::SIGTERM as u8)]).await;
+                }
+                Some(sig) = others.recv(), if !forwarded => {
+                    use tokio::io::AsyncWriteExt;
+                    if let Ok(byte) = u8::try_from(sig) {
+                        let _ = writer.write_all(&[byte]).await;
+                    }
                 }
             }
         };

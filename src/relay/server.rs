@@ -684,8 +684,8 @@ fn not_a_stream(fd: &OwnedFd) -> Option<String> {
 }
 
 /// A relayed `run` on the server's supervisor. The client's stop byte is
-/// forwarded to the job as its signal; a client gone, or the server
-/// shutting down, ends the job.
+/// forwarded to the job as its signal, and so are the other signals it
+/// sends before; a client gone, or the server shutting down, ends the job.
 async fn run_job(
     r: super::RunRelay,
     streams: [OwnedFd; 3],
@@ -695,6 +695,8 @@ async fn run_job(
     use crate::sandbox::Stop;
     let watch = stream.clone();
     let shutdown = ctx.shutdown.clone();
+    // The client's other signals, for the job as they come (until a stop).
+    let (others, others_rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = Box::pin(async move {
         let stopped = async {
             let mut b = [0u8; 1];
@@ -703,9 +705,13 @@ async fn run_job(
                     return Stop::Kill;
                 }
                 match watch.try_read(&mut b) {
-                    // The stops a client forwards (SIGHUP, SIGINT, SIGQUIT,
-                    // SIGTERM); SIGKILL, or anything else, kills at once.
-                    Ok(1) if [1, 2, 3, 15].contains(&b[0]) => return Stop::Forward(i32::from(b[0])),
+                    // The stops a client forwards (SIGHUP, SIGINT, SIGTERM);
+                    // SIGKILL, or anything else, kills at once.
+                    Ok(1) if [1, 2, 15].contains(&b[0]) => return Stop::Forward(i32::from(b[0])),
+                    // Any other signal a job is given goes to it as it is.
+                    Ok(1) if crate::sandbox::linux::signals::is_forwarded(i32::from(b[0])) => {
+                        let _ = others.send(i32::from(b[0]));
+                    }
                     // Gone (Ctrl-C'd past its handler, SIGKILL), or a byte
                     // that is no signal: the job is killed.
                     Ok(_) => return Stop::Kill,
@@ -723,7 +729,7 @@ async fn run_job(
     // the server's own stop by more than its relayed commands are waited
     // for.
     let grace = r.kill_grace.min(SHUTDOWN_WAIT);
-    match ctx.supervisor.run_direct(&r.spec, streams, grace, stop).await {
+    match ctx.supervisor.run_direct(&r.spec, streams, grace, stop, others_rx).await {
         Ok(outcome) => Reply { exit: outcome.cli_exit_code(), run: Some(Box::new(outcome)), ..Reply::default() },
         Err(e) => Reply { exit: crate::cli::EXIT_CONFINE_FAILED, error: Some(e.to_string()), ..Reply::default() },
     }

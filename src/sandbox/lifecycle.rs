@@ -22,6 +22,9 @@ pub type Pipe = std::os::fd::OwnedFd;
 #[cfg(windows)]
 pub type Pipe = std::os::windows::io::OwnedHandle;
 
+/// Sends a signal (its number) to a running job ([`Job::signaller`]).
+pub type Signaller = std::sync::Arc<dyn Fn(i32) + Send + Sync>;
+
 /// A boxed future, for the trait's methods to stay dyn-compatible.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -147,6 +150,14 @@ pub trait Job: Send {
     /// Kill the whole tree now, without waiting for it (a caller that
     /// gives up on a job it will not supervise).
     fn kill_tree(&mut self);
+
+    /// What passes a signal on to the job, while it runs and after
+    /// (then it does nothing): `confine run` forwards the signals it gets
+    /// that are not stop requests through it. None: this backend forwards
+    /// none (only [`Stop`]s reach its jobs).
+    fn signaller(&self) -> Option<Signaller> {
+        None
+    }
 
     /// Wait for the job to end, enforcing its timeout and limits. When
     /// `stop` resolves, the job is stopped as it says (status

@@ -20,7 +20,9 @@ pub mod workspace_at;
 
 pub use backend::{select, select_with_config, Backend, BackendChoice, BackendKind};
 pub use guarantees::{Guarantee, Guarantees, Level};
-pub use lifecycle::{BoxFuture, Early, Job, Launch, Pipe, SeccompProfile, Stop, Teardown, DEFAULT_KILL_GRACE};
+pub use lifecycle::{
+    BoxFuture, Early, Job, Launch, Pipe, SeccompProfile, Signaller, Stop, Teardown, DEFAULT_KILL_GRACE,
+};
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -15,13 +15,15 @@ impl Supervisor {
     /// Run `spec` with `streams` (stdin, stdout, stderr) as the job's
     /// standard streams, until it ends or `stop` asks (the signal is
     /// forwarded, the tree killed `kill_grace` later), and return its
-    /// outcome; its cgroups are removed after.
+    /// outcome; its cgroups are removed after. The signals `others` gives
+    /// meanwhile are passed on to the job.
     pub async fn run_direct(
         &self,
         spec: &JobSpec,
         streams: [OwnedFd; 3],
         kill_grace: Duration,
         stop: BoxFuture<'static, Stop>,
+        mut others: tokio::sync::mpsc::UnboundedReceiver<i32>,
     ) -> Result<Outcome, SandboxError> {
         if self.backend != crate::sandbox::BackendKind::Linux || spec.allow_degraded || spec.tty {
             return Err(SandboxError::Unavailable(
@@ -43,6 +45,15 @@ impl Supervisor {
         // The job holds its streams now (or its stage does): ours go, so
         // that the caller sees their end when the job's tree is gone.
         drop(streams);
+        // Signals that are not stops go to the job as they come; the task
+        // ends with the sender, which `stop` holds.
+        if let Some(send) = job.signaller() {
+            tokio::spawn(async move {
+                while let Some(sig) = others.recv().await {
+                    send(sig);
+                }
+            });
+        }
         // The tree is dead and counted: the caller has its outcome while
         // the cgroups' removal goes on as a task of its own, on a server's
         // runtime (`Teardown::start`; a server stopped meanwhile leaves

@@ -57,6 +57,8 @@ mod seccomp;
 #[cfg(target_os = "linux")]
 mod security;
 #[cfg(target_os = "linux")]
+mod signals;
+#[cfg(target_os = "linux")]
 mod soak;
 #[cfg(target_os = "linux")]
 mod store;

@@ -861,3 +861,54 @@ fn a_relayed_exec_gets_piped_stdin_and_env_values_within_the_allowlist() {
     assert!(out.is_empty() && err.contains("NOT_SET_ANYWHERE not allowed"), "{out} / {err}");
     drop(server);
 }
+
+/// The signals that are not stops reach a job the server started, as
+/// in-process: USR1's trap runs and the run goes on, USR2's ends it with
+/// its own code. A relayed `exec` cancelled with Ctrl-C prints its summary
+/// line, `cancelled`, and exits 130 as the in-process one does.
+#[test]
+fn other_signals_reach_a_relayed_job_and_a_relayed_exec_says_it_was_cancelled() {
+    if !needs_sandbox() {
+        return;
+    }
+    let f = fixture();
+    let _server = Server::start(&f);
+    let script =
+        "trap 'echo got USR1' USR1; trap 'echo got USR2; exit 7' USR2; echo ready; while :; do sleep 0.02; done";
+    let status = f.root.join("usr-status.json");
+    let mut child = Command::new(common::bin())
+        .arg("--config")
+        .arg(&f.config)
+        .args(["run", "--json-status"])
+        .arg(&status)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap());
+    for (sig, want) in [(libc::SIGUSR1, "ready\n"), (libc::SIGUSR2, "got USR1\n")] {
+        let mut line = String::new();
+        lines.read_line(&mut line).unwrap();
+        assert_eq!(line, want);
+        // SAFETY: kill(2) on our own child's pid, not reaped yet.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    }
+    let mut rest = String::new();
+    lines.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "got USR2\n");
+    assert_eq!(child.wait().unwrap().code(), Some(7));
+    let outcome: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    assert_eq!(outcome["exitCode"], 7, "{outcome:#}");
+
+    let mut client = spawn_exec(&f, "echo started; exec sleep 1000", Stdio::piped());
+    wait_started(&mut client);
+    // SAFETY: kill(2) on our own child's pid, not reaped yet.
+    assert_eq!(unsafe { libc::kill(client.id() as i32, libc::SIGINT) }, 0);
+    let out = client.wait_with_output().unwrap();
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.lines().last().unwrap_or_default().starts_with("confine: cancelled"), "{err}");
+    assert_eq!(audit_records(&f)[0]["status"], "cancelled");
+}

@@ -24,17 +24,13 @@ use super::protocol::{
     PROXY_SOCKET, RELEASE, SECCOMP_FD, STREAMS,
 };
 use super::sys::{self, SysError};
-use super::{caps, exec, inherit, landlock, mounts, namespaces, rlimits, seccomp};
+use super::{caps, exec, inherit, landlock, mounts, namespaces, rlimits, seccomp, signals};
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::wait::waitpid;
 use nix::unistd::{fork, pipe2, read, write, ForkResult, Pid};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-
-/// Signals the init processes forward to the job.
-const FORWARDED: [Signal; 6] =
-    [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
 
 /// Entry point of `confine __init`. Never returns.
 pub fn main() -> ! {
@@ -48,6 +44,9 @@ fn run() -> i32 {
     // closed and the spec's read below ends at EOF, with nothing built.
     // SAFETY: PR_SET_PDEATHSIG takes a signal number and no pointers.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    // Signals for the job wait, blocked, until there is one to pass them
+    // to: their default action must never end a stage (`signals`).
+    let _ = signals::block_stage_set();
     // Anything the supervisor's caller leaked to us (a shell's fd 5, say)
     // must not reach the job.
     let cloexec = close_range_cloexec(CONTROL_FD as u32);
@@ -115,15 +114,6 @@ fn close_range_cloexec(first: u32) -> std::io::Result<()> {
     Ok(())
 }
 
-fn forwarded_set() -> SigSet {
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGCHLD);
-    for s in FORWARDED {
-        set.add(s);
-    }
-    set
-}
-
 /// Step 1, in the host namespaces.
 fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, SysError> {
     // A supervisor run under a real-time policy (chrt, a systemd unit's
@@ -151,8 +141,9 @@ fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, Sys
         }
         std::fs::write(procs, "0").map_err(|e| SysError::io("join cgroup", procs, e))?;
     }
-    let signals = forwarded_set();
-    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).map_err(|e| SysError::call("block signals", e))?;
+    // Already blocked since the spawn (`stage_process`); kept so here too,
+    // for a stage started another way.
+    signals::block_stage_set().map_err(|e| SysError::call("block signals", e))?;
     let (go_rd, go_wr) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
     // Where the mount sources go to pid 1: fds, opened here as host root.
     let (fds_out, fds_in) = nix::sys::socket::socketpair(
@@ -291,20 +282,57 @@ fn outer(spec: &InitSpec, ctl: &File, proxy: Option<OwnedFd>) -> Result<i32, Sys
     }
     drop(go_wr);
     report(ctl, &InitReport::Started { pid1: pid });
+    forward_until_pid1_ends(ctl, pid1)
+}
 
+/// The outer stage's last step: pass every signal on to pid 1, keep the
+/// watchdog's deadlines once the supervisor arms it (`signals`), and end
+/// with pid 1's status.
+fn forward_until_pid1_ends(ctl: &File, pid1: Pid) -> Result<i32, SysError> {
+    use std::time::Instant;
+    let set = signals::stage_set();
+    let parent = nix::unistd::getppid().as_raw();
+    // (when, signal) of the watchdog's next step.
+    let mut steps: Vec<(Instant, Signal)> = Vec::new();
     loop {
-        let sig = signals.wait().map_err(|e| SysError::call("sigwait", e))?;
-        if sig != Signal::SIGCHLD {
+        let now = Instant::now();
+        while let Some(&(_, sig)) = steps.first().filter(|(at, _)| *at <= now) {
+            steps.remove(0);
+            if sig == Signal::SIGTERM {
+                // Said before the signal: the job's end, which may follow at
+                // once, must not be read without it.
+                report(ctl, &InitReport::TimedOut);
+            }
             let _ = kill(pid1, sig);
+        }
+        let timeout = steps.first().map(|(at, _)| at.saturating_duration_since(now));
+        let Some(got) = signals::wait(&set, timeout).map_err(|e| SysError::call("sigtimedwait", e))? else {
+            continue;
+        };
+        if got.sig != libc::SIGCHLD {
+            match signals::Watchdog::from_signal(&got, parent) {
+                Some(w) if steps.is_empty() => {
+                    let term = Instant::now() + w.left();
+                    steps = vec![(term, Signal::SIGTERM), (term + w.grace, Signal::SIGKILL)];
+                }
+                Some(_) => {}
+                None => raw_kill(pid1, got.sig),
+            }
             continue;
         }
-        match waitpid(pid1, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => return Ok(code),
-            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
-            Ok(_) => {}
-            Err(e) => return Err(SysError::call("wait for pid 1", e)),
+        match reap(Some(pid1)) {
+            Some((_, Ended::Exited(code))) => return Ok(code),
+            Some((_, Ended::Signaled(sig))) => return Ok(128 + sig),
+            None => {}
         }
     }
+}
+
+/// kill(2) with any signal number, real-time ones included (nix's
+/// `Signal` has none of those). An error (the target gone) is ignored.
+fn raw_kill(pid: Pid, sig: i32) {
+    // SAFETY: kill takes a pid and a signal number, no pointers.
+    unsafe { libc::kill(pid.as_raw(), sig) };
 }
 
 /// A warm sandbox's request, in the outer stage: read its part from the
@@ -587,30 +615,75 @@ fn pid1(spec: &InitSpec, ctl: &File, go: OwnedFd, fds_in: OwnedFd, proxy: Option
     };
     // pid 1 keeps no privilege it does not need to reap and forward.
     caps::drop_all()?;
-    let signals = forwarded_set();
+    let set = signals::stage_set();
     loop {
-        let sig = signals.wait().map_err(|e| SysError::call("sigwait", e))?;
-        if sig != Signal::SIGCHLD {
-            let _ = kill(job, sig);
+        let got = signals::wait(&set, None).map_err(|e| SysError::call("sigtimedwait", e))?;
+        let Some(signals::Received { sig, .. }) = got else { continue };
+        if sig != libc::SIGCHLD {
+            forward_to_job(job, sig);
             continue;
         }
         // Reap every zombie; the job's own end decides ours.
-        loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) if pid == job => {
+        while let Some((pid, ended)) = reap(None) {
+            if pid != job {
+                continue;
+            }
+            return Ok(match ended {
+                Ended::Exited(code) => {
                     let tmp_out = tmp.as_ref().and_then(mounts::tmp_out);
                     report(ctl, &InitReport::Exited { code: Some(code), signal: None, tmp_out });
-                    return Ok(code);
+                    code
                 }
-                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == job => {
+                Ended::Signaled(sig) => {
                     let tmp_out = tmp.as_ref().and_then(mounts::tmp_out);
-                    report(ctl, &InitReport::Exited { code: None, signal: Some(sig as i32), tmp_out });
-                    return Ok(128 + sig as i32);
+                    report(ctl, &InitReport::Exited { code: None, signal: Some(sig), tmp_out });
+                    128 + sig
                 }
-                Ok(WaitStatus::StillAlive) | Err(_) => break,
-                Ok(_) => {}
-            }
+            });
         }
+    }
+}
+
+/// How a reaped child ended.
+enum Ended {
+    Exited(i32),
+    Signaled(i32),
+}
+
+/// Reap one ended child (`pid`, or any), without waiting. None: none has
+/// ended. waitpid(2) itself, not nix's: nix fails on a real-time signal's
+/// status (its `Signal` has none), and a child so ended would be reaped
+/// and its end lost.
+fn reap(pid: Option<Pid>) -> Option<(Pid, Ended)> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status we own; WNOHANG never blocks.
+        let got = unsafe { libc::waitpid(pid.map_or(-1, Pid::as_raw), &mut status, libc::WNOHANG) };
+        if got <= 0 {
+            return None;
+        }
+        let ended = if libc::WIFEXITED(status) {
+            Ended::Exited(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            Ended::Signaled(libc::WTERMSIG(status))
+        } else {
+            continue;
+        };
+        return Some((Pid::from_raw(got), ended));
+    }
+}
+
+/// Pass `sig` on to the job. Ctrl-Z (SIGTSTP) stops the job's process
+/// group with SIGSTOP: the job's group has no terminal and its parent is
+/// in another session, so the kernel would discard a SIGTSTP that is not
+/// caught; SIGCONT continues the same group. Any other signal goes to the
+/// job's main process, as a shell's `kill` would send it.
+fn forward_to_job(job: Pid, sig: i32) {
+    let group = Pid::from_raw(-job.as_raw());
+    match sig {
+        libc::SIGTSTP => raw_kill(group, libc::SIGSTOP),
+        libc::SIGCONT => raw_kill(group, libc::SIGCONT),
+        _ => raw_kill(job, sig),
     }
 }
 

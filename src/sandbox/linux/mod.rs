@@ -19,6 +19,7 @@ pub mod namespaces;
 pub mod protocol;
 pub mod rlimits;
 pub mod seccomp;
+pub mod signals;
 mod stage_process;
 pub mod supervise;
 pub mod sweep;
@@ -820,7 +821,7 @@ impl RunningJob {
         let mut exited = false;
         for r in reports {
             match r {
-                InitReport::Started { .. } => {}
+                InitReport::Started { .. } | InitReport::TimedOut => {}
                 InitReport::Confined {
                     landlock,
                     seccomp,
@@ -950,6 +951,17 @@ impl crate::sandbox::Job for RunningJob {
 
     fn kill_tree(&mut self) {
         RunningJob::kill_tree(self)
+    }
+
+    fn signaller(&self) -> Option<crate::sandbox::Signaller> {
+        // A pidfd of the init stage, opened while it is our unreaped child:
+        // no signal can reach a process that reused its pid later.
+        let pid = i32::try_from(self.child.id()?).ok()?;
+        let fd = sys::pidfd_open(pid).map_err(|e| tracing::warn!(error = %e, "no pidfd of the init stage")).ok()?;
+        Some(std::sync::Arc::new(move |sig| {
+            // ESRCH: the job has ended.
+            let _ = signals::pidfd_send(&fd, sig);
+        }))
     }
 
     fn supervise(

@@ -352,6 +352,9 @@ pub enum InitReport {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tmp_out: Option<TmpOut>,
     },
+    /// The outer stage's watchdog reached the job's deadline (`signals`):
+    /// the job is sent SIGTERM, and killed a grace later.
+    TimedOut,
 }
 
 /// What a job's /tmp ran out of ([`super::mounts::tmp_out`]).

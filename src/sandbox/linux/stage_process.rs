@@ -266,8 +266,11 @@ impl Drop for FileActions {
     }
 }
 
-/// `posix_spawnattr_t`: the child starts with no signal blocked and
-/// SIGPIPE at its default action (we ignore it, as every Rust program
+/// `posix_spawnattr_t`: the child starts with the signals it forwards
+/// blocked, for it to take them with sigtimedwait (`signals`: none may end
+/// it before it can pass it on; the job unblocks them all), these,
+/// SIGTTIN, SIGTTOU (`confine run` ignores them) and SIGPIPE at their
+/// default action (we ignore it, as every Rust program
 /// does; an ignored signal stays ignored across execve, and the job, a
 /// pipeline's `yes`, must die of it), in a process group of its own: a
 /// terminal's signals (Ctrl-C, Ctrl-Z) reach the supervisor alone, which
@@ -282,12 +285,12 @@ impl SpawnAttr {
         // signal sets are plain values filled by sigemptyset/sigaddset.
         unsafe {
             check(libc::posix_spawnattr_init(&mut attr.0))?;
-            let mut none: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut none);
-            check(libc::posix_spawnattr_setsigmask(&mut attr.0, &none))?;
-            let mut default: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut default);
+            let blocked = super::signals::stage_set();
+            check(libc::posix_spawnattr_setsigmask(&mut attr.0, &blocked))?;
+            let mut default = super::signals::stage_set();
             libc::sigaddset(&mut default, libc::SIGPIPE);
+            libc::sigaddset(&mut default, libc::SIGTTIN);
+            libc::sigaddset(&mut default, libc::SIGTTOU);
             check(libc::posix_spawnattr_setsigdefault(&mut attr.0, &default))?;
             check(libc::posix_spawnattr_setpgroup(&mut attr.0, 0))?;
             let flags = libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETPGROUP;

@@ -6,7 +6,7 @@
 //! Library code shared by the CLI and the MCP server: it never prints and
 //! never decides exit codes ([`Outcome::cli_exit_code`] does).
 
-use super::RunningJob;
+use super::{signals, RunningJob};
 use crate::job::{Outcome, Status, Usage};
 use crate::sandbox::{Teardown, DEFAULT_KILL_GRACE};
 use nix::sys::signal::{kill, Signal};
@@ -21,6 +21,10 @@ use tokio::time::{sleep_until, Instant};
 /// How often the CPU-time limit (and, on kernels without `pids.peak`, the
 /// pids count) is checked.
 const POLL: Duration = Duration::from_millis(50);
+
+/// How long after the watchdog's kill this process kills the tree itself,
+/// should the init stage not have done it.
+const WATCHDOG_SLACK: Duration = Duration::from_millis(500);
 
 /// Why the supervisor ended a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +72,19 @@ impl RunningJob {
             self.spec.limits.timeout_ms.map(|ms| Instant::from_std(self.started) + Duration::from_millis(ms));
         let outer = self.child.id().and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
         let poll = self.cgroup.as_ref().is_some_and(|c| cpu_limit.is_some() || c.tracks_pids());
+        // The outer stage holds the deadline too (`signals`): a stop of this
+        // process (Ctrl-Z, SIGSTOP) can't suspend it. Armed, it sends the
+        // SIGTERM and the kill, and this process only follows, with its own
+        // kill as the second guarantee a little after.
+        let watchdog = match (deadline, outer) {
+            (Some(at), Some(pid)) => {
+                let w = signals::Watchdog::after(at.saturating_duration_since(Instant::now()), kill_grace);
+                signals::arm(pid.as_raw(), w)
+                    .map_err(|e| tracing::warn!(error = %e, "the init stage's watchdog is not armed; the timeout is ours alone"))
+                    .unwrap_or(false)
+            }
+            _ => false,
+        };
         let mut ending = None;
         let mut killed = false;
         let mut buf = Vec::new();
@@ -130,8 +147,13 @@ impl RunningJob {
                     status = &mut exit => break status,
                     _ = sleep_until(deadline.unwrap_or(never)), if deadline.is_some() && ending.is_none() => {
                         ending = Some(Ending::Timeout);
-                        signal(Signal::SIGTERM);
-                        kill_at = Some(Instant::now().checked_add(kill_grace).unwrap_or(never));
+                        let mut grace = kill_grace;
+                        if watchdog {
+                            grace += WATCHDOG_SLACK;
+                        } else {
+                            signal(Signal::SIGTERM);
+                        }
+                        kill_at = Some(Instant::now().checked_add(grace).unwrap_or(never));
                     }
                     sig = &mut cancel, if !cancelled => {
                         cancelled = true;
@@ -153,6 +175,11 @@ impl RunningJob {
                 }
             }
         };
+        // The watchdog's timeout, seen here when this process was stopped
+        // past the deadline: the reports say it.
+        if timed_out_in(&buf) {
+            ending.get_or_insert(Ending::Timeout);
+        }
         // The main process is gone: so is everything it started.
         if let Some(cg) = &self.cgroup {
             if let Err(e) = cg.kill_tree() {
@@ -303,6 +330,12 @@ fn idmapped_in(buf: &[u8]) -> Vec<String> {
             _ => None,
         })
         .unwrap_or_default()
+}
+
+/// Whether the outer stage's watchdog reported the job's deadline.
+fn timed_out_in(buf: &[u8]) -> bool {
+    use super::protocol::InitReport;
+    buf.split(|b| *b == b'\n').any(|l| matches!(serde_json::from_slice::<InitReport>(l), Ok(InitReport::TimedOut)))
 }
 
 /// A pidfd of pid 1 (host pid `pid`), if that pid is still the outer
