@@ -73,9 +73,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub env_file: Vec<PathBuf>,
     /// Bind a host path read-only: SRC or SRC:DEST. Repeatable. A DEST in
-    /// the read-only /usr or /etc must exist there (as with bwrap); `/` as
-    /// SRC is the host's root file system alone, without what is mounted
-    /// below it.
+    /// the read-only /usr or /etc must exist there (as with bwrap). The
+    /// host's `/` as SRC is refused: its unix sockets (tmux, ssh-agent)
+    /// would reach the host.
     #[arg(long = "ro-bind", value_name = "SRC[:DEST]")]
     pub ro_bind: Vec<String>,
     /// Bind a host path read-write: SRC or SRC:DEST. Repeatable.
@@ -254,15 +254,18 @@ fn parse_bind(b: &BindArg) -> Result<Bind, SandboxError> {
             b.given
         )));
     }
-    // The host's root read-write would give the job every file its uid
-    // may write on the host; read-only it is bound alone, without the
-    // file systems below it (`mounts::recursive`).
-    if source == Path::new("/") && b.writable {
+    // The host's root, even read-only and without the file systems below
+    // it, holds unix sockets wherever /tmp, /var/tmp or /home are on it
+    // (tmux, ssh-agent, X11): a read-only mount does not stop connect(),
+    // landlock before ABI 9 has no rule for it, and the job, as root's
+    // job, runs as the workspace owner, whose sockets those are. Through
+    // them it would act on the host outside the sandbox.
+    if source == Path::new("/") {
         return Err(SandboxError::Unavailable(format!(
-            "{}: the host's whole root can only be bound read-only (--ro-bind /:{}); bind read-write only what the \
-             job must write",
-            b.given,
-            dest.display()
+            "{}: the host's whole root is not bound: it holds other programs' unix sockets (tmux, ssh-agent, X11 \
+             under /tmp), which a read-only bind does not close, and through them a job could act outside the \
+             sandbox; bind the directories the job needs (e.g. --ro-bind /opt/tool)",
+            b.given
         )));
     }
     Ok(Bind { source, dest, writable: b.writable, idmap: true })

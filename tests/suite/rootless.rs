@@ -196,5 +196,8 @@ fn the_hosts_root_is_refused_rootless() {
     let out = r.confine(&["run", "--allow-degraded", "--ro-bind", "/:/host", "--", "/bin/true"]);
     assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("rootless") && err.contains("bind the directories the job needs"), "{err}");
+    assert!(
+        err.contains("the host's whole root is not bound") && err.contains("bind the directories the job needs"),
+        "{err}"
+    );
 }

@@ -311,11 +311,7 @@ fn forward_until_pid1_ends(ctl: &File, pid1: Pid) -> Result<i32, SysError> {
         };
         if got.sig != libc::SIGCHLD {
             match signals::Watchdog::from_signal(&got, parent) {
-                Some(w) if steps.is_empty() => {
-                    let term = Instant::now() + w.left();
-                    steps = vec![(term, Signal::SIGTERM), (term + w.grace, Signal::SIGKILL)];
-                }
-                Some(_) => {}
+                Some(w) => arm(&mut steps, Instant::now() + w.left(), w.grace),
                 None => raw_kill(pid1, got.sig),
             }
             continue;
@@ -325,6 +321,19 @@ fn forward_until_pid1_ends(ctl: &File, pid1: Pid) -> Result<i32, SysError> {
             Some((_, Ended::Signaled(sig))) => return Ok(128 + sig),
             None => {}
         }
+    }
+}
+
+/// Arm the watchdog for a deadline at `term`, unless one at least as
+/// early is armed or has fired. The parent check on the arming signal is
+/// only as good as `si_pid`, which a sender of `rt_sigqueueinfo` chooses:
+/// the earliest deadline holds, so a forged arm can shorten the job's
+/// time (what a signal could do anyway) but never lift the supervisor's.
+fn arm(steps: &mut Vec<(std::time::Instant, Signal)>, term: std::time::Instant, grace: std::time::Duration) {
+    let armed = steps.iter().find(|(_, s)| *s == Signal::SIGTERM).map(|(at, _)| *at);
+    let fired = !steps.is_empty() && armed.is_none();
+    if !fired && armed.is_none_or(|at| term < at) {
+        *steps = vec![(term, Signal::SIGTERM), (term + grace, Signal::SIGKILL)];
     }
 }
 
@@ -1132,4 +1141,32 @@ fn usable_binds(spec: &InitSpec, not_idmapped: &[String]) -> Result<(), SysError
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_earliest_deadline_holds_and_a_fired_one_is_not_rearmed() {
+        let grace = Duration::from_millis(500);
+        let now = Instant::now();
+        let mut steps = Vec::new();
+        arm(&mut steps, now + Duration::from_secs(10), grace);
+        assert_eq!(steps[0], (now + Duration::from_secs(10), Signal::SIGTERM));
+        // A later deadline (a forged arm) does not lift it…
+        arm(&mut steps, now + Duration::from_secs(3600), grace);
+        assert_eq!(steps[0].0, now + Duration::from_secs(10));
+        // …an earlier one shortens it.
+        arm(&mut steps, now + Duration::from_secs(1), grace);
+        assert_eq!(
+            steps,
+            [(now + Duration::from_secs(1), Signal::SIGTERM), (now + Duration::from_secs(1) + grace, Signal::SIGKILL)]
+        );
+        // TERM sent, KILL pending: nothing re-arms it.
+        steps.remove(0);
+        arm(&mut steps, now + Duration::from_secs(3600), grace);
+        assert_eq!(steps, [(now + Duration::from_secs(1) + grace, Signal::SIGKILL)]);
+    }
 }

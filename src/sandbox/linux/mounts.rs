@@ -45,7 +45,7 @@ pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty
 /// (`kernel.pty.max` less `kernel.pty.reserve`, 3072 by default): one job
 /// must not take all of it from the others. A test suite that drives
 /// programs through ptys holds a few at a time.
-pub const PTY_MAX: u32 = 64;
+pub const PTY_MAX: u32 = 16;
 
 /// /proc files hidden behind /dev/null: Docker's and runc's masked files
 /// (`kcore keys timer_list timer_stats sched_debug latency_stats

@@ -1283,7 +1283,7 @@ print(json.dumps(st))
     // The job's own devpts instance, its pty count bounded.
     assert_eq!((find("/dev/pts").1.as_str(), flags("/dev/pts").as_str()), ("devpts", "noexec,nosuid,rw"));
     let devpts: Vec<&str> = v["devpts"].as_array().unwrap().iter().filter_map(|o| o.as_str()).collect();
-    for opt in ["max=64", "ptmxmode=666", "mode=620"] {
+    for opt in ["max=16", "ptmxmode=666", "mode=620"] {
         assert!(devpts.contains(&opt), "devpts without {opt}: {devpts:?}");
     }
     let allowed: Vec<&str> = vec![
