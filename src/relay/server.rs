@@ -543,11 +543,63 @@ fn not_here(theirs: &Config, stream: &tokio::net::UnixStream, ctx: &Context) -> 
         );
     }
     let peer = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials);
-    (!peer.is_ok_and(|p| same_namespace(p.pid(), "mnt"))).then(|| {
-        "this client is in another mount namespace, where its paths may name other files: run it beside the \
-         holder, or let that command end first"
-            .into()
-    })
+    if !peer.as_ref().is_ok_and(|p| same_namespace(p.pid(), "mnt")) {
+        return Some(
+            "this client is in another mount namespace, where its paths may name other files: run it beside the \
+             holder, or let that command end first"
+                .into(),
+        );
+    }
+    // The holder builds the client's sandbox with its own privileges: a
+    // client of the same uid that was given fewer (a unit's capability
+    // bounding set, no_new_privs, a seccomp filter) must not borrow them.
+    let ours = Privileges::of("self");
+    let theirs = peer.ok().and_then(|p| Privileges::of(&p.pid().to_string()));
+    match (ours, theirs) {
+        (Some(ours), Some(theirs)) if theirs.covers(&ours) => None,
+        _ => Some(
+            "this client runs with fewer privileges than the holder (capabilities, no_new_privs or a seccomp \
+             filter), which would build its sandbox for it: let that command end first"
+                .into(),
+        ),
+    }
+}
+
+/// What a process may do, from `/proc/PID/status` (the kernel's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Privileges {
+    effective: u64,
+    bounding: u64,
+    no_new_privs: bool,
+    seccomp: bool,
+}
+
+impl Privileges {
+    fn of(pid: &str) -> Option<Privileges> {
+        Privileges::parse(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+    }
+
+    fn parse(status: &str) -> Option<Privileges> {
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':')).map(str::trim))
+        };
+        let hex = |name: &str| field(name).and_then(|v| u64::from_str_radix(v, 16).ok());
+        let flag = |name: &str| field(name).map(|v| v != "0");
+        Some(Privileges {
+            effective: hex("CapEff")?,
+            bounding: hex("CapBnd")?,
+            no_new_privs: flag("NoNewPrivs")?,
+            seccomp: flag("Seccomp")?,
+        })
+    }
+
+    /// Whether a process with these privileges may do all `other` may.
+    fn covers(&self, other: &Privileges) -> bool {
+        self.effective & other.effective == other.effective
+            && self.bounding & other.bounding == other.bounding
+            && (other.no_new_privs || !self.no_new_privs)
+            && (other.seccomp || !self.seccomp)
+    }
 }
 
 /// A relayed `exec`: on the server's supervisor, or, for a `confine exec`
@@ -737,8 +789,27 @@ async fn run_job(
 
 #[cfg(test)]
 mod tests {
-    use super::not_a_stream;
+    use super::{not_a_stream, Privileges};
     use std::os::fd::OwnedFd;
+
+    #[test]
+    fn a_client_with_fewer_privileges_than_the_holder_is_told_apart() {
+        let status = |eff: &str, bnd: &str, nnp: &str, sec: &str| {
+            Privileges::parse(&format!(
+                "Name:\tconfine\nCapEff:\t{eff}\nCapBnd:\t{bnd}\nNoNewPrivs:\t{nnp}\nSeccomp:\t{sec}\n"
+            ))
+            .unwrap()
+        };
+        let root = status("000001ffffffffff", "000001ffffffffff", "0", "0");
+        assert!(root.covers(&root));
+        assert!(!status("000001ffffdfffff", "000001ffffffffff", "0", "0").covers(&root), "one capability less");
+        assert!(!status("000001ffffffffff", "000001fffffffffe", "0", "0").covers(&root), "a smaller bounding set");
+        assert!(!status("000001ffffffffff", "000001ffffffffff", "1", "0").covers(&root), "no_new_privs");
+        assert!(!status("000001ffffffffff", "000001ffffffffff", "0", "2").covers(&root), "a seccomp filter");
+        let unprivileged = status("0000000000000000", "000001ffffffffff", "0", "0");
+        assert!(root.covers(&unprivileged), "more privileges may relay to fewer");
+        assert_eq!(Privileges::parse("Name:\tx\n"), None, "a status without the fields is no answer");
+    }
 
     fn open(path: &str, flags: libc::c_int) -> OwnedFd {
         use std::os::fd::FromRawFd;

@@ -354,3 +354,38 @@ fn a_relayed_exec_mounts_its_repository_where_it_asked() {
     assert!(finish(holder, RUN_LIMIT).status.success());
     assert_eq!(holder_out.join().unwrap(), "started\n");
 }
+
+/// The attack: a process of the holder's uid given fewer privileges (a
+/// unit's no_new_privs, a smaller capability bounding set) relays its exec
+/// to have the holder build a sandbox it could not build itself. Refused,
+/// and nothing ran.
+#[test]
+fn a_client_with_fewer_privileges_than_the_holder_is_refused() {
+    let Some(f) = fixture() else { return };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut holder = spawn_exec(&f, None, "echo started; while [ ! -e /workspace/own ]; do sleep 0.02; done");
+    let holder_out = watch_started(0, &mut holder, tx);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(0), "the holder's job never started");
+    for drop in [&["--no-new-privs"][..], &["--bounding-set", "-sys_admin"][..]] {
+        let out = common::output_within(
+            Command::new("setpriv")
+                .args(drop)
+                .arg(common::bin())
+                .arg("--config")
+                .arg(&f.config)
+                .args(["exec", "--repo-id", "t", "--runtime", "shell", "--code", "touch /workspace/ran"])
+                .stdin(Stdio::null()),
+            RUN_LIMIT,
+        );
+        assert_ne!(out.status.code(), Some(0), "{drop:?}");
+        assert!(
+            common::stderr(&out).contains("fewer privileges than the holder"),
+            "{drop:?}: {}",
+            common::stderr(&out)
+        );
+        assert!(!f.repo.join("ran").exists(), "{drop:?}: the job ran");
+    }
+    std::fs::write(f.repo.join("own"), "").unwrap();
+    assert!(finish(holder, RUN_LIMIT).status.success());
+    assert_eq!(holder_out.join().unwrap(), "started\n");
+}
