@@ -146,7 +146,7 @@ fi
 while read -r name bin; do
   echo "vm-guest: suite $name" > /dev/console
   ( cd "$repo" && CONFINE_REQUIRE_ISOLATION=1 CONFINE_TEST_BIN="$(cat /results/bin)" CONFINE_TEST_SLOW="$slow" \
-      timeout 1500 "$bin" --test-threads=2 "${filter:-suite::$name::}" ) > "/results/suite-$name.txt" 2>&1
+      timeout 1500 "$bin" --test-threads=2 "${filter:-suite::$name::}" ) </dev/null > "/results/suite-$name.txt" 2>&1
   echo "exit $?" >> "/results/suite-$name.txt"
 done < /results/plan
 sync

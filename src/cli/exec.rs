@@ -51,15 +51,17 @@ pub struct ExecArgs {
     /// Working directory relative to the repository root.
     #[arg(long, value_name = "REL")]
     pub cwd: Option<String>,
-    /// Feed FILE to the job's stdin; `-` reads this process's stdin, a
-    /// terminal too (until end of file, Ctrl-D). Without it, a pipe or a
-    /// file on stdin is read whole before the job starts, as `confine run`
-    /// passes them; a terminal, /dev/null or a socket is not read, and the
-    /// job's stdin is empty. Either way at most limits.max_stdin_bytes of
-    /// UTF-8 text (more is an error). To keep exec from waiting on a pipe
-    /// that never ends, give it </dev/null.
-    #[arg(long, value_name = "FILE")]
+    /// Feed FILE to the job's stdin (`-`: this process's stdin, as -i).
+    /// At most limits.max_stdin_bytes of UTF-8 text (more is an error).
+    #[arg(long, value_name = "FILE", conflicts_with = "interactive")]
     pub stdin_file: Option<PathBuf>,
+    /// Pass this process's stdin to the job (`echo hi | confine exec -i
+    /// …`), as docker's -i: read whole before the job starts, a terminal
+    /// until end of file (Ctrl-D). Without it the job's stdin is empty and
+    /// nothing is read, so that an exec inside `while read …; done < list`
+    /// leaves the rest of the list to the loop.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
     /// Hard timeout (e.g. 30s, 500ms, 2m); the queue wait counts against it.
     #[arg(long, value_parser = parse_duration_ms, value_name = "DURATION")]
     pub timeout: Option<u64>,
@@ -152,6 +154,10 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
     };
     let max_stdin = config.limits.max_stdin_bytes;
     let stdin = match args.stdin_file.as_deref() {
+        None if args.interactive => match read_stdin(bound(max_stdin), max_stdin) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(e),
+        },
         Some(f) if f == Path::new("-") => match read_stdin(bound(max_stdin), max_stdin) {
             Ok(s) => Some(s),
             Err(e) => return fail(format!("--stdin-file -: {e}")),
@@ -159,10 +165,6 @@ pub fn main(config_path: Option<&Path>, args: ExecArgs) -> i32 {
         Some(f) => match crate::safe_fs::read_regular_string(f, bound(max_stdin)) {
             Ok(s) => Some(s),
             Err(e) => return fail(format!("--stdin-file: {e}")),
-        },
-        None if stdin_is_input() => match read_stdin(bound(max_stdin), max_stdin) {
-            Ok(s) => Some(s),
-            Err(e) => return fail(e),
         },
         None => None,
     };
@@ -489,27 +491,6 @@ fn request_env(given: &[EnvArg], lookup: impl Fn(&str) -> Option<String>) -> (Ve
         }
     }
     (env, unset)
-}
-
-/// Whether this process's stdin is input someone gave it (a pipe or a
-/// file), as opposed to a terminal, /dev/null or a socket an agent's
-/// harness leaves open: only the first is read unasked, so that exec
-/// never waits on a stdin nobody meant for the job.
-fn stdin_is_input() -> bool {
-    use nix::sys::stat::{fstat, SFlag};
-    use std::io::IsTerminal;
-    use std::os::fd::AsFd;
-    let stdin = std::io::stdin();
-    if stdin.is_terminal() {
-        return false;
-    }
-    match fstat(stdin.as_fd()) {
-        Ok(st) => {
-            let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
-            kind == SFlag::S_IFIFO || kind == SFlag::S_IFREG
-        }
-        Err(_) => false,
-    }
 }
 
 /// This process's stdin, to end of file: at most `bound` bytes (more is

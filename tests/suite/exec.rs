@@ -442,8 +442,8 @@ fn a_planted_env_file_cannot_pull_a_variable_the_allowlist_forbids() {
     assert!(!text.contains(&token));
 }
 
-/// `echo hi | confine exec …`: a pipe on stdin reaches the job (it read
-/// an empty stdin), and `--stdin-file -` says so explicitly.
+/// `echo hi | confine exec -i …`: a pipe on stdin reaches the job (it read
+/// an empty stdin), as does `--stdin-file -`; a file on stdin too.
 #[test]
 fn piped_stdin_reaches_the_job() {
     if !sandbox_available() {
@@ -451,7 +451,7 @@ fn piped_stdin_reaches_the_job() {
     }
     let env = Env::new("");
     let piped = std::process::Stdio::piped;
-    let out = env.exec_with(&shell_args(&[], "tr a-z A-Z"), piped(), Some(b"hi there\n"), &[]);
+    let out = env.exec_with(&shell_args(&["-i"], "tr a-z A-Z"), piped(), Some(b"hi there\n"), &[]);
     assert_eq!(stdout(&out), "HI THERE\n", "{}", stderr(&out));
     let out = env.exec_with(&shell_args(&["--stdin-file", "-"], "wc -c"), piped(), Some(b"12345"), &[]);
     assert_eq!(stdout(&out).trim(), "5", "{}", stderr(&out));
@@ -459,8 +459,38 @@ fn piped_stdin_reaches_the_job() {
     let input = env.dir.path().join("in.txt");
     std::fs::write(&input, "from a file\n").unwrap();
     let file = std::fs::File::open(&input).unwrap();
-    let out = env.exec_with(&shell_args(&[], "cat"), file.into(), None, &[]);
+    let out = env.exec_with(&shell_args(&["--interactive"], "cat"), file.into(), None, &[]);
     assert_eq!(stdout(&out), "from a file\n", "{}", stderr(&out));
+}
+
+/// The attack on a caller's script: without -i an exec reads nothing, so
+/// one inside `while read …; done < list` leaves the rest of the list to
+/// the loop (read eagerly, it took it all: a harness of ours lost two test
+/// suites so).
+#[test]
+fn without_i_an_exec_leaves_its_callers_stdin_alone() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new("");
+    let list = env.dir.path().join("list");
+    std::fs::write(&list, "one\ntwo\nthree\n").unwrap();
+    let script = format!(
+        "while read x; do \"$0\" --config \"$1\" exec {} -- -c 'wc -c' >/dev/null 2>&1; echo \"$x\"; done < \"$2\"",
+        SHELL.join(" ")
+    );
+    let out = Command::new("/bin/sh")
+        .args(["-c", &script])
+        .arg(bin())
+        .arg(&env.config)
+        .arg(&list)
+        .env("XDG_DATA_HOME", env.dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&out), "one\ntwo\nthree\n", "{}", stderr(&out));
+    let file = std::fs::File::open(&list).unwrap();
+    let out = env.exec_with(&shell_args(&[], "wc -c"), file.into(), None, &[]);
+    assert_eq!(stdout(&out).trim(), "0", "{}", stderr(&out));
 }
 
 /// Past `limits.max_stdin_bytes` a clear error and no job, never a
@@ -473,7 +503,7 @@ fn stdin_beyond_the_limit_is_an_error_not_a_truncation() {
     }
     let env = Env::new("\n[limits]\nmax_stdin_bytes = 1000\n");
     let piped = std::process::Stdio::piped;
-    let args = shell_args(&[], "echo ran; wc -c");
+    let args = shell_args(&["-i"], "echo ran; wc -c");
     let out = env.exec_with(&args, piped(), Some(&[b'a'; 1000]), &[]);
     assert_eq!(stdout(&out), "ran\n1000\n", "{}", stderr(&out));
     // Just past it a request, refused and audited; far past it none.
@@ -490,7 +520,7 @@ fn stdin_beyond_the_limit_is_an_error_not_a_truncation() {
     let out = env.exec_with(&args, piped(), Some(b"\xff\xfe"), &[]);
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("not UTF-8"), "{}", stderr(&out));
-    let out = env.exec_with(&shell_args(&["--env-file", "no-such.env"], "true"), piped(), Some(b""), &[]);
+    let out = env.exec_with(&shell_args(&["-i", "--env-file", "no-such.env"], "true"), piped(), Some(b""), &[]);
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).starts_with("confine: --env-file no-such.env"), "{}", stderr(&out));
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));

@@ -819,7 +819,7 @@ fn a_clients_kill_grace_is_bounded_by_the_server() {
     assert!(out.status.success(), "the server stopped answering: {}", common::stderr(&out));
 }
 
-/// `echo hi | confine exec -e KEY=VAL …` through a running server: the
+/// `echo hi | confine exec -i -e KEY=VAL …` through a running server: the
 /// job gets the pipe's text and the value, and a name off the server's
 /// allowlist is refused there, set here or not.
 #[test]
@@ -835,7 +835,7 @@ fn a_relayed_exec_gets_piped_stdin_and_env_values_within_the_allowlist() {
         let mut child = Command::new(common::bin())
             .arg("--config")
             .arg(&f.config)
-            .args(["exec", "--repo-id", "t", "--runtime", "shell", "--timeout", "20s"])
+            .args(["exec", "-i", "--repo-id", "t", "--runtime", "shell", "--timeout", "20s"])
             .args(extra)
             .args(["--", "-c", "echo \"foo=$FOO\"; tr a-z A-Z"])
             .stdin(Stdio::piped())

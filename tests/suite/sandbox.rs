@@ -346,13 +346,16 @@ fn a_full_tmp_is_named_with_its_cap_and_flag() {
     }
     // A job killed past its grace period: pid 1 dies without a word, and
     // the supervisor's own measure, on the tmpfs it holds, names it.
-    let script = "trap '' TERM; head -c 2000000 /dev/zero > /tmp/big; sleep 10";
+    // The timeout leaves the job time to fill /tmp first, in an emulated
+    // guest too (CONFINE_TEST_SLOW).
+    let script = "trap '' TERM; head -c 2000000 /dev/zero > /tmp/big; sleep 30";
     let (status_s, tmp) = (status.to_str().unwrap(), "1M");
+    let timeout = format!("{}ms", 600 * slow());
     let out = run(&[
         "--tmp-size",
         tmp,
         "--timeout",
-        "300ms",
+        &timeout,
         "--kill-grace",
         "100ms",
         "--json-status",
